@@ -1,0 +1,3 @@
+"""fleetctl: keep NVIDIA GPU fleets on a known-good driver baseline."""
+
+__version__ = "0.1.0"

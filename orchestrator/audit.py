@@ -1,0 +1,106 @@
+"""fleetctl audit: collect facts from every host in one module call each, evaluate them against the baseline."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import __version__, baseline as baseline_mod, inventory, policy, preflight, runner, schemas
+from .store import Store, now
+
+EXIT_OK, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 3
+FAIL_ON_CHOICES = ("critical", "high", "medium", "low", "info", "never")
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    inventory: str | None = None
+    limit: str | None = None
+    baseline: str | None = None
+    fail_on: str = "high"
+    forks: int | None = None
+    preflight: bool = True
+
+
+def blocking(finding: dict[str, Any], fail_on: str) -> bool:
+    """A failed or unverifiable control at or above --fail-on makes the audit exit 1."""
+    return (fail_on != "never" and finding["status"] in ("fail", "error")
+            and policy.severity_rank(finding["severity"]) >= policy.severity_rank(fail_on))
+
+
+def host_entry(host: inventory.Host, facts: dict[str, Any] | None, findings: list[dict[str, Any]],
+               reachable: bool, error: str | None) -> dict[str, Any]:
+    return {"name": host.name, "groups": [g for g in host.groups if g != "all"], "reachable": reachable,
+            "error": error, "facts": facts, "findings": findings}
+
+
+def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: baseline_mod.Baseline) -> dict[str, Any]:
+    if outcome.status == "unreachable":
+        return host_entry(host, None, [policy.error_finding("host.reachable", "Host reachable", outcome.message)],
+                          False, outcome.message)
+    if outcome.status == "failed":
+        message = f"fact collection failed: {outcome.message}"
+        return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
+    facts = outcome.results.get("gpu_facts", {}).get("facts")
+    problem = schemas.first_error("host-facts", facts)
+    if problem is not None:
+        message = f"the host returned facts fleetctl cannot trust: {schemas.json_path(problem)}: {problem.message[:200]}"
+        return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
+    return host_entry(host, facts, policy.evaluate(facts, base.policy_for(list(host.groups))), True, None)
+
+
+def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
+    counts = {s: 0 for s in policy.STATUSES}
+    for h in hosts:
+        for f in h["findings"]:
+            counts[f["status"]] += 1
+    unreachable = [h["name"] for h in hosts if not h["reachable"]]
+    drifted = [h["name"] for h in hosts if h["reachable"] and any(blocking(f, fail_on) for f in h["findings"])]
+    if unreachable:
+        exit_code = EXIT_UNREACHABLE
+    elif drifted:
+        exit_code = EXIT_FINDINGS
+    else:
+        exit_code = EXIT_OK
+    return {"hosts": len(hosts), "reachable": len(hosts) - len(unreachable), "unreachable": len(unreachable),
+            "compliant": sum(1 for h in hosts if h["reachable"] and h["name"] not in drifted),
+            "noncompliant": len(drifted), "findings": counts, "fail_on": fail_on, "exit_code": exit_code}
+
+
+def run(opts: AuditOptions, store: Store, argv: list[str]) -> dict[str, Any]:
+    """Audit the fleet and record it. Input errors (InputError) are raised before anything is recorded."""
+    started = time.monotonic()
+    fleet = inventory.load(opts.inventory, opts.limit)
+    base = baseline_mod.load(opts.baseline)
+    base.check_groups(set(fleet.groups))
+    run_id, run_uuid = store.begin_run("audit", argv, fleet.source, opts.limit, base)
+    started_at = store.run(run_id)["started_at"]
+    try:
+        verdicts = preflight.check_all(list(fleet.hosts)) if opts.preflight else {}
+        to_run = [h.name for h in fleet.hosts if verdicts.get(h.name, preflight.Verdict(h.name, True)).ok]
+        overrides = {h.name: base.policy_for(list(h.groups)).get("xid", {}).get("overrides", {}) for h in fleet.hosts}
+        outcomes = runner.run_playbook("audit.yml", fleet, to_run,
+                                       {"fleetctl_xid_overrides": {h: o for h, o in overrides.items() if o}}, opts.forks)
+        for name, verdict in verdicts.items():
+            if not verdict.ok:
+                outcomes[name] = runner.HostOutcome(name, "unreachable", f"pre-flight: {verdict.reason}")
+        hosts = [evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
+        summary = summarize(hosts, opts.fail_on)
+        summary["duration_s"] = round(time.monotonic() - started, 3)
+        store.finish_run(run_id, summary["exit_code"], summary, hosts)
+    except BaseException as e:
+        store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
+        raise
+    report = {
+        "schema_version": 1,
+        "tool": {"name": "fleetctl", "version": __version__},
+        "run": {"id": run_id, "uuid": run_uuid, "kind": "audit", "started_at": started_at, "finished_at": now(),
+                "operator": store.run(run_id)["operator"], "control_node": store.run(run_id)["control_node"],
+                "inventory": fleet.source, "limit": opts.limit,
+                "baseline": {"name": base.name, "path": str(base.path), "digest": base.digest}},
+        "summary": summary,
+        "hosts": hosts,
+    }
+    schemas.check("audit-report", report, "fleetctl's own audit report (a bug: please report it)")
+    return report

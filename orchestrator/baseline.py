@@ -1,0 +1,69 @@
+"""The blessed matrix: load, validate, and resolve the policy that applies to one host."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import resources, schemas
+from .errors import InputError
+
+DEFAULT_PATH = resources.data_path("default-baseline.yml")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    path: Path
+    name: str
+    digest: str  # sha256 of the file's bytes, so an auditor can check it with sha256sum
+    groups: dict[str, dict[str, Any]]
+
+    def policy_for(self, host_groups: list[str]) -> dict[str, Any]:
+        """'all' first, then the host's groups in inventory order (parents before children); later wins."""
+        policy: dict[str, Any] = {}
+        for group in ["all"] + [g for g in host_groups if g != "all"]:
+            if group in self.groups:
+                policy = deep_merge(policy, self.groups[group])
+        return policy
+
+    def check_groups(self, known_groups: set[str]) -> None:
+        unknown = sorted(set(self.groups) - known_groups - {"all"})
+        if unknown:
+            raise InputError(f"{self.path}: $.groups.{unknown[0]}: group '{unknown[0]}' is not in the inventory")
+
+    def xid_overrides(self) -> dict[str, dict[str, Any]]:
+        """Overrides of the 'all' group: the ones that travel to every host's collector."""
+        return self.groups.get("all", {}).get("xid", {}).get("overrides", {})
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load(path: str | Path | None) -> Baseline:
+    path = Path(path) if path else DEFAULT_PATH
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read baseline: {e.strerror}") from None
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"{path}:{where}: not valid YAML: {problem}") from None
+    schemas.check("baseline", doc, str(path))
+    return Baseline(path=path, name=doc.get("name", path.stem), digest="sha256:" + hashlib.sha256(raw).hexdigest(),
+                    groups=doc["groups"])

@@ -1,0 +1,82 @@
+"""fleetctl's command line (the contract in DESIGN.md: flags and exit codes are relied on by scripts and cron)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from . import __version__, audit as audit_mod, render
+from .errors import InputError
+from .store import Store
+
+EXIT_USAGE = 2
+
+
+def emit(text: str, output: str | None) -> None:
+    if output:
+        try:
+            Path(output).write_text(text)
+        except OSError as e:
+            raise InputError(f"{output}: cannot write: {e.strerror}") from None
+    else:
+        click.echo(text, nl=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fleetctl")
+def cli() -> None:
+    """Keep NVIDIA GPU fleets on a known-good driver baseline."""
+
+
+@cli.command()
+@click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY",
+              help="Ansible inventory (file or directory). Default: localhost over the local connection.")
+@click.option("-l", "--limit", metavar="LIMIT", help="Ansible host pattern to restrict the run to.")
+@click.option("-b", "--baseline", metavar="BASELINE", help="Baseline YAML (blessed matrix). Default: the embedded one.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
+@click.option("--fail-on", type=click.Choice(audit_mod.FAIL_ON_CHOICES), default="high", show_default=True,
+              help="Exit 1 when a control fails at or above this severity.")
+@click.option("--forks", type=click.IntRange(1, 1000), help="Hosts worked on at once (default: all, up to 64).")
+@click.option("--no-preflight", is_flag=True, help="Skip the SSH reachability and host-key pre-flight.")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Table: show passing controls too.")
+def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_preflight, show_all) -> None:
+    """Audit driver, nouveau, persistence, container runtime and GPU health against the baseline.
+
+    Exit codes: 0 compliant, 1 findings at or above --fail-on, 2 usage or input error, 3 hosts unreachable.
+    """
+    opts = audit_mod.AuditOptions(inventory_path, limit, baseline, fail_on, forks, not no_preflight)
+    with Store() as store:
+        report = audit_mod.run(opts, store, sys.argv[1:])
+    if fmt == "json":
+        emit(json.dumps(report, indent=2, sort_keys=False) + "\n", output)
+    elif output:
+        with open(output, "w") as fh:
+            render.print_audit(report, Console(file=fh, width=160, force_terminal=False), show_all)
+    else:
+        render.print_audit(report, Console(), show_all)
+    sys.exit(report["summary"]["exit_code"])
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("fleetctl: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:  # usage errors: one line, exit 2
+        click.echo(f"fleetctl: error: {e.format_message()}", err=True)
+        sys.exit(EXIT_USAGE)
+    except InputError as e:
+        click.echo(f"fleetctl: error: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

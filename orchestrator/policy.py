@@ -1,0 +1,544 @@
+"""Policy evaluation on the controller: one host's facts + its baseline policy -> findings.
+
+Each control is one small function in CONTROLS, with a stable id, a default severity and a remediation hint.
+A control returns a Check (status, message, evidence) or None when its baseline key is not set (not_applicable).
+When a fact it needs could not be read on the host, the finding is `error` instead of a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+SEVERITIES = ("info", "low", "medium", "high", "critical")
+STATUSES = ("pass", "fail", "warn", "not_applicable", "error")
+
+# Highest CUDA version each driver branch supports (NVIDIA CUDA toolkit / driver compatibility table).
+CUDA_BY_BRANCH = {"535": "12.2", "545": "12.3", "550": "12.4", "555": "12.5", "560": "12.6", "565": "12.7",
+                  "570": "12.8", "575": "12.9", "580": "13.0"}
+
+
+def severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity)
+
+
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    parts = []
+    for p in (version or "").split("-", 1)[0].split(":")[-1].split("."):
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+@dataclass
+class Check:
+    status: str
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Control:
+    id: str
+    title: str
+    severity: str
+    needs: tuple[str, ...]  # fact paths whose read errors make this control `error`
+    remediation: str
+    evaluate: Callable[[dict[str, Any], dict[str, Any]], Check | None]
+
+
+CONTROLS: list[Control] = []
+
+
+def control(id: str, title: str, severity: str, needs: tuple[str, ...], remediation: str):
+    def register(fn: Callable[[dict[str, Any], dict[str, Any]], Check | None]):
+        CONTROLS.append(Control(id, title, severity, needs, remediation, fn))
+        return fn
+    return register
+
+
+def passed(message: str, **evidence: Any) -> Check:
+    return Check("pass", message, evidence)
+
+
+def failed(message: str, **evidence: Any) -> Check:
+    return Check("fail", message, evidence)
+
+
+def warned(message: str, **evidence: Any) -> Check:
+    return Check("warn", message, evidence)
+
+
+def not_applicable(message: str, **evidence: Any) -> Check:
+    return Check("not_applicable", message, evidence)
+
+
+def running_version(facts: dict[str, Any]) -> str | None:
+    d = facts["driver"]
+    return d["module_version"] if d["state"] in ("loaded", "version_mismatch") else None
+
+
+def live_gpus(facts: dict[str, Any]) -> list[dict[str, Any]]:
+    return [g for g in facts["gpus"] if not g.get("lost")]
+
+
+# ---- driver ------------------------------------------------------------------------------------
+
+@control("driver.installed", "NVIDIA driver installed", "critical", ("driver",),
+         "install the blessed driver: fleetctl upgrade --to VERSION, or your distro's nvidia-driver package")
+def driver_installed(facts, policy):
+    d = facts["driver"]
+    if d["state"] == "not_installed":
+        return failed("no NVIDIA driver is installed (no kernel module, no libnvidia-ml, no driver package)",
+                      pci_gpus=len(facts["host"].get("pci_gpus", [])))
+    return passed(f"driver installed ({d['userspace_version'] or d['module_version']})",
+                  userspace_version=d["userspace_version"], packages=[p["name"] for p in d["packages"] if p["role"] == "driver"])
+
+
+@control("driver.loaded", "Kernel module loaded", "critical", ("driver",),
+         "load it (modprobe nvidia) or reboot; check dmesg for why it did not load")
+def driver_loaded(facts, policy):
+    state = facts["driver"]["state"]
+    if state == "not_installed":
+        return not_applicable("no driver installed")
+    if state == "not_loaded":
+        return failed("the driver is installed but the nvidia kernel module is not loaded",
+                      userspace_version=facts["driver"]["userspace_version"])
+    return passed(f"nvidia module {facts['driver']['module_version']} loaded")
+
+
+@control("driver.version_match", "Loaded module matches userspace driver", "critical", ("driver",),
+         "reboot (or unload and reload the nvidia modules) so the running module matches the installed userspace")
+def driver_version_match(facts, policy):
+    d = facts["driver"]
+    if d["state"] in ("not_installed", "not_loaded"):
+        return not_applicable("no module loaded")
+    if d["state"] == "version_mismatch":
+        return failed(f"Driver/library version mismatch: module {d['module_version']} is loaded, userspace is "
+                      f"{d['userspace_version'] or 'another version'} (NVML refuses to answer)",
+                      module_version=d["module_version"], userspace_version=d["userspace_version"])
+    return passed(f"module and userspace agree ({d['module_version']})")
+
+
+@control("driver.version_allowed", "Driver version blessed", "high", ("driver",),
+         "move the host to a blessed version: fleetctl upgrade --to VERSION")
+def driver_version_allowed(facts, policy):
+    rules = policy.get("driver", {})
+    if not rules.get("branches") and not rules.get("versions"):
+        return None
+    version = running_version(facts) or facts["driver"]["userspace_version"]
+    if version is None:
+        return not_applicable("no driver to check")
+    branch = version.split(".")[0]
+    if rules.get("versions") and version not in rules["versions"]:
+        return failed(f"driver {version} is not a blessed version ({', '.join(rules['versions'])})",
+                      version=version, allowed_versions=rules["versions"])
+    if rules.get("branches") and branch not in rules["branches"]:
+        return failed(f"driver {version} is on branch {branch}, not a blessed branch ({', '.join(rules['branches'])})",
+                      version=version, allowed_branches=rules["branches"])
+    return passed(f"driver {version} is blessed", version=version)
+
+
+@control("driver.flavor", "Kernel module flavor", "medium", ("driver.module_flavor",),
+         "install the required flavor (e.g. nvidia-driver-XXX-open for the open kernel module)")
+def driver_flavor(facts, policy):
+    wanted = policy.get("driver", {}).get("flavor")
+    if wanted in (None, "any"):
+        return None
+    flavor = facts["driver"]["module_flavor"]
+    if flavor is None:
+        return not_applicable("no module loaded")
+    if flavor != wanted:
+        return failed(f"the {flavor} kernel module is loaded; the baseline wants {wanted}", flavor=flavor, wanted=wanted)
+    return passed(f"{flavor} kernel module", flavor=flavor)
+
+
+@control("driver.held", "Driver packages held", "medium", ("driver.packages",),
+         "pin the version: apt-mark hold <packages> (Debian/Ubuntu) or dnf versionlock add <packages> (EL)")
+def driver_held(facts, policy):
+    if not policy.get("driver", {}).get("held"):
+        return None
+    pkgs = [p for p in facts["driver"]["packages"] if p["role"] == "driver"]
+    if facts["driver"]["state"] == "not_installed":
+        return not_applicable("no driver installed")
+    if not pkgs:
+        return warned("the driver was not installed from packages (runfile or container image?): it cannot be held",
+                      userspace_version=facts["driver"]["userspace_version"])
+    loose = [p["name"] for p in pkgs if not p["held"]]
+    if loose:
+        return failed(f"{len(loose)} of {len(pkgs)} driver packages are not held: {', '.join(loose)}", not_held=loose)
+    return passed(f"all {len(pkgs)} driver packages held", held=[p["name"] for p in pkgs])
+
+
+@control("driver.cuda_support", "Driver supports the workloads' CUDA", "high", ("driver",),
+         "move to a driver branch whose CUDA version covers every workload image")
+def driver_cuda_support(facts, policy):
+    wanted = policy.get("workloads", {}).get("cuda")
+    if not wanted:
+        return None
+    d = facts["driver"]
+    version = running_version(facts)
+    if version is None:
+        return not_applicable("no driver loaded")
+    supported = d["cuda_driver_version"] or CUDA_BY_BRANCH.get(d["branch"] or "")
+    if supported is None:
+        return Check("error", f"unknown CUDA version for driver branch {d['branch']}", {"branch": d["branch"]})
+    too_new = [c for c in wanted if version_tuple(c) > version_tuple(supported)]
+    if too_new:
+        return failed(f"driver {version} supports CUDA up to {supported}; workloads need {', '.join(too_new)}",
+                      driver_cuda=supported, workloads=wanted)
+    return passed(f"driver {version} supports CUDA {supported} >= {max(wanted, key=version_tuple)}",
+                  driver_cuda=supported, workloads=wanted)
+
+
+# ---- nouveau -----------------------------------------------------------------------------------
+
+@control("nouveau.not_loaded", "nouveau not loaded", "critical", ("nouveau",),
+         "blacklist nouveau, rebuild the initramfs (update-initramfs -u / dracut -f) and reboot")
+def nouveau_not_loaded(facts, policy):
+    if facts["nouveau"]["loaded"]:
+        return failed("the nouveau module is loaded: the NVIDIA driver cannot bind the GPUs")
+    return passed("nouveau is not loaded")
+
+
+@control("nouveau.blacklisted", "nouveau blacklisted", "high", ("nouveau.blacklisted",),
+         "echo 'blacklist nouveau' > /etc/modprobe.d/blacklist-nouveau.conf, then rebuild the initramfs")
+def nouveau_blacklisted(facts, policy):
+    if not policy.get("nouveau", {}).get("blacklisted"):
+        return None
+    n = facts["nouveau"]
+    if not n["blacklisted"]:
+        return failed("nouveau is not blacklisted in modprobe.d or on the kernel command line: it can come back")
+    return passed(f"nouveau blacklisted in {', '.join(n['blacklist_files'])}", files=n["blacklist_files"])
+
+
+@control("nouveau.initramfs", "nouveau absent from the initramfs", "medium", ("nouveau.in_initramfs",),
+         "rebuild the initramfs after blacklisting: update-initramfs -u (Debian/Ubuntu) or dracut -f (EL)")
+def nouveau_initramfs(facts, policy):
+    if not policy.get("nouveau", {}).get("absent_from_initramfs"):
+        return None
+    n = facts["nouveau"]
+    if n["initramfs"] is None:
+        return not_applicable("no initramfs found for the running kernel")
+    if n["in_initramfs"] is None:
+        return not_applicable(f"{n['initramfs']} was not listed")
+    if n["in_initramfs"]:
+        return failed(f"{n['initramfs']} still holds nouveau.ko: early boot can load it", initramfs=n["initramfs"])
+    return passed(f"{n['initramfs']} holds no nouveau", initramfs=n["initramfs"])
+
+
+# ---- persistence -------------------------------------------------------------------------------
+
+@control("persistence.mode", "Persistence mode on", "medium", ("gpus",),
+         "enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)")
+def persistence_mode(facts, policy):
+    if not policy.get("persistence", {}).get("mode"):
+        return None
+    gpus = live_gpus(facts)
+    if not gpus:
+        return not_applicable("no GPU visible to the driver")
+    off = [g["index"] for g in gpus if g.get("persistence_mode") is False]
+    if off:
+        return failed(f"persistence mode is off on GPU {', '.join(map(str, off))}", gpus_off=off)
+    return passed(f"persistence mode on for all {len(gpus)} GPUs")
+
+
+@control("persistence.daemon", "nvidia-persistenced running", "medium", ("persistence",),
+         "install and enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)")
+def persistence_daemon(facts, policy):
+    if not policy.get("persistence", {}).get("daemon"):
+        return None
+    if facts["driver"]["state"] == "not_installed":
+        return not_applicable("no driver installed")
+    p = facts["persistence"]
+    if not p["daemon_running"]:
+        return failed("nvidia-persistenced is not running", enabled=p["daemon_enabled"])
+    if p["daemon_enabled"] is False:
+        return warned("nvidia-persistenced runs but is not enabled: it will not start after a reboot")
+    return passed("nvidia-persistenced is running", enabled=p["daemon_enabled"])
+
+
+# ---- container runtime -------------------------------------------------------------------------
+
+def _engines_in_scope(facts, policy):
+    required = policy.get("container_runtime", {}).get("engines", [])
+    engines = {e["name"]: e for e in facts["container_runtime"]["engines"]}
+    return required, [e for e in engines.values() if e["installed"] or e["name"] in required]
+
+
+@control("runtime.nvidia", "nvidia container runtime configured", "high", ("container_runtime",),
+         "nvidia-ctk runtime configure --runtime=<docker|containerd|crio>, then restart the engine")
+def runtime_nvidia(facts, policy):
+    if "container_runtime" not in policy:
+        return None
+    required, engines = _engines_in_scope(facts, policy)
+    if not engines:
+        return not_applicable("no container engine installed")
+    missing = [e["name"] for e in engines if e["name"] in required and not e["installed"]]
+    bare = [e["name"] for e in engines if e["installed"] and not e["nvidia_runtime"]]
+    if missing or bare:
+        parts = ([f"not installed: {', '.join(missing)}"] if missing else []) + \
+                ([f"no nvidia runtime in: {', '.join(bare)}"] if bare else [])
+        return failed("; ".join(parts), missing=missing, unconfigured=bare)
+    return passed(f"nvidia runtime configured for {', '.join(e['name'] for e in engines)}")
+
+
+@control("runtime.default", "nvidia runtime is the default", "medium", ("container_runtime",),
+         "nvidia-ctk runtime configure --runtime=<engine> --set-as-default, then restart the engine")
+def runtime_default(facts, policy):
+    if not policy.get("container_runtime", {}).get("nvidia_default"):
+        return None
+    _, engines = _engines_in_scope(facts, policy)
+    engines = [e for e in engines if e["installed"]]
+    if not engines:
+        return not_applicable("no container engine installed")
+    not_default = [e["name"] for e in engines if not e["nvidia_default"]]
+    if not_default:
+        return failed(f"nvidia is not the default runtime of {', '.join(not_default)}", engines=not_default)
+    return passed("nvidia is the default runtime")
+
+
+@control("runtime.toolkit", "nvidia-container-toolkit version", "high", ("container_runtime.toolkit_version",),
+         "upgrade nvidia-container-toolkit to the baseline's minimum")
+def runtime_toolkit(facts, policy):
+    minimum = policy.get("container_runtime", {}).get("toolkit_min")
+    if not minimum:
+        return None
+    version = facts["container_runtime"]["toolkit_version"]
+    if version is None:
+        _, engines = _engines_in_scope(facts, policy)
+        if not any(e["installed"] for e in engines):
+            return not_applicable("no container engine and no toolkit installed")
+        return failed("nvidia-container-toolkit is not installed", minimum=minimum)
+    if version_tuple(version) < version_tuple(minimum):
+        return failed(f"nvidia-container-toolkit {version} is older than {minimum}", version=version, minimum=minimum)
+    return passed(f"nvidia-container-toolkit {version} >= {minimum}", version=version)
+
+
+@control("runtime.cdi", "CDI spec matches the running driver", "medium", ("container_runtime.cdi",),
+         "regenerate it: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml (after every driver change)")
+def runtime_cdi(facts, policy):
+    if not policy.get("container_runtime", {}).get("cdi"):
+        return None
+    specs = facts["container_runtime"]["cdi_specs"]
+    version = running_version(facts)
+    if not specs:
+        return failed("no CDI spec for nvidia.com/gpu in /etc/cdi or /var/run/cdi")
+    stale = [s for s in specs if version and s["driver_version"] and s["driver_version"] != version]
+    if stale:
+        return failed(f"CDI spec {stale[0]['path']} was generated for driver {stale[0]['driver_version']}, "
+                      f"the running driver is {version}", specs=specs, running=version)
+    return passed(f"CDI spec {specs[0]['path']} matches driver {specs[0]['driver_version']}", specs=specs)
+
+
+# ---- fabric manager ----------------------------------------------------------------------------
+
+@control("fabricmanager.version", "Fabric manager matches the driver", "critical", ("fabric_manager",),
+         "install nvidia-fabricmanager of exactly the driver's version and enable it")
+def fabricmanager_version(facts, policy):
+    mode = policy.get("fabric_manager", {}).get("required")
+    fm = facts["fabric_manager"]
+    if mode is None or mode == "never" or (mode == "auto" and not fm["nvswitch_present"]):
+        return not_applicable("no NVSwitch on this host" if mode == "auto" else "not required by the baseline")
+    version = running_version(facts)
+    package = fm["package_version"]
+    if package is None:
+        return failed("NVSwitch system without nvidia-fabricmanager: GPUs will not initialize (CUDA error 802)")
+    if version and not package.startswith(version):
+        return failed(f"fabric manager {package} does not match driver {version}", package=package, driver=version)
+    if not fm["running"]:
+        return failed("nv-fabricmanager is not running", package=package)
+    return passed(f"fabric manager {package} running", package=package)
+
+
+# ---- GPUs --------------------------------------------------------------------------------------
+
+@control("gpu.count", "Expected GPUs visible", "critical", ("gpus",),
+         "check for a GPU that fell off the bus (Xid 79), reseat or RMA; a reboot may bring it back")
+def gpu_count(facts, policy):
+    if facts["driver"]["state"] != "loaded":
+        return not_applicable("the driver is not answering")
+    expected = policy.get("gpus", {}).get("count")
+    on_bus = len(facts["host"].get("pci_gpus", []))
+    seen = len(live_gpus(facts))
+    lost = [g["index"] for g in facts["gpus"] if g.get("lost")]
+    want = expected if expected is not None else on_bus
+    if seen < want or lost:
+        return failed(f"{seen} GPUs answer, {want} expected ({on_bus} on the PCI bus)"
+                      + (f"; GPU {', '.join(map(str, lost))} lost" if lost else ""),
+                      visible=seen, expected=want, on_pci_bus=on_bus, lost=lost)
+    return passed(f"{seen} GPUs visible", visible=seen, expected=want, on_pci_bus=on_bus)
+
+
+@control("gpu.ecc", "ECC mode", "high", ("gpus",),
+         "nvidia-smi -e 1 (or 0), then reset the GPU or reboot for it to take effect")
+def gpu_ecc(facts, policy):
+    wanted = policy.get("gpus", {}).get("ecc")
+    gpus = live_gpus(facts)
+    if wanted is None or not gpus:
+        return None if wanted is None else not_applicable("no GPU visible")
+    wrong = [g["index"] for g in gpus if g["ecc"]["enabled"] is not None and g["ecc"]["enabled"] != wanted]
+    pending = [g["index"] for g in gpus if g["ecc"]["pending"] is not None and g["ecc"]["pending"] != g["ecc"]["enabled"]]
+    if wrong:
+        return failed(f"ECC is {'off' if wanted else 'on'} on GPU {', '.join(map(str, wrong))}"
+                      + (" (a change is pending a reset)" if pending else ""), gpus=wrong, pending=pending)
+    return passed(f"ECC {'on' if wanted else 'off'} on all {len(gpus)} GPUs")
+
+
+@control("gpu.ecc_errors", "No uncorrectable ECC errors", "critical", ("gpus",),
+         "drain the host and reset the GPU; repeated uncorrectable errors mean RMA")
+def gpu_ecc_errors(facts, policy):
+    gpus = [g for g in live_gpus(facts) if g["ecc"]["enabled"]]
+    if not gpus:
+        return not_applicable("no GPU with ECC on")
+    bad = {g["index"]: g["ecc"]["uncorrected_volatile"] for g in gpus if (g["ecc"]["uncorrected_volatile"] or 0) > 0}
+    if bad:
+        return failed(f"uncorrectable ECC errors since the last reset on GPU {', '.join(map(str, bad))}",
+                      uncorrected_volatile=bad)
+    aggregate = {g["index"]: g["ecc"]["uncorrected_aggregate"] for g in gpus if (g["ecc"]["uncorrected_aggregate"] or 0) > 0}
+    if aggregate:
+        return warned("no uncorrectable ECC errors since the last reset, but some in the GPU's lifetime",
+                      uncorrected_aggregate=aggregate)
+    return passed(f"no uncorrectable ECC errors on {len(gpus)} GPUs")
+
+
+@control("gpu.remapped_rows", "Row remapping healthy", "high", ("gpus",),
+         "a pending remap needs a GPU reset; a remap failure means the GPU should be RMA'd")
+def gpu_remapped_rows(facts, policy):
+    limit = policy.get("gpus", {}).get("max_uncorrectable_remapped_rows")
+    gpus = [g for g in live_gpus(facts) if g.get("remapped_rows")]
+    if not gpus:
+        return not_applicable("row remapping not supported or no GPU visible")
+    failure = [g["index"] for g in gpus if g["remapped_rows"]["failure"]]
+    pending = [g["index"] for g in gpus if g["remapped_rows"]["pending"]]
+    over = {g["index"]: g["remapped_rows"]["uncorrectable"] for g in gpus
+            if limit is not None and (g["remapped_rows"]["uncorrectable"] or 0) > limit}
+    if failure:
+        return failed(f"row remapping FAILED on GPU {', '.join(map(str, failure))}", failure=failure)
+    if pending:
+        return failed(f"row remap pending (reset needed) on GPU {', '.join(map(str, pending))}", pending=pending)
+    if over:
+        return warned(f"uncorrectable remapped rows above {limit}: {over}", uncorrectable=over, limit=limit)
+    return passed(f"no pending or failed row remaps on {len(gpus)} GPUs")
+
+
+@control("gpu.retired_pages", "Retired pages within limit", "high", ("gpus",),
+         "a pending retirement needs a reboot; many retired pages mean RMA")
+def gpu_retired_pages(facts, policy):
+    limit = policy.get("gpus", {}).get("max_retired_pages")
+    gpus = [g for g in live_gpus(facts) if g.get("retired_pages")]
+    if limit is None:
+        return None
+    if not gpus:
+        return not_applicable("page retirement not used on these GPUs (row remapping replaces it)")
+    over = {g["index"]: g["retired_pages"]["single_bit"] + g["retired_pages"]["double_bit"] for g in gpus
+            if g["retired_pages"]["single_bit"] + g["retired_pages"]["double_bit"] > limit}
+    pending = [g["index"] for g in gpus if g["retired_pages"]["pending"]]
+    if over or pending:
+        return failed(f"retired pages over {limit} on {sorted(over)} / pending on {pending}", over=over, pending=pending)
+    return passed(f"retired pages within {limit}")
+
+
+@control("gpu.mig", "MIG mode as expected", "medium", ("gpus",),
+         "nvidia-smi -mig 1 (or 0) on each GPU, then reset it")
+def gpu_mig(facts, policy):
+    wanted = policy.get("gpus", {}).get("mig")
+    if wanted is None:
+        return None
+    gpus = [g for g in live_gpus(facts) if g.get("mig")]
+    if not gpus:
+        return not_applicable("MIG not supported or no GPU visible")
+    wrong = [g["index"] for g in gpus if g["mig"]["current"] != wanted]
+    if wrong:
+        return failed(f"MIG is {'off' if wanted else 'on'} on GPU {', '.join(map(str, wrong))}", gpus=wrong)
+    return passed(f"MIG {'on' if wanted else 'off'} on {len(gpus)} GPUs")
+
+
+@control("gpu.pcie", "PCIe link at full width", "medium", ("gpus",),
+         "reseat the GPU or riser; a degraded link width costs host-device bandwidth")
+def gpu_pcie(facts, policy):
+    if not policy.get("gpus", {}).get("pcie_full_width"):
+        return None
+    gpus = [g for g in live_gpus(facts) if g.get("pcie") and g["pcie"].get("width") and g["pcie"].get("width_max")]
+    if not gpus:
+        return not_applicable("no PCIe link readable")
+    narrow = {g["index"]: f"x{g['pcie']['width']}/x{g['pcie']['width_max']}" for g in gpus if g["pcie"]["width"] < g["pcie"]["width_max"]}
+    if narrow:
+        return failed(f"PCIe link below full width: {narrow}", links=narrow)
+    # An idle GPU lowers its link generation to save power: that alone is not a fault.
+    return passed(f"PCIe links at full width on {len(gpus)} GPUs")
+
+
+@control("gpu.clocks", "No hardware slowdown", "low", ("gpus",),
+         "check cooling and power delivery (HW slowdown / thermal / power brake)")
+def gpu_clocks(facts, policy):
+    gpus = [g for g in live_gpus(facts) if g.get("clock_event_reasons")]
+    if not gpus:
+        return not_applicable("no clock-event reasons readable")
+    hw = {"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"}
+    slowed = {g["index"]: sorted(hw & set(g["clock_event_reasons"]["active"])) for g in gpus
+              if hw & set(g["clock_event_reasons"]["active"])}
+    if slowed:
+        return warned(f"clocks held down by {slowed}", reasons=slowed)
+    return passed("no hardware or thermal slowdown")
+
+
+@control("gpu.xid", "No Xid errors since boot", "critical", ("xid",),
+         "read the event's action; drain and reset for critical Xids, check the job for application Xids")
+def gpu_xid(facts, policy):
+    threshold = policy.get("xid", {}).get("fail_on", "high")
+    events = facts["xid"]["events"]
+    if not events:
+        return passed("no Xid events in the kernel log since boot")
+    bad = [e for e in events if severity_rank(e["severity"]) >= severity_rank(threshold)]
+    summary = sorted({(e["code"], e["name"] or "", e["severity"]) for e in events})
+    evidence = {"events": [{k: e.get(k) for k in ("code", "pci_bus_id", "gpu_instance", "class", "severity", "source", "raw")}
+                           for e in events[-20:]], "count": len(events)}
+    codes = ", ".join(f"{code} ({name})" for code, name, _ in summary)
+    if bad:
+        action = next((e["action"] for e in bad if e.get("action")), "")
+        return failed(f"{len(bad)} Xid event(s) at or above {threshold}: {codes}" + (f" -> {action}" if action else ""), **evidence)
+    return warned(f"{len(events)} Xid event(s) below {threshold}: {codes}", **evidence)
+
+
+@control("gpu.recovery_action", "No GPU recovery action pending", "high", ("gpus",),
+         "do what the driver asks: reset the GPU, reboot, or drain and reset")
+def gpu_recovery_action(facts, policy):
+    gpus = [g for g in live_gpus(facts) if g.get("recovery_action") is not None]
+    if not gpus:
+        return not_applicable("recovery action not reported by this driver")
+    pending = {g["index"]: g["recovery_action"] for g in gpus if g["recovery_action"] != "None"}
+    if pending:
+        return failed(f"the driver asks for recovery: {pending}", actions=pending)
+    return passed("no recovery action pending")
+
+
+# ---- evaluation --------------------------------------------------------------------------------
+
+def _fact_error(facts: dict[str, Any], needs: tuple[str, ...]) -> str | None:
+    for key, message in facts.get("errors", {}).items():
+        if any(key == n or key.startswith(n + ".") or key.startswith(n + "[") for n in needs):
+            return f"{key}: {message}"
+    return None
+
+
+def evaluate(facts: dict[str, Any], policy: dict[str, Any]) -> list[dict[str, Any]]:
+    """Findings for one host, one per control, in CONTROLS order."""
+    severities = policy.get("severity", {})
+    findings = []
+    for c in CONTROLS:
+        error = _fact_error(facts, c.needs)
+        if error:
+            check = Check("error", f"could not read the facts this control needs: {error}")
+        else:
+            check = c.evaluate(facts, policy) or not_applicable("not required by the baseline")
+        findings.append({"control": c.id, "title": c.title, "severity": severities.get(c.id, c.severity),
+                         "status": check.status, "message": check.message, "evidence": check.evidence,
+                         "remediation": c.remediation if check.status in ("fail", "warn", "error") else None})
+    return findings
+
+
+def error_finding(control_id: str, title: str, message: str) -> dict[str, Any]:
+    """The one finding of a host whose facts could not be had (unreachable, or garbage returned)."""
+    return {"control": control_id, "title": title, "severity": "critical", "status": "error", "message": message,
+            "evidence": {}, "remediation": "check SSH access and the host's Python; rerun the audit"}

@@ -1,0 +1,57 @@
+"""Human output: one rich table per run, hosts grouped, problems first, and a one-line summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {"fail": "bold red", "error": "bold magenta", "warn": "yellow", "pass": "green", "not_applicable": "dim"}
+SEVERITY_STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
+STATUS_ORDER = {"error": 0, "fail": 1, "warn": 2, "pass": 3, "not_applicable": 4}
+SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3, "info": 4}
+
+
+def audit_table(report: dict[str, Any], show_all: bool = False) -> Table:
+    table = Table(title=f"fleetctl audit - baseline {report['run']['baseline']['name']}", title_justify="left",
+                  show_lines=False, expand=False)
+    for name, kw in (("Host", {"style": "bold"}), ("Control", {}), ("Severity", {}), ("Status", {}), ("Finding", {"overflow": "fold"})):
+        table.add_column(name, **kw)
+    hosts = sorted(report["hosts"], key=lambda h: (tuple(h["groups"][-1:]), h["name"]))
+    for i, host in enumerate(hosts):
+        shown = [f for f in host["findings"] if show_all or f["status"] not in ("pass", "not_applicable")]
+        shown.sort(key=lambda f: (STATUS_ORDER[f["status"]], SEVERITY_ORDER[f["severity"]]))
+        passed = sum(1 for f in host["findings"] if f["status"] == "pass")
+        label = Text(host["name"]) + Text(f"\n{', '.join(host['groups'])}" if host["groups"] else "", style="dim")
+        if i:
+            table.add_section()
+        if not shown:
+            table.add_row(label, "", "", Text("pass", style="green"), f"all {passed} applicable controls pass")
+            continue
+        for j, f in enumerate(shown):
+            table.add_row(label if j == 0 else "", f["control"], Text(f["severity"], style=SEVERITY_STYLE[f["severity"]]),
+                          Text(f["status"], style=STATUS_STYLE[f["status"]]), f["message"])
+        if not show_all and passed:
+            table.add_row("", "", "", Text("pass", style="green"), Text(f"{passed} other controls pass", style="dim"))
+    return table
+
+
+def summary_line(report: dict[str, Any]) -> Text:
+    s = report["summary"]
+    parts = [f"{s['hosts']} host{'s' if s['hosts'] != 1 else ''}: {s['compliant']} compliant"]
+    if s["noncompliant"]:
+        parts.append(f"{s['noncompliant']} not compliant")
+    if s["unreachable"]:
+        parts.append(f"{s['unreachable']} unreachable")
+    counts = s["findings"]
+    detail = ", ".join(f"{counts[k]} {k}" for k in ("fail", "error", "warn") if counts[k])
+    style = "bold green" if s["exit_code"] == 0 else ("bold red" if s["exit_code"] == 1 else "bold magenta")
+    return Text(" - ".join(parts) + (f" ({detail})" if detail else "")
+                + f"; fail-on {s['fail_on']}; exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}",
+                style=style)
+
+
+def print_audit(report: dict[str, Any], console: Console, show_all: bool = False) -> None:
+    console.print(Group(audit_table(report, show_all), summary_line(report)))

@@ -1,0 +1,100 @@
+"""Run one of fleetctl's playbooks through ansible-runner and collect each host's outcome."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import ansible_runner
+
+from . import resources
+from .inventory import Fleet
+
+# One module call per host: no fact gathering, pipelining, and OpenSSH multiplexing; host keys are checked.
+ANSIBLE_ENV = {
+    "ANSIBLE_GATHERING": "explicit",
+    "ANSIBLE_PIPELINING": "True",
+    "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=60s",
+    "ANSIBLE_HOST_KEY_CHECKING": "True",
+    "ANSIBLE_RETRY_FILES_ENABLED": "False",
+    "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
+    "ANSIBLE_NOCOLOR": "True",
+    "ANSIBLE_TIMEOUT": "15",
+    "ANSIBLE_DEPRECATION_WARNINGS": "False",
+}
+
+
+@dataclass
+class HostOutcome:
+    host: str
+    status: str = "ok"  # ok | failed | unreachable
+    message: str = ""
+    results: dict[str, Any] = field(default_factory=dict)  # task action -> module result
+
+
+def search_path() -> str:
+    """PATH with this Python's bin directory first, so ansible-playbook is found in an unactivated venv."""
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    if shutil.which("ansible-playbook", path=path) is None:
+        raise RuntimeError("ansible-playbook not found: install ansible-core next to fleetctl")
+    return path
+
+
+def default_forks(host_count: int) -> int:
+    """Every host at once for small fleets; capped where process count would hurt the control node."""
+    return max(1, min(host_count, 64))
+
+
+def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str, Any] | None = None,
+                 forks: int | None = None) -> dict[str, HostOutcome]:
+    outcomes = {h: HostOutcome(h) for h in hosts}
+    if not hosts:
+        return outcomes
+
+    def on_event(event: dict[str, Any]) -> bool:
+        data = event.get("event_data") or {}
+        host = data.get("host")
+        if host not in outcomes:
+            return False
+        kind = event.get("event")
+        res = data.get("res") or {}
+        if kind == "runner_on_ok":
+            outcomes[host].results[data.get("task_action", "")] = res
+        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            outcomes[host].status = "failed"
+            outcomes[host].message = _message(res)
+        elif kind == "runner_on_unreachable":
+            outcomes[host].status = "unreachable"
+            outcomes[host].message = _message(res)
+        return False  # nothing kept on disk: the outcome is all fleetctl needs
+
+    env = dict(ANSIBLE_ENV, ANSIBLE_ROLES_PATH=str(resources.roles_dir()), PATH=search_path())
+    with tempfile.TemporaryDirectory(prefix="fleetctl-runner-") as private:
+        result = ansible_runner.run(
+            private_data_dir=private,
+            playbook=str(resources.playbook(name)),
+            inventory=fleet.runner_inventory,
+            limit=",".join(hosts),
+            extravars=extravars or {},
+            envvars=env,
+            forks=forks or default_forks(len(hosts)),
+            quiet=True,
+            event_handler=on_event,
+            settings={"suppress_ansible_output": True},
+        )
+        if result.rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
+            tail = (result.stdout.read() if result.stdout else "")[-500:].strip().splitlines()
+            raise RuntimeError(f"ansible-playbook {name} exited {result.rc}: {tail[-1] if tail else 'no output'}")
+    for outcome in outcomes.values():
+        if outcome.status == "ok" and not outcome.results:
+            outcome.status, outcome.message = "failed", "the playbook returned no result for this host"
+    return outcomes
+
+
+def _message(res: dict[str, Any]) -> str:
+    msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed"
+    return " ".join(str(msg).split())[:500]

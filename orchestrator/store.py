@@ -1,0 +1,157 @@
+"""The history: one SQLite file under $FLEETCTL_HOME (default: $XDG_STATE_HOME/fleetctl).
+
+A run is written when it starts and completed when it ends, each in its own transaction, so a crash or a bad
+input later never loses what was already recorded.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import sqlite3
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,                -- audit | probe | campaign ...
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    status TEXT NOT NULL,              -- running | done | failed
+    exit_code INTEGER,
+    operator TEXT NOT NULL,
+    control_node TEXT NOT NULL,
+    tool_version TEXT NOT NULL,
+    argv TEXT NOT NULL,
+    inventory TEXT,
+    host_limit TEXT,
+    baseline_name TEXT,
+    baseline_path TEXT,
+    baseline_digest TEXT,
+    summary TEXT
+);
+CREATE TABLE IF NOT EXISTS host_results (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    host TEXT NOT NULL,
+    reachable INTEGER NOT NULL,
+    error TEXT,
+    facts TEXT,
+    PRIMARY KEY (run_id, host)
+);
+CREATE TABLE IF NOT EXISTS findings (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    host TEXT NOT NULL,
+    control TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    status TEXT NOT NULL,
+    message TEXT NOT NULL,
+    evidence TEXT NOT NULL,
+    remediation TEXT,
+    PRIMARY KEY (run_id, host, control)
+);
+CREATE INDEX IF NOT EXISTS findings_by_control ON findings (control, status);
+"""
+SCHEMA_VERSION = 1
+
+
+def home() -> Path:
+    if os.environ.get("FLEETCTL_HOME"):
+        return Path(os.environ["FLEETCTL_HOME"])
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(state) / "fleetctl"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def operator() -> str:
+    """Who ran it: the login behind sudo when there is one."""
+    user = getpass.getuser()
+    sudo = os.environ.get("SUDO_USER")
+    return f"{sudo} (as {user})" if sudo and sudo != user else user
+
+
+class Store:
+    def __init__(self, path: Path | None = None):
+        self.path = path or home() / "history.sqlite3"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path} was written by a newer fleetctl (schema {version})")
+        self.db.executescript(SCHEMA)
+        self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def begin_run(self, kind: str, argv: list[str], inventory: str, limit: str | None,
+                  baseline: Any | None) -> tuple[int, str]:
+        run_uuid = str(uuid.uuid4())
+        cur = self.db.execute(
+            "INSERT INTO runs (uuid, kind, started_at, status, operator, control_node, tool_version, argv,"
+            " inventory, host_limit, baseline_name, baseline_path, baseline_digest)"
+            " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_uuid, kind, now(), operator(), socket.getfqdn(), __version__, json.dumps(argv), inventory, limit,
+             getattr(baseline, "name", None), str(getattr(baseline, "path", "")) or None,
+             getattr(baseline, "digest", None)))
+        return cur.lastrowid, run_uuid
+
+    def finish_run(self, run_id: int, exit_code: int, summary: dict[str, Any],
+                   hosts: list[dict[str, Any]]) -> None:
+        """Every host's facts and findings, and the run's end, in one transaction."""
+        with self.db:
+            self.db.execute("BEGIN")
+            for h in hosts:
+                self.db.execute("INSERT INTO host_results (run_id, host, reachable, error, facts) VALUES (?, ?, ?, ?, ?)",
+                                (run_id, h["name"], int(h["reachable"]), h.get("error"),
+                                 json.dumps(h["facts"], sort_keys=True) if h.get("facts") is not None else None))
+                self.db.executemany(
+                    "INSERT INTO findings (run_id, host, control, severity, status, message, evidence, remediation)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(run_id, h["name"], f["control"], f["severity"], f["status"], f["message"],
+                      json.dumps(f["evidence"], sort_keys=True), f["remediation"]) for f in h["findings"]])
+            self.db.execute("UPDATE runs SET finished_at=?, status='done', exit_code=?, summary=? WHERE id=?",
+                            (now(), exit_code, json.dumps(summary, sort_keys=True), run_id))
+
+    def fail_run(self, run_id: int, message: str, exit_code: int) -> None:
+        with self.db:
+            self.db.execute("UPDATE runs SET finished_at=?, status='failed', exit_code=?, summary=? WHERE id=?",
+                            (now(), exit_code, json.dumps({"error": message}), run_id))
+
+    def run(self, run_id: int) -> sqlite3.Row | None:
+        return self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+
+    def runs(self, kind: str | None = None) -> list[sqlite3.Row]:
+        query = "SELECT * FROM runs" + (" WHERE kind=?" if kind else "") + " ORDER BY id"
+        return self.db.execute(query, (kind,) if kind else ()).fetchall()
+
+    def findings(self, run_id: int) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM findings WHERE run_id=? ORDER BY host, rowid", (run_id,)).fetchall()
+
+    def host_results(self, run_id: int) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM host_results WHERE run_id=? ORDER BY host", (run_id,)).fetchall()
+
+
+def open_store() -> Store:
+    return Store()
+
