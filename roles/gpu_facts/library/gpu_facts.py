@@ -94,6 +94,21 @@ def read_text(path, limit=1 << 20):
         return f.read(limit).decode("utf-8", "replace")
 
 
+def nvidia_pci_gpus(sysfs="/sys/bus/pci/devices"):
+    """PCI bus ids of NVIDIA display/3D controllers, as NVML writes them: what the driver should see."""
+    found = []
+    for dev in sorted(glob.glob(os.path.join(sysfs, "*"))):
+        try:
+            vendor = read_text(os.path.join(dev, "vendor"), 64).strip()
+            pci_class = read_text(os.path.join(dev, "class"), 64).strip()
+        except (IOError, OSError):
+            continue
+        if vendor == "0x10de" and pci_class[:6] in ("0x0300", "0x0302"):
+            domain, rest = os.path.basename(dev).split(":", 1)
+            found.append(domain.rjust(8, "0") + ":" + rest)
+    return found
+
+
 def package_role(name):
     for role, pattern in PACKAGE_ROLES:
         if pattern.match(name):
@@ -182,7 +197,7 @@ def toml_has_nvidia_runtime(text, engine):
 def cdi_driver_version(text):
     """The driver version a CDI spec was generated for, from the versioned driver libraries it mounts."""
     versions = set(re.findall(r"lib(?:cuda|nvidia-ml|nvidia-ptxjitcompiler)\.so\." + _VERSION, text))
-    return sorted(versions)[-1] if versions else None
+    return max(versions, key=lambda v: tuple(int(x) for x in v.split("."))) if versions else None
 
 
 class Collector:
@@ -259,6 +274,7 @@ class Collector:
             "uptime_s": float(uptime.split()[0]) if uptime else None,
             "secure_boot": secure_boot,
             "python": platform.python_version(),
+            "pci_gpus": nvidia_pci_gpus(),
         }
 
     def packages(self):
@@ -336,6 +352,10 @@ class Collector:
             self.sources["driver.module_version"] = "/proc/driver/nvidia/version"
         if flavor:
             self.sources["driver.module_flavor"] = "/proc/driver/nvidia/version"
+        if module_version and not re.match("^" + _VERSION + "$", module_version):
+            self.errors["driver.module_version"] = "unexpected module version %r" % module_version[:80]
+            module_version = None
+            flavor = None
         userspace, lib_path = self.userspace_library()
         if userspace:
             self.sources["driver.userspace_version"] = lib_path
@@ -354,6 +374,10 @@ class Collector:
             userspace = system["nvml_version"].split(".", 1)[1] if system["nvml_version"].count(".") >= 2 else None
             self.sources["driver.userspace_version"] = "nvml"
 
+        cuda = system.get("cuda_driver_version")
+        if cuda and not re.match(r"^\d{1,2}\.\d{1,2}$", cuda):
+            self.errors["driver.cuda_driver_version"] = "unexpected CUDA version %r" % cuda[:80]
+            system["cuda_driver_version"] = None
         driver_packages = [p for p in packages if p["role"] == "driver"]
         installed = bool(driver_packages or userspace)
         state = driver_state(module_version, userspace, installed, error_code == NVML_ERROR_LIB_RM_VERSION_MISMATCH)

@@ -181,4 +181,6 @@ def xid_events(records, index, since_seq=None):
         event["uptime_s"] = rec["uptime_s"]
         event["raw"] = rec["message"][:1024]
         events.append(classify(event, index))
-    return events
+    # The driver often writes both "Xid (...): 79, ..." and "GPU ...: GPU has fallen off the bus." for one loss.
+    numbered_79 = set(e["pci_bus_id"] for e in events if e["code"] == 79 and "Xid" in e["raw"])
+    return [e for e in events if not (e["code"] == 79 and "Xid" not in e["raw"] and e["pci_bus_id"] in numbered_79)]
