@@ -362,7 +362,7 @@ def gpu_count(facts, policy):
     on_bus = len(facts["host"].get("pci_gpus", []))
     seen = len(live_gpus(facts))
     lost = [g["index"] for g in facts["gpus"] if g.get("lost")]
-    want = expected if expected is not None else on_bus
+    want = max(expected or 0, on_bus)  # a GPU on the PCI bus that the driver does not see is missing too
     if seen < want or lost:
         return failed(f"{seen} GPUs answer, {want} expected ({on_bus} on the PCI bus)"
                       + (f"; GPU {', '.join(map(str, lost))} lost" if lost else ""),

@@ -1,0 +1,104 @@
+"""Loading the blessed matrix and the inventory: what a host is held to, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from orchestrator import baseline, inventory
+from orchestrator.errors import InputError
+
+REPO = baseline.resources.root()
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_the_embedded_and_example_baselines_are_valid():
+    default = baseline.load(None)
+    assert default.name == "fleetctl-default" and default.digest.startswith("sha256:")
+    example = baseline.load(REPO / "inventory" / "baseline.example.yml")
+    assert set(example.groups) == {"all", "h100", "l40s"}
+
+
+def test_a_host_gets_all_then_its_groups_in_inventory_order():
+    example = baseline.load(REPO / "inventory" / "baseline.example.yml")
+    fleet = inventory.load(str(REPO / "inventory" / "hosts.example.ini"))
+    example.check_groups(set(fleet.groups))
+    l40s = next(h for h in fleet.hosts if h.name.startswith("gpu-l40s-01"))
+    assert l40s.groups == ("all", "gpu", "l40s")
+    p = example.policy_for(list(l40s.groups))
+    assert p["driver"] == {"branches": ["550"], "flavor": "proprietary", "held": True}  # lists replace, dicts merge
+    assert p["gpus"]["count"] == 4 and p["gpus"]["ecc"] is True
+    assert p["xid"]["overrides"]["94"]["class"] == "critical"
+
+
+def test_the_digest_is_the_files_sha256(tmp_path):
+    import hashlib
+    path = write(tmp_path, "b.yml", "schema_version: 1\ngroups:\n  all: {driver: {branches: ['570']}}\n")
+    assert baseline.load(path).digest == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("schema_version: 1\ngroups:\n  all:\n    driver: {versions: ['570.86']}\n    gpus: {count: -1}\n",
+     "$.groups.all.gpus.count: -1 is less than the minimum of 0"),
+    ("schema_version: 1\ngroups:\n  all:\n    driver: {versions: ['latest']}\n",
+     "$.groups.all.driver.versions[0]: 'latest' does not match"),
+    ("schema_version: 1\ngroups:\n  all:\n    driver: {flavour: open}\n",
+     "$.groups.all.driver: Additional properties are not allowed ('flavour' was unexpected)"),
+    ("schema_version: 2\ngroups: {all: {}}\n", "$.schema_version: 1 was expected"),
+    ("groups: {all: {}}\n", "$: 'schema_version' is a required property"),
+    ("schema_version: 1\ngroups:\n  all:\n    driver: {branches: [570]\n", "line 5 column 1: not valid YAML"),
+    ("- just\n- a list\n", "$: ['just', 'a list'] is not of type 'object'"),
+])
+def test_a_bad_baseline_is_one_line_naming_the_file_and_json_path(tmp_path, text, expected):
+    path = write(tmp_path, "bad.yml", text)
+    with pytest.raises(InputError) as e:
+        baseline.load(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}:") and expected in message and "\n" not in message
+
+
+def test_a_baseline_group_missing_from_the_inventory_is_an_input_error(tmp_path):
+    path = write(tmp_path, "b.yml", "schema_version: 1\ngroups:\n  all: {}\n  a100: {gpus: {count: 8}}\n")
+    fleet = inventory.load(str(REPO / "inventory" / "hosts.example.ini"))
+    with pytest.raises(InputError, match=r"\$\.groups\.a100: group 'a100' is not in the inventory"):
+        baseline.load(path).check_groups(set(fleet.groups))
+
+
+def test_a_missing_baseline_file(tmp_path):
+    with pytest.raises(InputError, match="cannot read baseline"):
+        baseline.load(tmp_path / "nope.yml")
+
+
+def test_inventory_limit_and_host_vars(tmp_path):
+    inv = write(tmp_path, "hosts.yml", yaml.safe_dump({"all": {"children": {"h100": {
+        "hosts": {"n1": {"ansible_host": "10.0.0.1", "ansible_port": 2222}, "n2": {}},
+        "vars": {"ansible_user": "ops"}}}}}))
+    fleet = inventory.load(str(inv), "n1")
+    (n1,) = fleet.hosts
+    assert (n1.name, n1.address, n1.port, n1.vars["ansible_user"], n1.groups) == ("n1", "10.0.0.1", 2222, "ops", ("all", "h100"))
+    assert "h100" in fleet.groups
+
+
+@pytest.mark.parametrize("text,limit,expected", [
+    ("[h100\nn1\n", None, "not a valid Ansible inventory"),
+    ("[h100]\nn1\n", "nothere", "--limit 'nothere' matches no host"),
+])
+def test_bad_inventory_input(tmp_path, text, limit, expected):
+    inv = write(tmp_path, "hosts.ini", text)
+    with pytest.raises(InputError) as e:
+        inventory.load(str(inv), limit)
+    assert expected in str(e.value) and str(e.value).startswith(str(inv)) and "\n" not in str(e.value)
+
+
+def test_no_inventory_means_localhost_over_the_local_connection():
+    fleet = inventory.load(None)
+    assert [h.name for h in fleet.hosts] == ["localhost"] and fleet.hosts[0].connection == "local"
+    with pytest.raises(InputError):
+        inventory.load(None, "gpu-*")
+    with pytest.raises(InputError, match="inventory not found"):
+        inventory.load("/nonexistent/hosts.ini")
