@@ -29,7 +29,8 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230  # nvml.h; 271 is NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
-RECOVERY_ACTIONS = {0: "None", 1: "Reset", 2: "Reboot", 3: "Drain P2P", 4: "Drain and Reset"}
+RECOVERY_ACTIONS = {0: "None", 1: "Reset", 2: "Reboot", 3: "Drain P2P", 4: "Drain and Reset", 5: "Recover IMEX Domain",
+                    6: "Bus Reset", 7: "System Reboot"}  # nvmlDeviceGpuRecoveryAction_t
 
 
 def clock_event_names(mask):

@@ -1,0 +1,32 @@
+"""Quality gates on the on-host parts: ansible-lint's production profile, argument specs, read-only audit."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = sorted(p for p in (REPO / "roles").iterdir() if p.is_dir())
+
+
+def test_ansible_lint_production_profile_is_clean():
+    lint = shutil.which("ansible-lint", path=str(Path(sys.executable).parent))
+    if lint is None:
+        pytest.skip("ansible-lint is not installed (pip install -e '.[test]')")
+    proc = subprocess.run([lint, "--profile", "production", "--nocolor", "playbooks/", "roles/"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Profile 'production' was required, and it passed" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_every_role_declares_its_arguments(role):
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
+    assert set(defaults) <= set(specs), f"defaults without a spec: {set(defaults) - set(specs)}"
+    assert all(name.startswith(role.name + "_") for name in specs)
