@@ -96,5 +96,6 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
 
 
 def _message(res: dict[str, Any]) -> str:
-    msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed"
-    return " ".join(str(msg).split())[:500]
+    msg = " ".join(str(res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed").split())
+    # OpenSSH puts its verdict ("Host key verification failed.") after a long banner: keep both ends.
+    return msg if len(msg) <= 500 else msg[:200] + " ... " + msg[-280:]

@@ -1,4 +1,4 @@
-"""A throwaway OpenSSH server on 127.0.0.1 for the integration tests, and process clean-up helpers.
+"""A throwaway OpenSSH server on 127.0.0.1 for the integration tests, process clean-up, and fleetctl run against it.
 
 The server runs as the current user (root in CI) from a config of its own in a temporary directory: its own
 ed25519 host key, an authorized_keys file holding one generated client key, no PAM, no strict modes.
@@ -7,10 +7,13 @@ ed25519 host key, an authorized_keys file holding one generated client key, no P
 from __future__ import annotations
 
 import getpass
+import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,7 @@ from pathlib import Path
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = "ssh-keygen"
 START_TIMEOUT_S = 10.0
+RUN_TIMEOUT_S = 120  # one fleetctl run
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,10 @@ def _terminate(pids: list[int], timeout: float = 5.0) -> None:
             pass
 
 
+def _live(pids: list[int]) -> list[int]:
+    return [p for p in pids if not _zombie(p)]
+
+
 def _zombie(pid: int) -> bool:
     try:
         return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
@@ -159,8 +167,12 @@ def _zombie(pid: int) -> bool:
 
 def stop_sshd(proc: subprocess.Popen) -> None:
     """Stop the listening sshd and its per-connection children."""
-    # Connections first, while the listener is there to reap them (else they end as zombies under PID 1).
-    _terminate(_children(proc.pid))
+    # Connections first, while the listener is there to reap them (else they end as zombies under PID 1): give
+    # those whose client has gone a moment to end on their own, then terminate the rest.
+    deadline = time.monotonic() + 3
+    while _live(_children(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _terminate(_live(_children(proc.pid)))
     _terminate([proc.pid])
     try:
         proc.wait(timeout=5)
@@ -189,3 +201,75 @@ def kill_control_masters(control_path_dir: Path) -> list[int]:
     pids = processes_mentioning(str(control_path_dir))
     _terminate(pids)
     return pids
+
+
+# fleetctl as a subprocess against the server
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def report(self) -> dict:
+        try:
+            return json.loads(self.stdout)
+        except json.JSONDecodeError as e:
+            raise AssertionError(f"fleetctl did not print JSON ({e}); rc={self.rc}\n"
+                                 f"stdout: {self.stdout[-2000:]}\nstderr: {self.stderr[-2000:]}") from None
+
+    def host(self, name: str) -> dict:
+        hosts = {h["name"]: h for h in self.report["hosts"]}
+        assert name in hosts, f"{name} not in the report: {sorted(hosts)}"
+        return hosts[name]
+
+
+class Fleetctl:
+    """fleetctl as an operator runs it, isolated: its own FLEETCTL_HOME and Ansible ControlPath directory."""
+
+    def __init__(self, sshd: SshServer, workdir: Path):
+        self.sshd = sshd
+        self.workdir = workdir
+        self.home = workdir / "fleetctl-home"
+        self.control_path_dir = workdir / "cp"
+        self.control_path_dir.mkdir(parents=True)
+        self.home.mkdir()
+
+    def host_line(self, name: str, known_hosts: Path, port: int | None = None) -> str:
+        ssh_args = f"-o UserKnownHostsFile={known_hosts} -o IdentitiesOnly=yes"
+        return " ".join([
+            name,
+            "ansible_host=127.0.0.1",
+            f"ansible_port={port or self.sshd.port}",
+            f"ansible_user={self.sshd.user}",
+            f"ansible_ssh_private_key_file={self.sshd.client_key}",
+            f"ansible_ssh_common_args={shlex.quote(ssh_args)}",
+            f"ansible_python_interpreter={sys.executable}",
+        ])
+
+    def known_hosts(self, content: str | None = None, name: str = "known_hosts") -> Path:
+        """A known_hosts file; by default with the test sshd's real host key."""
+        path = self.workdir / name
+        path.write_text(self.sshd.known_hosts_entry if content is None else content)
+        return path
+
+    def inventory(self, *lines: str, name: str = "inventory.ini") -> Path:
+        path = self.workdir / name
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+        env.update(FLEETCTL_HOME=str(self.home),
+                   ANSIBLE_SSH_CONTROL_PATH_DIR=str(self.control_path_dir),
+                   ANSIBLE_LOCAL_TEMP=str(self.workdir / "ansible-tmp"))
+        return env
+
+    def run(self, *args: str) -> Result:
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=self.env(), cwd=self.workdir,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def cleanup(self) -> None:
+        kill_control_masters(self.control_path_dir)

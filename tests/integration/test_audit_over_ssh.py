@@ -8,7 +8,6 @@ driver.state == not_installed and the audit exits 1 (driver.installed is a criti
 from __future__ import annotations
 
 import re
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ import orchestrator
 from orchestrator import schemas
 from orchestrator.store import Store
 
-from conftest import Fleetctl
-from sshd_helper import SSHD, free_port, keygen
+from sshd_helper import SSHD, Fleetctl, free_port, keygen
 
 pytestmark = pytest.mark.skipif(not SSHD.is_file(), reason=f"{SSHD} not found: install openssh-server to run the "
                                                           "SSH integration tests")
@@ -141,5 +139,11 @@ def test_unknown_host_key_is_refused(fleetctl: Fleetctl, sshd):
     assert host["reachable"] is False and host["facts"] is None
     assert f"[127.0.0.1]:{sshd.port}" in host["error"] and "is not in" in host["error"], host["error"]
     assert str(known) in host["error"], host["error"]
+    # Without the pre-flight, OpenSSH refuses it too (no accept-new, no StrictHostKeyChecking=no).
+    result = fleetctl.run("audit", "-i", str(inv), "--format", "json", "--no-preflight")
+    assert result.rc == 3, f"rc={result.rc}\nstderr: {result.stderr[-3000:]}"
+    host = result.host("gpu-a")
+    assert host["reachable"] is False and host["facts"] is None
+    assert "Host key verification failed" in host["error"], host["error"]
     # Nothing was appended to known_hosts behind the operator's back.
     assert known.read_text() == ""

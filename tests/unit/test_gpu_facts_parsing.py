@@ -165,7 +165,9 @@ def test_recovery_action_names_match_pynvml_codes():
     pynvml = pytest.importorskip("pynvml")
     codes = {"None": "NVML_GPU_RECOVERY_ACTION_NONE", "Reset": "NVML_GPU_RECOVERY_ACTION_GPU_RESET",
              "Reboot": "NVML_GPU_RECOVERY_ACTION_NODE_REBOOT", "Drain P2P": "NVML_GPU_RECOVERY_ACTION_DRAIN_P2P",
-             "Drain and Reset": "NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET"}
+             "Drain and Reset": "NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET",
+             "Recover IMEX Domain": "NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN",
+             "Bus Reset": "NVML_GPU_RECOVERY_ACTION_BUS_RESET", "System Reboot": "NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT"}
     for value, name in gpus_utils.RECOVERY_ACTIONS.items():
         if hasattr(pynvml, codes[name]):
             assert getattr(pynvml, codes[name]) == value, name
