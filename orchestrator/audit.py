@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import __version__, baseline as baseline_mod, inventory, policy, preflight, runner, schemas
-from .store import Store, now
+from .store import Store
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 3
 FAIL_ON_CHOICES = ("critical", "high", "medium", "low", "info", "never")
@@ -75,7 +75,7 @@ def run(opts: AuditOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     base = baseline_mod.load(opts.baseline)
     base.check_groups(set(fleet.groups))
     run_id, run_uuid = store.begin_run("audit", argv, fleet.source, opts.limit, base)
-    started_at = store.run(run_id)["started_at"]
+    record = store.run(run_id)
     try:
         verdicts = preflight.check_all(list(fleet.hosts)) if opts.preflight else {}
         to_run = [h.name for h in fleet.hosts if verdicts.get(h.name, preflight.Verdict(h.name, True)).ok]
@@ -95,8 +95,9 @@ def run(opts: AuditOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     report = {
         "schema_version": 1,
         "tool": {"name": "fleetctl", "version": __version__},
-        "run": {"id": run_id, "uuid": run_uuid, "kind": "audit", "started_at": started_at, "finished_at": now(),
-                "operator": store.run(run_id)["operator"], "control_node": store.run(run_id)["control_node"],
+        "run": {"id": run_id, "uuid": run_uuid, "kind": "audit", "started_at": record["started_at"],
+                "finished_at": store.run(run_id)["finished_at"], "operator": record["operator"],
+                "control_node": record["control_node"],
                 "inventory": fleet.source, "limit": opts.limit,
                 "baseline": {"name": base.name, "path": str(base.path), "digest": base.digest}},
         "summary": summary,

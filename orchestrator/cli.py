@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +25,13 @@ def emit(text: str, output: str | None) -> None:
             raise InputError(f"{output}: cannot write: {e.strerror}") from None
     else:
         click.echo(text, nl=False)
+
+
+def terminal() -> Console:
+    """A console for stdout; logs and cron mail get 160 columns instead of rich's 80 when no width is known."""
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        return Console()
+    return Console(width=160)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -58,7 +66,7 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
         with open(output, "w") as fh:
             render.print_audit(report, Console(file=fh, width=160, force_terminal=False), show_all)
     else:
-        render.print_audit(report, Console(), show_all)
+        render.print_audit(report, terminal(), show_all)
     sys.exit(report["summary"]["exit_code"])
 
 

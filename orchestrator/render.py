@@ -10,6 +10,7 @@ from rich.text import Text
 
 STATUS_STYLE = {"fail": "bold red", "error": "bold magenta", "warn": "yellow", "pass": "green", "not_applicable": "dim"}
 SEVERITY_STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
+STATUS_LABEL = {"not_applicable": "n/a"}
 STATUS_ORDER = {"error": 0, "fail": 1, "warn": 2, "pass": 3, "not_applicable": 4}
 SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3, "info": 4}
 
@@ -17,14 +18,16 @@ SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3, "info": 4}
 def audit_table(report: dict[str, Any], show_all: bool = False) -> Table:
     table = Table(title=f"fleetctl audit - baseline {report['run']['baseline']['name']}", title_justify="left",
                   show_lines=False, expand=False)
-    for name, kw in (("Host", {"style": "bold"}), ("Control", {}), ("Severity", {}), ("Status", {}), ("Finding", {"overflow": "fold"})):
+    for name, kw in (("Host", {"style": "bold"}), ("Control", {"no_wrap": True}), ("Severity", {}), ("Status", {}),
+                     ("Finding", {"overflow": "fold"})):
         table.add_column(name, **kw)
     hosts = sorted(report["hosts"], key=lambda h: (tuple(h["groups"][-1:]), h["name"]))
     for i, host in enumerate(hosts):
         shown = [f for f in host["findings"] if show_all or f["status"] not in ("pass", "not_applicable")]
         shown.sort(key=lambda f: (STATUS_ORDER[f["status"]], SEVERITY_ORDER[f["severity"]]))
         passed = sum(1 for f in host["findings"] if f["status"] == "pass")
-        label = Text(host["name"]) + Text(f"\n{', '.join(host['groups'])}" if host["groups"] else "", style="dim")
+        groups = [g for g in host["groups"] if g != "ungrouped"]
+        label = Text(host["name"]) + Text(f"\n{', '.join(groups)}" if groups else "", style="dim")
         if i:
             table.add_section()
         if not shown:
@@ -32,7 +35,7 @@ def audit_table(report: dict[str, Any], show_all: bool = False) -> Table:
             continue
         for j, f in enumerate(shown):
             table.add_row(label if j == 0 else "", f["control"], Text(f["severity"], style=SEVERITY_STYLE[f["severity"]]),
-                          Text(f["status"], style=STATUS_STYLE[f["status"]]), f["message"])
+                          Text(STATUS_LABEL.get(f["status"], f["status"]), style=STATUS_STYLE[f["status"]]), f["message"])
         if not show_all and passed:
             table.add_row("", "", "", Text("pass", style="green"), Text(f"{passed} other controls pass", style="dim"))
     return table
