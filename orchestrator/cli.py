@@ -70,6 +70,11 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
     sys.exit(report["summary"]["exit_code"])
 
 
+from .lab.cli import lab  # noqa: E402
+
+cli.add_command(lab)
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)

@@ -1,0 +1,251 @@
+"""`fleetctl lab up|status|inventory|inject|reboot|down`: an emulated GPU fleet on this machine (root)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import InputError
+from . import faults, state
+from .skus import DEFAULT_SKU, SKUS
+
+SPEC = re.compile(r"^(?P<count>\d+)x(?P<sku>[a-z0-9-]+)(?:/(?P<gpus>\d+))?(?:@(?P<driver>\d{3}\.\d+(?:\.\d+)?))?"
+                  r"(?P<drift>(?:\+[a-z-]+)*)$")
+DRIFTS = ("nouveau", "persistence-off", "runtime")
+
+
+def parse_specs(specs: tuple[str, ...], hosts: int, sku: str, gpus: int | None, driver: str | None,
+                drift: tuple[str, ...]) -> tuple[list[state.HostSpec], dict[str, set[str]]]:
+    """HostSpecs for `--spec 3xh100-sxm/8@570.86.15+nouveau ...` (or the uniform --hosts/--sku/... form)."""
+    groups = []
+    for text in specs or (f"{hosts}x{sku}" + (f"/{gpus}" if gpus else "") + (f"@{driver}" if driver else "")
+                          + "".join(f"+{d}" for d in drift),):
+        m = SPEC.match(text)
+        if not m:
+            raise InputError(f"--spec {text!r}: expected COUNTxSKU[/GPUS][@DRIVER][+DRIFT...], e.g. 4xh100-sxm@570.86.15+nouveau")
+        if m["sku"] not in SKUS:
+            raise InputError(f"--spec {text!r}: unknown SKU {m['sku']!r} (known: {', '.join(SKUS)})")
+        drifts = set(filter(None, m["drift"].split("+")))
+        if drifts - set(DRIFTS):
+            raise InputError(f"--spec {text!r}: unknown drift {sorted(drifts - set(DRIFTS))[0]!r} (known: {', '.join(DRIFTS)})")
+        groups.append((int(m["count"]), m["sku"], int(m["gpus"]) if m["gpus"] else None, m["driver"], drifts))
+    out, extra_drift, serial = [], {}, {}
+    for count, sku_key, n_gpus, drv, drifts in groups:
+        for _ in range(count):
+            serial[sku_key] = serial.get(sku_key, 0) + 1
+            name = f"{sku_key.split('-')[0]}-{serial[sku_key]:02d}"
+            # A host with the NVIDIA driver installed has nouveau blacklisted by the package, unless drifted.
+            out.append(state.HostSpec(name, sku_key, n_gpus, drv, nouveau="nouveau" in drifts,
+                                      persistence_off="persistence-off" in drifts))
+            extra_drift[name] = drifts & {"runtime"}
+    if not out:
+        raise InputError("the lab needs at least one host")
+    return out, extra_drift
+
+
+@click.group()
+def lab() -> None:
+    """An emulated GPU fleet on this machine: real sshd, dpkg and apt, emulated NVIDIA driver (needs root)."""
+    if os.geteuid() != 0:
+        raise InputError("the lab needs root (network and mount namespaces)")
+
+
+@lab.command()
+@click.option("--hosts", "count", type=click.IntRange(1, 256), default=4, show_default=True)
+@click.option("--sku", type=click.Choice(sorted(SKUS)), default=DEFAULT_SKU, show_default=True)
+@click.option("--gpus", type=click.IntRange(1, 16), help="GPUs per host (default: the SKU's).")
+@click.option("--driver", metavar="VERSION", help="Driver installed before the first boot (default: none).")
+@click.option("--drift", type=click.Choice(DRIFTS), multiple=True, help="Plant this drift on every host.")
+@click.option("--spec", "specs", multiple=True, metavar="SPEC",
+              help="COUNTxSKU[/GPUS][@DRIVER][+DRIFT...], repeatable, for a mixed fleet (overrides the above).")
+def up(count, sku, gpus, driver, drift, specs) -> None:
+    """Build the lab's package repo and bring the hosts up."""
+    from . import hosts, packages
+
+    specs_, extra = parse_specs(specs, count, sku, gpus, driver, drift)
+    known = set(packages.DRIVER_VERSIONS)
+    for s in specs_:
+        if s.driver and s.driver not in known:
+            raise InputError(f"driver {s.driver} is not in the lab repo (versions: {', '.join(sorted(known))})")
+    started = time.monotonic()
+    directory = state.lab_dir()
+    packages.build_repo(directory / "repo")
+    the_lab = hosts.up(specs_, directory)
+    for name, drifts in extra.items():
+        if "runtime" in drifts:
+            faults.runtime_misconfigured(faults.Host(the_lab, name))
+    inventory = hosts.write_inventory(the_lab)
+    click.echo(f"lab up: {len(specs_)} hosts in {time.monotonic() - started:.1f}s; inventory: {inventory}")
+
+
+@lab.command()
+def status() -> None:
+    """Each host's address, driver and health."""
+    from . import hosts
+
+    rows = hosts.status(state.lab_dir())
+    if not rows:
+        click.echo("no lab")
+        return
+    table = Table(title="fleetctl lab")
+    for col in ("host", "address", "sku", "running", "driver loaded", "boot id"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["address"], r.get("sku", ""), "yes" if r.get("running") else "NO",
+                      r.get("driver") or "-", (r.get("boot_id") or "")[:8])
+    Console().print(table)
+
+
+@lab.command()
+def inventory() -> None:
+    """Print the path of the lab's Ansible inventory (fleetctl audit -i "$(fleetctl lab inventory)")."""
+    the_lab = state.load()
+    if the_lab is None or not the_lab.inventory.exists():
+        raise InputError("no lab is up: run fleetctl lab up")
+    click.echo(str(the_lab.inventory))
+
+
+@lab.command()
+def down() -> None:
+    """Remove every namespace, mount, process, bridge and file the lab made (safe to repeat)."""
+    from . import hosts
+
+    started = time.monotonic()
+    hosts.down(state.lab_dir())
+    click.echo(f"lab down in {time.monotonic() - started:.1f}s")
+
+
+@lab.command()
+@click.argument("host")
+def reboot(host) -> None:
+    """Reboot one lab host, as its power button would."""
+    h = faults.Host(_lab(), host)
+    (h.dir / "control" / "reboot").write_text("fleetctl lab reboot\n")
+    click.echo(f"{host}: reboot requested")
+
+
+def _lab() -> state.Lab:
+    the_lab = state.load()
+    if the_lab is None:
+        raise InputError("no lab is up: run fleetctl lab up")
+    return the_lab
+
+
+@lab.group()
+@click.argument("host")
+@click.pass_context
+def inject(ctx, host) -> None:
+    """Plant a fault on HOST (see docs/lab.md)."""
+    ctx.obj = faults.Host(_lab(), host)
+
+
+def _report(host: faults.Host, what: str) -> None:
+    click.echo(f"{host.record.name}: {what}")
+
+
+@inject.command("xid")
+@click.argument("code", type=click.IntRange(1, 999))
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--form", type=click.Choice(faults.XID_FORMS), default="pci", show_default=True)
+@click.pass_obj
+def inject_xid(host, code, gpu, form) -> None:
+    """An Xid with CODE on GPU, in one of the kernel log forms."""
+    _report(host, faults.xid(host, code, gpu, form))
+
+
+@inject.command("kmsg")
+@click.argument("line")
+@click.pass_obj
+def inject_kmsg(host, line) -> None:
+    """A raw kernel log line."""
+    _report(host, faults.kmsg(host, line))
+
+
+@inject.command("ecc")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--volatile", type=click.IntRange(0), default=1, show_default=True)
+@click.option("--aggregate", type=click.IntRange(0))
+@click.pass_obj
+def inject_ecc(host, gpu, volatile, aggregate) -> None:
+    """Uncorrectable ECC error counts."""
+    _report(host, faults.ecc(host, gpu, volatile, aggregate))
+
+
+@inject.command("remap")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--uncorrectable", type=click.IntRange(0), default=1, show_default=True)
+@click.option("--pending/--no-pending", default=True, show_default=True)
+@click.option("--failure", is_flag=True)
+@click.pass_obj
+def inject_remap(host, gpu, uncorrectable, pending, failure) -> None:
+    """Remapped rows: pending (needs a reset) or failed."""
+    _report(host, faults.remap(host, gpu, uncorrectable, pending, failure))
+
+
+@inject.command("fall-off-bus")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.pass_obj
+def inject_fall_off_bus(host, gpu) -> None:
+    """A GPU falls off the bus (Xid 79): the driver sees one GPU fewer."""
+    _report(host, faults.fall_off_bus(host, gpu))
+
+
+@inject.command("throughput")
+@click.argument("factor", type=float)
+@click.option("--driver", metavar="VERSION", help="Only on this driver version (default: any).")
+@click.pass_obj
+def inject_throughput(host, factor, driver) -> None:
+    """Scale the benchmark's throughput by FACTOR (e.g. 0.92)."""
+    _report(host, faults.throughput(host, factor, driver))
+
+
+@inject.command("unreachable")
+@click.option("--mode", type=click.Choice(["link", "sshd"]), default="link", show_default=True)
+@click.option("--restore", is_flag=True, help="Bring the link back up.")
+@click.pass_obj
+def inject_unreachable(host, mode, restore) -> None:
+    """Cut the host's link, or stop its sshd."""
+    _report(host, faults.unreachable(host, mode, restore))
+
+
+@inject.command("slow-reboot")
+@click.argument("seconds", type=click.FloatRange(0, 600))
+@click.pass_obj
+def inject_slow_reboot(host, seconds) -> None:
+    """Reboots take SECONDS longer."""
+    _report(host, faults.slow_reboot(host, seconds))
+
+
+@inject.command("install-failure")
+@click.argument("driver", metavar="VERSION")
+@click.pass_obj
+def inject_install_failure(host, driver) -> None:
+    """Installing driver VERSION fails (its package's preinst exits 1)."""
+    _report(host, faults.install_failure(host, driver))
+
+
+@inject.command("nouveau")
+@click.pass_obj
+def inject_nouveau(host) -> None:
+    """nouveau is loaded."""
+    _report(host, faults.nouveau(host))
+
+
+@inject.command("persistence-off")
+@click.option("--gpu", type=int)
+@click.pass_obj
+def inject_persistence_off(host, gpu) -> None:
+    """Persistence mode off (all GPUs, or one) and nvidia-persistenced stopped."""
+    _report(host, faults.persistence_off(host, gpu))
+
+
+@inject.command("runtime-misconfigured")
+@click.pass_obj
+def inject_runtime(host) -> None:
+    """containerd's config loses the nvidia runtime."""
+    _report(host, faults.runtime_misconfigured(host))

@@ -1,0 +1,41 @@
+"""The lab's fleet description on the command line (no root needed to parse it)."""
+
+import pytest
+
+from orchestrator.errors import InputError
+from orchestrator.lab.cli import parse_specs
+from orchestrator.lab.faults import xid_line
+
+
+def test_a_mixed_fleet_in_one_command():
+    specs, extra = parse_specs(("3xh100-sxm@570.86.15", "1xl40s/2@550.163.01+nouveau+runtime"), 4, "h100-sxm", None, None, ())
+    assert [(s.name, s.sku, s.gpus, s.driver, s.nouveau) for s in specs] == [
+        ("h100-01", "h100-sxm", None, "570.86.15", False), ("h100-02", "h100-sxm", None, "570.86.15", False),
+        ("h100-03", "h100-sxm", None, "570.86.15", False), ("l40s-01", "l40s", 2, "550.163.01", True)]
+    assert extra["l40s-01"] == {"runtime"} and extra["h100-01"] == set()
+
+
+def test_the_uniform_form():
+    specs, _ = parse_specs((), 2, "a100-sxm", 4, None, ("persistence-off",))
+    assert [(s.name, s.gpus, s.persistence_off) for s in specs] == [("a100-01", 4, True), ("a100-02", 4, True)]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("3xh900", "unknown SKU 'h900'"), ("h100-sxm", "expected COUNTxSKU"), ("2xl40s+melted", "unknown drift 'melted'"),
+    ("0xl40s", "at least one host"),
+])
+def test_bad_specs_are_one_line_errors(spec, message):
+    with pytest.raises(InputError, match=message):
+        parse_specs((spec,), 1, "h100-sxm", None, None, ())
+
+
+@pytest.mark.parametrize("form", ["pci", "legacy", "mig", "bare"])
+def test_every_planted_xid_form_is_read_back_by_the_collector(form):
+    from ansible.module_utils.fleetctl_kernel_log import parse_xid
+
+    event = parse_xid(xid_line(79, "00000000:18:00.0", form))
+    assert (event["code"], event["pci_bus_id"]) == (79, "00000000:18:00.0")
+    assert event["gpu_instance"] == (5 if form == "mig" else None)
+    recovery = parse_xid(xid_line(154, "00000000:18:00.0", form))
+    if form in ("pci", "mig", "legacy"):
+        assert recovery["code"] == 154
