@@ -1,0 +1,757 @@
+/*
+ * libnvidia-ml.so.1 for the fleetctl lab: the NVML calls fleetctl (through the real pynvml) and the usual
+ * tools make, answered from the lab host's emulated kernel and hardware files (docs/lab.md).
+ *
+ * Built once per driver version by orchestrator/lab/packages.py:
+ *   gcc -shared -fPIC -O2 -Wall -Werror -DLAB_DRIVER_VERSION='"570.86.15"' -DLAB_FLAVOR='"open"' -I<gen> ...
+ * where <gen>/lab_skus.h is generated from orchestrator/lab/skus.py.
+ *
+ * State is read at call time, under an optional root prefix ($NVIDIA_LAB_ROOT, default ""):
+ *   /sys/module/nvidia/version           absent: NVML_ERROR_DRIVER_NOT_LOADED at init;
+ *                                        != LAB_DRIVER_VERSION: NVML_ERROR_LIB_RM_VERSION_MISMATCH at init
+ *   /var/lib/nvidia-lab/hw/gpus.conf     the GPUs (key=value, re-read at every query)
+ * A GPU with lost=1 still counts (the kernel driver still enumerates it, as on a real host), but
+ * nvmlDeviceGetHandleByIndex_v2 on it and every query on a handle taken before it was lost answer
+ * NVML_ERROR_GPU_IS_LOST.
+ *
+ * Types, struct layouts and return codes are those of nvml.h (checked against pynvml's ctypes definitions).
+ * Only these symbols are exported (-fvisibility=hidden elsewhere).
+ */
+#include <ctype.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+
+#include "lab_skus.h" /* struct lab_sku LAB_SKUS[], LAB_SKU_COUNT (generated) */
+
+#ifndef LAB_DRIVER_VERSION
+#error "build with -DLAB_DRIVER_VERSION=\"570.86.15\""
+#endif
+#ifndef LAB_FLAVOR
+#define LAB_FLAVOR "open"
+#endif
+
+#define API __attribute__((visibility("default")))
+
+/* nvmlReturn_t and the other nvml.h enums are C enums: int-sized in the x86-64 ABI. */
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_UNKNOWN = 999,
+};
+typedef unsigned int nvmlEnableState_t; /* NVML_FEATURE_DISABLED 0 / ENABLED 1 */
+enum { NVML_TEMPERATURE_GPU = 0 };
+enum { NVML_MEMORY_ERROR_TYPE_CORRECTED = 0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1 };
+enum { NVML_VOLATILE_ECC = 0, NVML_AGGREGATE_ECC = 1 };
+enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1 };
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+
+/* nvmlPciInfo_t as of NVML 9 (nvmlDeviceGetPciInfo_v3), pynvml's nvmlPciInfo_t:
+ * offset 0 busIdLegacy[16] "%04X:%02X:%02X.0", 16 domain, 20 bus, 24 device, 28 pciDeviceId,
+ * 32 pciSubSystemId, 36 busId[32] "%08X:%02X:%02X.0"; sizeof 68. */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;    /* device id << 16 | vendor id (0x10de) */
+    unsigned int pciSubSystemId; /* subsystem id << 16 | subsystem vendor */
+    char busId[32];
+} nvmlPciInfo_t;
+
+/* nvmlMemory_t (v1): total, free, used in bytes; "used" includes what the driver reserves. */
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+/* nvmlMemory_v2_t: version at 0, 4 bytes padding, then 4 x u64 at 8/16/24/32; sizeof 40.
+ * nvmlMemory_v2 = NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24 = 0x02000028. */
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 (unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24))
+
+/* nvmlValue_t: 8-byte union. */
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    signed int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+/* nvmlFieldValue_t: fieldId 0, scopeId 4, timestamp 8, latencyUsec 16, valueType 24, nvmlReturn 28,
+ * value 32; sizeof 40 (pynvml c_nvmlFieldValue_t). */
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp; /* microseconds since the epoch */
+    long long latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
+_Static_assert(offsetof(nvmlPciInfo_t, busId) == 36, "nvmlPciInfo_t.busId offset");
+_Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout");
+_Static_assert(offsetof(nvmlFieldValue_t, value) == 32, "nvmlFieldValue_t.value offset");
+
+/* nvmlDevice_t is an opaque pointer in nvml.h; here it points at one of these slots. */
+#define LAB_MAX_GPUS 64
+typedef struct nvmlDevice_st {
+    unsigned int index;
+} *nvmlDevice_t;
+static struct nvmlDevice_st lab_devices[LAB_MAX_GPUS];
+
+/* ---- state files -------------------------------------------------------------------------------- */
+
+struct lab_gpu {
+    char name[96], uuid[96], serial[32], pci[32], vbios[32];
+    unsigned long long persistence, ecc, ecc_pending, ecc_unc_volatile, ecc_unc_aggregate;
+    unsigned long long remap_corr, remap_unc, remap_pending, remap_failure, mig, mig_pending;
+    unsigned long long pcie_gen, pcie_gen_max, pcie_width, pcie_width_max, temp, power_mw, power_limit_mw;
+    unsigned long long clock_events, recovery_action, lost;
+};
+
+struct lab_hw {
+    unsigned int count;
+    const struct lab_sku *sku;
+};
+
+/* gpu.N.<key> -> field of struct lab_gpu; size 0 means a number. */
+static const struct { const char *key; size_t off; size_t size; } LAB_KEYS[] = {
+#define S(k) {#k, offsetof(struct lab_gpu, k), sizeof(((struct lab_gpu *)0)->k)}
+#define N(k) {#k, offsetof(struct lab_gpu, k), 0}
+    S(name), S(uuid), S(serial), S(pci), S(vbios),
+    N(persistence), N(ecc), N(ecc_pending), N(ecc_unc_volatile), N(ecc_unc_aggregate),
+    N(remap_corr), N(remap_unc), N(remap_pending), N(remap_failure), N(mig), N(mig_pending),
+    N(pcie_gen), N(pcie_gen_max), N(pcie_width), N(pcie_width_max), N(temp), N(power_mw), N(power_limit_mw),
+    N(clock_events), N(recovery_action), N(lost),
+#undef S
+#undef N
+};
+
+static int lab_initialized;
+
+static void lab_path(char *buf, size_t len, const char *path)
+{
+    const char *root = getenv("NVIDIA_LAB_ROOT");
+    snprintf(buf, len, "%s%s", root ? root : "", path);
+}
+
+static char *lab_trim(char *s)
+{
+    char *end;
+    while (isspace((unsigned char)*s))
+        s++;
+    end = s + strlen(s);
+    while (end > s && isspace((unsigned char)end[-1]))
+        *--end = '\0';
+    return s;
+}
+
+static const struct lab_sku *lab_find_sku(const char *key)
+{
+    for (size_t i = 0; i < LAB_SKU_COUNT; i++)
+        if (strcmp(LAB_SKUS[i].key, key) == 0)
+            return &LAB_SKUS[i];
+    return &LAB_SKUS[0];
+}
+
+/* Reads gpus.conf: the host's SKU and GPU count, and (index >= 0) that GPU's values over its SKU's defaults. */
+static void lab_read_hw(struct lab_hw *hw, int index, struct lab_gpu *g)
+{
+    char path[4096], line[512];
+    char sku_key[64] = "";
+    unsigned int max_index = 0, count = 0;
+    int have_count = 0;
+    FILE *f;
+
+    lab_path(path, sizeof path, "/var/lib/nvidia-lab/hw/gpus.conf");
+    f = fopen(path, "r");
+    if (g)
+        memset(g, 0, sizeof *g);
+    while (f && fgets(line, sizeof line, f)) {
+        char *hash = strchr(line, '#'), *eq, *key, *value;
+        if (hash)
+            *hash = '\0';
+        eq = strchr(line, '=');
+        if (!eq)
+            continue;
+        *eq = '\0';
+        key = lab_trim(line);
+        value = lab_trim(eq + 1);
+        if (strcmp(key, "sku") == 0) {
+            snprintf(sku_key, sizeof sku_key, "%s", value);
+        } else if (strcmp(key, "count") == 0) {
+            count = (unsigned int)strtoul(value, NULL, 0);
+            have_count = 1;
+        } else if (strncmp(key, "gpu.", 4) == 0) {
+            char *rest;
+            unsigned long n = strtoul(key + 4, &rest, 10);
+            if (*rest != '.' || n >= LAB_MAX_GPUS)
+                continue;
+            if (n + 1 > max_index)
+                max_index = (unsigned int)n + 1;
+            if (!g || (int)n != index)
+                continue;
+            for (size_t k = 0; k < sizeof LAB_KEYS / sizeof LAB_KEYS[0]; k++) {
+                if (strcmp(rest + 1, LAB_KEYS[k].key) != 0)
+                    continue;
+                char *field = (char *)g + LAB_KEYS[k].off;
+                if (LAB_KEYS[k].size)
+                    snprintf(field, LAB_KEYS[k].size, "%s", value);
+                else
+                    *(unsigned long long *)field = strtoull(value, NULL, 0) | (1ULL << 63); /* mark "set" */
+            }
+        }
+    }
+    if (f)
+        fclose(f);
+    hw->sku = lab_find_sku(sku_key);
+    hw->count = have_count ? count : max_index;
+    if (hw->count > LAB_MAX_GPUS)
+        hw->count = LAB_MAX_GPUS;
+    if (!g)
+        return;
+    /* Numbers not in the file take the SKU's (or a healthy GPU's) value; bit 63 marked the ones that were. */
+    const struct lab_sku *s = hw->sku;
+    const unsigned long long defaults[][2] = {
+        {offsetof(struct lab_gpu, persistence), 1}, {offsetof(struct lab_gpu, ecc), 1},
+        {offsetof(struct lab_gpu, ecc_pending), 1}, {offsetof(struct lab_gpu, pcie_gen), s->pcie_gen},
+        {offsetof(struct lab_gpu, pcie_gen_max), s->pcie_gen}, {offsetof(struct lab_gpu, pcie_width), s->pcie_width},
+        {offsetof(struct lab_gpu, pcie_width_max), s->pcie_width}, {offsetof(struct lab_gpu, temp), 33},
+        {offsetof(struct lab_gpu, power_mw), s->power_idle_mw}, {offsetof(struct lab_gpu, power_limit_mw), s->power_limit_mw},
+        {offsetof(struct lab_gpu, clock_events), 1},
+    };
+    int mig_pending_set = (int)(g->mig_pending >> 63);
+    for (size_t k = 0; k < sizeof LAB_KEYS / sizeof LAB_KEYS[0]; k++) {
+        if (LAB_KEYS[k].size)
+            continue;
+        unsigned long long *v = (unsigned long long *)((char *)g + LAB_KEYS[k].off);
+        if (*v & (1ULL << 63)) {
+            *v &= ~(1ULL << 63);
+            continue;
+        }
+        for (size_t d = 0; d < sizeof defaults / sizeof defaults[0]; d++)
+            if (defaults[d][0] == LAB_KEYS[k].off)
+                *v = defaults[d][1];
+    }
+    if (!mig_pending_set)
+        g->mig_pending = g->mig; /* docs/lab.md's gpus.conf has mig only: pending follows current */
+    if (!g->name[0])
+        snprintf(g->name, sizeof g->name, "%s", s->name);
+    if (!g->vbios[0])
+        snprintf(g->vbios, sizeof g->vbios, "%s", s->vbios);
+    if (!g->pci[0])
+        snprintf(g->pci, sizeof g->pci, "00000000:%02X:00.0", 0x18 + index);
+}
+
+/* The loaded kernel module must be exactly this library's version (the real library checks with RM). */
+static nvmlReturn_t lab_module_check(void)
+{
+    char path[4096], version[128] = "";
+    FILE *f;
+
+    lab_path(path, sizeof path, "/sys/module/nvidia/version");
+    f = fopen(path, "r");
+    if (!f)
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (!fgets(version, sizeof version, f))
+        version[0] = '\0';
+    fclose(f);
+    return strcmp(lab_trim(version), LAB_DRIVER_VERSION) == 0 ? NVML_SUCCESS : NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+}
+
+/* Checks a handle and reads its GPU. */
+static nvmlReturn_t lab_dev(nvmlDevice_t dev, struct lab_hw *hw, struct lab_gpu *g)
+{
+    if (!lab_initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (dev < lab_devices || dev >= lab_devices + LAB_MAX_GPUS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    lab_read_hw(hw, (int)dev->index, g);
+    if (dev->index >= hw->count || g->lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    return NVML_SUCCESS;
+}
+
+/* Begins a device query: declares g/hw, checks the handle and the output pointer. */
+#define QUERY(dev, out)                                     \
+    struct lab_gpu g;                                       \
+    struct lab_hw hw;                                       \
+    nvmlReturn_t rc_ = lab_dev(dev, &hw, &g);               \
+    if (rc_ != NVML_SUCCESS)                                \
+        return rc_;                                         \
+    if (!(out))                                             \
+        return NVML_ERROR_INVALID_ARGUMENT;                 \
+    (void)hw
+
+static nvmlReturn_t lab_str(char *buf, unsigned int len, const char *value)
+{
+    if (!buf)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > len)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(buf, value, strlen(value) + 1);
+    return NVML_SUCCESS;
+}
+
+static unsigned int lab_branch(void)
+{
+    return (unsigned int)atoi(LAB_DRIVER_VERSION);
+}
+
+/* ---- init, errors, system ----------------------------------------------------------------------- */
+
+API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    nvmlReturn_t rc = lab_module_check();
+    if (rc == NVML_SUCCESS)
+        lab_initialized++;
+    return rc;
+}
+
+API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+API nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+API nvmlReturn_t nvmlShutdown(void)
+{
+    if (!lab_initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    lab_initialized--;
+    return NVML_SUCCESS;
+}
+
+API const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 8: return "Insufficient External Power";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 11: return "Interrupt request issue";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 14: return "Corrupted infoROM";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires restart";
+    case 17: return "The operating system has blocked the request.";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 19: return "In use by another client";
+    case 20: return "Insufficient Memory";
+    case 21: return "No data";
+    default: return "Unknown Error";
+    }
+}
+
+API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    if (!lab_initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    return lab_str(version, length, LAB_DRIVER_VERSION);
+}
+
+/* "12.570.86.15" for 550/570, "13.580.95.05" from 580 (the NVML major follows CUDA's). */
+API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    char buf[80];
+    snprintf(buf, sizeof buf, "%u.%s", lab_branch() >= 580 ? 13 : 12, LAB_DRIVER_VERSION);
+    return lab_str(version, length, buf);
+}
+
+/* CUDA version the driver supports, as 1000 * major + 10 * minor. */
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    static const unsigned int table[][2] = {{580, 13000}, {575, 12090}, {570, 12080}, {565, 12070}, {560, 12060},
+                                            {555, 12050}, {550, 12040}, {545, 12030}, {535, 12020}, {0, 12000}};
+    if (!cudaDriverVersion)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (lab_branch() >= table[i][0]) {
+            *cudaDriverVersion = (int)table[i][1];
+            break;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) { return nvmlSystemGetCudaDriverVersion_v2(v); }
+
+/* ---- device handles ----------------------------------------------------------------------------- */
+
+API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    struct lab_hw hw;
+    if (!lab_initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!deviceCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    lab_read_hw(&hw, -1, NULL);
+    *deviceCount = hw.count; /* lost GPUs included */
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { return nvmlDeviceGetCount_v2(deviceCount); }
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    struct lab_hw hw;
+    struct lab_gpu g;
+    if (!lab_initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!device || index >= LAB_MAX_GPUS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    lab_read_hw(&hw, (int)index, &g);
+    if (index >= hw.count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g.lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    lab_devices[index].index = index;
+    *device = &lab_devices[index];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+/* By UUID or PCI bus id (any case; 4- or 8-digit domain). */
+static nvmlReturn_t lab_handle_by(const char *wanted, int by_pci, nvmlDevice_t *device)
+{
+    struct lab_hw hw;
+    struct lab_gpu g;
+    if (!lab_initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!wanted || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    lab_read_hw(&hw, -1, NULL);
+    for (unsigned int i = 0; i < hw.count; i++) {
+        lab_read_hw(&hw, (int)i, &g);
+        const char *have = by_pci ? g.pci : g.uuid;
+        size_t lw = strlen(wanted), lh = strlen(have);
+        int match = by_pci ? (lw <= lh && strcasecmp(have + lh - lw, wanted) == 0 && lw >= 12)
+                           : strcmp(have, wanted) == 0;
+        if (!match)
+            continue;
+        if (g.lost)
+            return NVML_ERROR_GPU_IS_LOST;
+        lab_devices[i].index = i;
+        *device = &lab_devices[i];
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    return lab_handle_by(uuid, 0, device);
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
+{
+    return lab_handle_by(pciBusId, 1, device);
+}
+
+/* ---- identity ----------------------------------------------------------------------------------- */
+
+API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length)
+{
+    QUERY(dev, name);
+    return lab_str(name, length, g.name);
+}
+
+API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length)
+{
+    QUERY(dev, uuid);
+    return lab_str(uuid, length, g.uuid);
+}
+
+API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t dev, char *serial, unsigned int length)
+{
+    QUERY(dev, serial);
+    return lab_str(serial, length, g.serial);
+}
+
+API nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char *version, unsigned int length)
+{
+    QUERY(dev, version);
+    return lab_str(version, length, g.vbios);
+}
+
+API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index)
+{
+    QUERY(dev, index);
+    *index = dev->index;
+    return NVML_SUCCESS;
+}
+
+/* /dev/nvidiaN: the lab numbers device nodes like NVML indexes. */
+API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minorNumber)
+{
+    QUERY(dev, minorNumber);
+    *minorNumber = dev->index;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t dev, unsigned int *arch)
+{
+    QUERY(dev, arch);
+    *arch = hw.sku->arch;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci)
+{
+    unsigned int domain = 0, bus = 0, device = 0, function = 0;
+    QUERY(dev, pci);
+    if (sscanf(g.pci, "%x:%x:%x.%x", &domain, &bus, &device, &function) != 4)
+        return NVML_ERROR_UNKNOWN;
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", domain & 0xffff, bus, device);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", domain, bus, device);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = device;
+    pci->pciDeviceId = hw.sku->pci_device_id;
+    pci->pciSubSystemId = hw.sku->pci_subsystem_id;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t dev, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(dev, pci); }
+
+/* ---- modes and health --------------------------------------------------------------------------- */
+
+API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, nvmlEnableState_t *mode)
+{
+    QUERY(dev, mode);
+    *mode = g.persistence ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, nvmlEnableState_t *current, nvmlEnableState_t *pending)
+{
+    QUERY(dev, current && pending);
+    *current = g.ecc ? 1 : 0;
+    *pending = g.ecc_pending ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+/* Corrected counts are always 0 in the lab; uncorrected ones come from gpus.conf. With ECC off the counters
+ * are not kept (NOT_SUPPORTED), as on a real GPU. */
+API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int errorType, int counterType,
+                                             unsigned long long *eccCounts)
+{
+    QUERY(dev, eccCounts);
+    if ((errorType != NVML_MEMORY_ERROR_TYPE_CORRECTED && errorType != NVML_MEMORY_ERROR_TYPE_UNCORRECTED) ||
+        (counterType != NVML_VOLATILE_ECC && counterType != NVML_AGGREGATE_ECC))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!g.ecc)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED)
+        *eccCounts = 0;
+    else
+        *eccCounts = counterType == NVML_VOLATILE_ECC ? g.ecc_unc_volatile : g.ecc_unc_aggregate;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int *corrRows, unsigned int *uncRows,
+                                           unsigned int *isPending, unsigned int *failureOccurred)
+{
+    QUERY(dev, corrRows && uncRows && isPending && failureOccurred);
+    *corrRows = (unsigned int)g.remap_corr;
+    *uncRows = (unsigned int)g.remap_unc;
+    *isPending = g.remap_pending ? 1 : 0;
+    *failureOccurred = g.remap_failure ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+/* Dynamic page retirement is pre-Ampere; every lab SKU (A100, L40S, H100, H200) remaps rows instead. */
+API nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t dev, int cause, unsigned int *pageCount,
+                                           unsigned long long *addresses)
+{
+    (void)cause;
+    (void)addresses;
+    QUERY(dev, pageCount);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+API nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t dev, int cause, unsigned int *pageCount,
+                                              unsigned long long *addresses, unsigned long long *timestamps)
+{
+    (void)timestamps;
+    return nvmlDeviceGetRetiredPages(dev, cause, pageCount, addresses);
+}
+
+API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, nvmlEnableState_t *isPending)
+{
+    QUERY(dev, isPending);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* MIG: A100/H100/H200 only (not L40S). */
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *currentMode, unsigned int *pendingMode)
+{
+    QUERY(dev, currentMode && pendingMode);
+    if (!hw.sku->mig)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *currentMode = g.mig ? 1 : 0;
+    *pendingMode = g.mig_pending ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+/* ---- PCIe --------------------------------------------------------------------------------------- */
+
+#define LAB_UINT_QUERY(fn, field)                                  \
+    API nvmlReturn_t fn(nvmlDevice_t dev, unsigned int *out)       \
+    {                                                              \
+        QUERY(dev, out);                                           \
+        *out = (unsigned int)g.field;                              \
+        return NVML_SUCCESS;                                       \
+    }
+
+LAB_UINT_QUERY(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen)
+LAB_UINT_QUERY(nvmlDeviceGetMaxPcieLinkGeneration, pcie_gen_max)
+LAB_UINT_QUERY(nvmlDeviceGetGpuMaxPcieLinkGeneration, pcie_gen_max)
+LAB_UINT_QUERY(nvmlDeviceGetCurrPcieLinkWidth, pcie_width)
+LAB_UINT_QUERY(nvmlDeviceGetMaxPcieLinkWidth, pcie_width_max)
+
+/* ---- clocks, thermals, power, memory, processes ------------------------------------------------- */
+
+API nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons)
+{
+    QUERY(dev, reasons);
+    *reasons = g.clock_events;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons)
+{
+    return nvmlDeviceGetCurrentClocksEventReasons(dev, reasons);
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensorType, unsigned int *temp)
+{
+    QUERY(dev, temp);
+    if (sensorType != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *temp = (unsigned int)g.temp;
+    return NVML_SUCCESS;
+}
+
+LAB_UINT_QUERY(nvmlDeviceGetPowerUsage, power_mw)
+LAB_UINT_QUERY(nvmlDeviceGetEnforcedPowerLimit, power_limit_mw)
+LAB_UINT_QUERY(nvmlDeviceGetPowerManagementLimit, power_limit_mw)
+
+/* The driver reserves 480 MiB of every GPU's memory; nothing else runs in the lab. */
+#define LAB_RESERVED_BYTES (480ULL << 20)
+
+API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory)
+{
+    QUERY(dev, memory);
+    memory->total = hw.sku->memory_total;
+    memory->used = LAB_RESERVED_BYTES;
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory)
+{
+    QUERY(dev, memory);
+    if (memory->version != NVML_MEMORY_V2)
+        return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    memory->total = hw.sku->memory_total;
+    memory->reserved = LAB_RESERVED_BYTES;
+    memory->used = 0;
+    memory->free = memory->total - memory->reserved;
+    return NVML_SUCCESS;
+}
+
+/* No processes run on lab GPUs: every variant answers an empty list. */
+static nvmlReturn_t lab_no_processes(nvmlDevice_t dev, unsigned int *infoCount)
+{
+    QUERY(dev, infoCount);
+    *infoCount = 0;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, void *infos)
+{
+    (void)infos;
+    return lab_no_processes(d, n);
+}
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *n, void *infos)
+{
+    (void)infos;
+    return lab_no_processes(d, n);
+}
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *n, void *infos)
+{
+    (void)infos;
+    return lab_no_processes(d, n);
+}
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, void *infos)
+{
+    (void)infos;
+    return lab_no_processes(d, n);
+}
+
+/* ---- field values ------------------------------------------------------------------------------- */
+
+/* Only NVML_FI_DEV_GET_GPU_RECOVERY_ACTION is answered; other fields get NOT_SUPPORTED in their nvmlReturn. */
+API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int valuesCount, nvmlFieldValue_t *values)
+{
+    struct timeval now;
+    QUERY(dev, values);
+    if (valuesCount < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    gettimeofday(&now, NULL);
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = (long long)now.tv_sec * 1000000 + now.tv_usec;
+        v->latencyUsec = 0;
+        v->value.ullVal = 0;
+        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->nvmlReturn = NVML_SUCCESS;
+            v->value.uiVal = (unsigned int)g.recovery_action;
+        } else {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+/* Which build this is (not an NVML symbol; for `strings` and debugging). */
+API const char lab_nvml_build[] = "fleetctl lab NVML " LAB_DRIVER_VERSION " " LAB_FLAVOR;
