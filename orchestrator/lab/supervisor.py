@@ -1,0 +1,553 @@
+"""One lab host's "hardware": `python -m orchestrator.lab.supervisor HOSTDIR` (see docs/lab.md).
+
+Started by hosts.up as `ip netns exec fl-<name> unshare --mount --uts --pid --fork --kill-child --propagation private
+python -m orchestrator.lab.supervisor HOSTDIR`, so it is PID 1 of the host's PID namespace (the host's `ps` and
+/proc show only the host's processes; killing the supervisor kills the whole host) and owns a private mount
+namespace (every mount below disappears with it). It mounts the host's root (overlay over /), the emulated kernel
+files, then boots: kernel state, nvidia-persistenced, sshd. A reboot request from the host's shutdown/reboot shims
+kills every process of the host and boots again; the hardware (hw/) and the root's changes (dpkg state) survive.
+
+Standard library only: it runs before and beside everything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOST_ENV = {"PATH": HOST_PATH, "LANG": "C.UTF-8", "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
+POLL_S = 0.1
+REBOOT_GRACE_S = 1.0        # the shim's command returns to its caller before the host goes down
+SSHD_START_TIMEOUT_S = 20.0
+MODULE_FILE = "usr/lib/nvidia-lab/modules/nvidia.version"
+PERSISTENCED = "usr/bin/nvidia-persistenced"
+PERSISTENCED_UNIT = "nvidia-persistenced.service"
+PCI_DEVICE_IDS = {"h100-sxm": "0x2330", "h200-sxm": "0x2335", "a100-sxm": "0x20b2", "l40s": "0x26b9"}
+PCIE_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
+
+SHUTDOWN_SHIM = """#!/bin/sh
+# fleetctl lab shim: a lab host cannot power itself off; `shutdown -r ...` asks the lab supervisor for a reboot.
+reboot=0; cancel=0
+for arg in "$@"; do
+  case "$arg" in
+    -r|--reboot) reboot=1 ;;
+    -c) cancel=1 ;;
+  esac
+done
+[ "$cancel" = 1 ] && exit 0
+if [ "$reboot" != 1 ]; then
+  echo "shutdown: the fleetctl lab emulates reboots only (use shutdown -r)" >&2
+  exit 1
+fi
+printf '%s\\n' "shutdown $*" > /run/nvidia-lab/control/reboot.tmp && mv /run/nvidia-lab/control/reboot.tmp /run/nvidia-lab/control/reboot
+echo "Reboot scheduled (fleetctl lab)."
+exit 0
+"""
+
+REBOOT_SHIM = """#!/bin/sh
+# fleetctl lab shim: the lab supervisor (the host's "hardware") performs the reboot.
+printf '%s\\n' "reboot $*" > /run/nvidia-lab/control/reboot.tmp && mv /run/nvidia-lab/control/reboot.tmp /run/nvidia-lab/control/reboot
+exit 0
+"""
+
+
+def log(message: str) -> None:
+    print(time.strftime("%H:%M:%S ") + message, flush=True)
+
+
+def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.stdout.strip() or proc.returncode}")
+    return proc
+
+
+def mount(*args: str) -> None:
+    run("mount", *args)
+
+
+def write_in_place(path: Path, text: str) -> None:
+    """Rewrite a file keeping its inode (it may be bind-mounted somewhere)."""
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def read_conf(path: Path) -> dict[str, str]:
+    """key=value lines, '#' comments (gpus.conf, faults.conf)."""
+    values = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return values
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if "=" in line:
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip()
+    return values
+
+
+def clear_dir(path: Path) -> None:
+    """Empty PATH but keep the directory itself (it is bind-mounted)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def replace_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write PATH in the host root as a new regular file (never through a symlink into the machine's files)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    path.write_text(text)
+    path.chmod(mode)
+
+
+class Host:
+    def __init__(self, hostdir: Path):
+        self.dir = hostdir.resolve()
+        self.config = json.loads((self.dir / "host.json").read_text())
+        self.name: str = self.config["name"]
+        self.address: str = self.config["address"]
+        self.root = self.dir / "root"
+        self.kernel = self.dir / "kernel"
+        self.hw = self.dir / "hw"
+        self.control = self.dir / "control"
+        self.stopping = False
+        self.boots = 0
+        self.sshd_pid: int | None = None
+        self.boot_id = ""
+
+    # -- state for the controller ---------------------------------------------------------------------------
+    def set_state(self, phase: str, **extra) -> None:
+        data = {"phase": phase, "boots": self.boots, "boot_id": self.boot_id, "time": time.time(), **extra}
+        tmp = self.dir / "state.json.tmp"
+        tmp.write_text(json.dumps(data) + "\n")
+        tmp.replace(self.dir / "state.json")
+
+    # -- the root filesystem (once per supervisor) ------------------------------------------------------------
+    def mount_root(self) -> None:
+        self.root.mkdir(exist_ok=True)
+        upper, work = self.dir / "upper", self.dir / "work"
+        upper.mkdir(exist_ok=True)
+        work.mkdir(exist_ok=True)
+        try:
+            mount("-t", "overlay", "overlay", "-o", f"lowerdir=/,upperdir={upper},workdir={work}", str(self.root))
+            log(f"root: overlay over /, upper on disk {upper}")
+        except RuntimeError as e:
+            # Upper on the controller's disk refused: a tmpfs mounted for the supervisor's life (so the host's
+            # changes survive its reboots, not `lab down`).
+            log(f"root: upper on disk refused ({e}); using a tmpfs")
+            layers = self.dir / "layers"
+            layers.mkdir(exist_ok=True)
+            mount("-t", "tmpfs", "-o", "mode=0755", "fl-layers", str(layers))
+            (layers / "upper").mkdir()
+            (layers / "work").mkdir()
+            mount("-t", "overlay", "overlay", "-o",
+                  f"lowerdir=/,upperdir={layers / 'upper'},workdir={layers / 'work'}", str(self.root))
+
+    def hide_lab(self) -> None:
+        """The host's own /tmp (not the machine's), and $LAB inside the host: an empty tmpfs, with only the apt
+        repository (read-only) at its place. Both live as long as the supervisor (a disk /tmp, as on Debian)."""
+        mount("-t", "tmpfs", "-o", "mode=1777", "fl-tmp", str(self.root / "tmp"))
+        lab = Path(self.config["lab_dir"])
+        inside = self.root / lab.relative_to("/")
+        inside.mkdir(parents=True, exist_ok=True)
+        mount("-t", "tmpfs", "-o", "mode=0755,size=1m", "fl-lab", str(inside))
+        (inside / "repo").mkdir()
+        mount("--bind", "-o", "ro", str(lab / "repo"), str(inside / "repo"))
+
+    def mount_kernel(self) -> None:
+        """proc, sys, dev and the emulated kernel files over them (docs/lab.md)."""
+        r = self.root
+        mount("-t", "proc", "proc", str(r / "proc"))
+        mount("--rbind", "/sys", str(r / "sys"))
+        mount("--rbind", "/dev", str(r / "dev"))
+        for sub in ("sys-module", "proc-driver", "pci-devices"):
+            (self.kernel / sub).mkdir(parents=True, exist_ok=True)
+        for name in ("kmsg", "boot_id"):
+            (self.kernel / name).touch()
+        mount("--bind", str(self.kernel / "sys-module"), str(r / "sys/module"))
+        mount("--bind", str(self.kernel / "pci-devices"), str(r / "sys/bus/pci/devices"))
+        mount("--bind", str(self.kernel / "proc-driver"), str(r / "proc/driver"))
+        mount("--bind", str(self.kernel / "kmsg"), str(r / "dev/kmsg"))
+        mount("--bind", str(self.kernel / "boot_id"), str(r / "proc/sys/kernel/random/boot_id"))
+        hw_inside = r / "var/lib/nvidia-lab/hw"
+        hw_inside.mkdir(parents=True, exist_ok=True)
+        mount("--bind", str(self.hw), str(hw_inside))
+
+    def mount_run(self) -> None:
+        """A fresh /run each boot; the control directory at /run/nvidia-lab/control."""
+        target = self.root / "run"
+        if os.path.ismount(target):
+            run("umount", "-R", str(target))
+        mount("-t", "tmpfs", "-o", "mode=0755", "fl-run", str(target))
+        (self.root / "run/sshd").mkdir(mode=0o755)
+        (self.root / "run/lock").mkdir(mode=0o1777)
+        control_inside = self.root / "run/nvidia-lab/control"
+        control_inside.mkdir(parents=True)
+        self.control.mkdir(exist_ok=True)
+        mount("--bind", str(self.control), str(control_inside))
+
+    # -- the host's own files (in its root) -----------------------------------------------------------------
+    def configure(self) -> None:
+        r = self.root
+        socket.sethostname(self.name)
+        replace_file(r / "etc/hostname", self.name + "\n")
+        replace_file(r / "etc/hosts", f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                                      f"{self.address}\t{self.name}\n")
+        machine_id = self.dir / "machine-id"
+        if not machine_id.exists():
+            machine_id.write_text(uuid.uuid4().hex + "\n")
+        replace_file(r / "etc/machine-id", machine_id.read_text(), 0o444)
+        self.configure_apt()
+        self.configure_sshd()
+        replace_file(r / "usr/sbin/shutdown", SHUTDOWN_SHIM, 0o755)
+        replace_file(r / "usr/sbin/reboot", REBOOT_SHIM, 0o755)
+        # Package scripts never start daemons behind the supervisor's back (it starts them at boot).
+        replace_file(r / "usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
+        if not self.config.get("nouveau", True):
+            replace_file(r / "etc/modprobe.d/blacklist-nouveau.conf", "blacklist nouveau\noptions nouveau modeset=0\n")
+
+    def configure_apt(self) -> None:
+        """The lab repository is the host's only apt source: apt never reaches for the network."""
+        apt = self.root / "etc/apt"
+        if (apt / "sources.list").exists() or (apt / "sources.list").is_symlink():
+            (apt / "sources.list").unlink()
+        for entry in (apt / "sources.list.d").glob("*"):
+            entry.unlink()
+        replace_file(apt / "sources.list.d/fleetctl-lab.list",
+                     f"deb [trusted=yes] file:{self.config['lab_dir']}/repo ./\n")
+        replace_file(apt / "apt.conf.d/99fleetctl-lab", 'APT::Sandbox::User "root";\nAcquire::Languages "none";\n'
+                                                        'APT::Install-Recommends "false";\n')
+
+    def configure_sshd(self) -> None:
+        ssh = self.root / "etc/ssh"
+        for old in ssh.glob("ssh_host_*"):
+            old.unlink()
+        replace_file(ssh / "ssh_host_ed25519_key", (self.dir / "ssh_host_ed25519_key").read_text(), 0o600)
+        replace_file(ssh / "ssh_host_ed25519_key.pub", (self.dir / "ssh_host_ed25519_key.pub").read_text())
+        replace_file(ssh / "lab_authorized_keys", Path(self.config["client_pub"]).read_text(), 0o600)
+        replace_file(ssh / "sshd_config", "\n".join([
+            "# fleetctl lab host",
+            f"ListenAddress {self.address}",
+            "Port 22",
+            "HostKey /etc/ssh/ssh_host_ed25519_key",
+            "PidFile /run/sshd.pid",
+            "AuthorizedKeysFile /etc/ssh/lab_authorized_keys",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "UseDNS no",
+            "PrintMotd no",
+            "MaxStartups 200:30:400",
+            "MaxSessions 100",
+            "AcceptEnv LANG LC_*",
+            "Subsystem sftp /usr/lib/openssh/sftp-server",
+            "",
+        ]))
+
+    # -- provisioning: the driver is installed before the first boot ------------------------------------------
+    def provision(self) -> None:
+        driver = self.config.get("driver")
+        if not driver:
+            return
+        self.set_state("provisioning")
+        branch = driver.split(".", 1)[0]
+        logfile = self.dir / "provision.log"
+        with open(logfile, "w") as out:
+            def apt(*args: str) -> str:
+                proc = subprocess.run(["chroot", str(self.root), *args], env=HOST_ENV, capture_output=True,
+                                      text=True, timeout=600)
+                out.write(f"$ {' '.join(args)}\n{proc.stdout}{proc.stderr}\n")
+                if proc.returncode != 0:
+                    tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
+                    raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {tail}")
+                return proc.stdout
+            apt("apt-get", "update")
+            persistenced = self.repo_version(apt("apt-cache", "madison", "nvidia-persistenced"), driver)
+            packages = [f"nvidia-driver-{branch}-open={driver}-0lab1"]
+            if persistenced:
+                packages.append(f"nvidia-persistenced={persistenced}")
+            apt("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold", *packages)
+
+    @staticmethod
+    def repo_version(madison: str, driver: str) -> str | None:
+        """The version `apt-cache madison` lists that is DRIVER (or DRIVER-<revision>)."""
+        for line in madison.splitlines():
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) >= 2 and (parts[1] == driver or parts[1].startswith(driver + "-")):
+                return parts[1]
+        return None
+
+    # -- the emulated kernel (each boot) --------------------------------------------------------------------
+    def boot_kernel(self) -> None:
+        hw = read_conf(self.hw / "gpus.conf")
+        module = self.module()
+        nouveau = module is None and not self.nouveau_blacklisted()
+        self.boot_id = str(uuid.uuid4())
+        write_in_place(self.kernel / "boot_id", self.boot_id + "\n")
+        write_in_place(self.kernel / "booted_at", f"{time.time():.3f}\n")
+        self.write_modules(module, nouveau)
+        self.write_pci(hw)
+        write_in_place(self.kernel / "kmsg", "".join(
+            f"{prio},{seq},{usec},-;{msg}\n" for seq, (prio, usec, msg) in enumerate(boot_log(hw, module, nouveau))))
+
+    def module(self) -> tuple[str, str] | None:
+        """(version, flavor) of the driver's kernel module in the host root, or None."""
+        try:
+            words = (self.root / MODULE_FILE).read_text().split()
+        except OSError:
+            return None
+        return (words[0], words[1] if len(words) > 1 else "open") if words else None
+
+    def nouveau_blacklisted(self) -> bool:
+        for directory in ("etc/modprobe.d", "run/modprobe.d", "usr/lib/modprobe.d", "lib/modprobe.d"):
+            for conf in (self.root / directory).glob("*.conf"):
+                try:
+                    text = conf.read_text(errors="replace")
+                except OSError:
+                    continue
+                if any(line.split()[:2] == ["blacklist", "nouveau"] for line in text.splitlines() if line.strip()):
+                    return True
+        return False
+
+    def write_modules(self, module: tuple[str, str] | None, nouveau: bool) -> None:
+        sys_module, proc_driver = self.kernel / "sys-module", self.kernel / "proc-driver"
+        clear_dir(sys_module)
+        clear_dir(proc_driver)
+        if module:
+            version, flavor = module
+            for name in ("nvidia", "nvidia_modeset", "nvidia_uvm"):
+                (sys_module / name).mkdir()
+                (sys_module / name / "version").write_text(version + "\n")
+                (sys_module / name / "initstate").write_text("live\n")
+            (proc_driver / "nvidia").mkdir()
+            (proc_driver / "nvidia/version").write_text(
+                f"NVRM version: {nvrm_banner(version, flavor)}\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n")
+        elif nouveau:
+            (sys_module / "nouveau").mkdir()
+            (sys_module / "nouveau/initstate").write_text("live\n")
+
+    def write_pci(self, hw: dict[str, str]) -> None:
+        pci = self.kernel / "pci-devices"
+        clear_dir(pci)
+        device_id = PCI_DEVICE_IDS.get(hw.get("sku", ""), "0x2330")
+        for i in range(int(hw.get("count", "0"))):
+            bus_id = hw.get(f"gpu.{i}.pci", "")
+            if not bus_id:
+                continue
+            dev = pci / sysfs_pci_name(bus_id)
+            dev.mkdir()
+            gen = int(hw.get(f"gpu.{i}.pcie_gen", "4"))
+            gen_max = int(hw.get(f"gpu.{i}.pcie_gen_max", str(gen)))
+            for name, value in (("vendor", "0x10de"), ("device", device_id), ("class", "0x030200"),
+                                ("subsystem_vendor", "0x10de"), ("current_link_speed", PCIE_SPEED.get(gen, "")),
+                                ("max_link_speed", PCIE_SPEED.get(gen_max, "")),
+                                ("current_link_width", hw.get(f"gpu.{i}.pcie_width", "16")),
+                                ("max_link_width", hw.get(f"gpu.{i}.pcie_width_max", "16"))):
+                (dev / name).write_text(value + "\n")
+
+    # -- processes ------------------------------------------------------------------------------------------
+    def spawn(self, *argv: str, name: str) -> int:
+        logfile = open(self.dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(["chroot", str(self.root), *argv], env=HOST_ENV, stdin=subprocess.DEVNULL,
+                                stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
+        logfile.close()
+        return proc.pid
+
+    def start_persistenced(self) -> None:
+        """Start nvidia-persistenced when installed and enabled (a wants link: an absolute symlink into the host's
+        root, so only its presence is checked) or installed without a unit file."""
+        if not (self.root / PERSISTENCED).exists():
+            return
+        units = [d for d in ("etc/systemd/system", "lib/systemd/system", "usr/lib/systemd/system")
+                 if os.path.lexists(self.root / d / PERSISTENCED_UNIT)]
+        enabled = [w for w in (self.root / "etc/systemd/system").glob("*.wants")
+                   if os.path.lexists(w / PERSISTENCED_UNIT)]
+        if units and not enabled:
+            log("nvidia-persistenced installed but not enabled: not started")
+            return
+        pid = self.spawn("/" + PERSISTENCED, "--verbose", name="persistenced")
+        log(f"nvidia-persistenced started (pid {pid})")
+
+    def start_sshd(self) -> None:
+        self.sshd_pid = self.spawn("/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config", name="sshd")
+
+    def wait_sshd(self) -> None:
+        deadline = time.monotonic() + SSHD_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.reap()
+            if self.sshd_pid is None:
+                raise RuntimeError(f"sshd exited at start (see {self.dir / 'sshd.log'})")
+            try:
+                with socket.create_connection((self.address, 22), timeout=1) as s:
+                    s.settimeout(2)
+                    if s.recv(64).startswith(b"SSH-"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"sshd did not answer on {self.address}:22 within {SSHD_START_TIMEOUT_S:.0f} s")
+
+    def reap(self) -> None:
+        """Collect every exited child (the supervisor is PID 1: orphans of the host end up here)."""
+        while True:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.sshd_pid:
+                self.sshd_pid = None
+
+    def host_pids(self) -> list[int]:
+        """Every process of the host (this PID namespace) but the supervisor."""
+        proc = self.root / "proc"
+        if not (proc / "self").exists():  # not mounted yet
+            return []
+        return [int(p.name) for p in proc.iterdir() if p.name.isdigit() and p.name != "1"]
+
+    def kill_all(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 0.5), (signal.SIGKILL, 5.0)):
+            for pid in self.host_pids():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                self.reap()
+                if not self.host_pids():
+                    return
+                time.sleep(0.02)
+
+    # -- life -----------------------------------------------------------------------------------------------
+    def boot(self) -> None:
+        self.boots += 1
+        self.set_state("booting")
+        self.mount_run()
+        self.boot_kernel()
+        self.start_persistenced()
+        self.start_sshd()
+        self.wait_sshd()
+        self.set_state("up")
+        log(f"boot {self.boots} up: boot_id {self.boot_id}, module {self.module()}")
+
+    def reboot(self, request: str) -> None:
+        log(f"reboot requested: {request.strip()}")
+        self.set_state("rebooting")
+        self.sleep(REBOOT_GRACE_S)
+        self.kill_all()
+        faults = read_conf(self.hw / "faults.conf")
+        self.sleep(float(self.config.get("reboot_delay_s", 2.0)) + float(faults.get("slow_reboot", "0") or 0))
+        if not self.stopping:
+            self.boot()
+
+    def sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def serve(self) -> None:
+        request = self.control / "reboot"
+        while not self.stopping:
+            self.reap()
+            if request.exists():
+                text = request.read_text(errors="replace")
+                request.unlink()
+                self.reboot(text)
+            time.sleep(POLL_S)  # an sshd that was stopped stays down until the next boot, like a stopped unit
+
+
+def nvrm_banner(version: str, flavor: str) -> str:
+    built = time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime(1735689600))
+    if flavor == "open":
+        return f"NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  (lab@fleetctl)  {built}"
+    return f"NVIDIA UNIX x86_64 Kernel Module  {version}  {built}"
+
+
+def sysfs_pci_name(bus_id: str) -> str:
+    """NVML's 00000000:18:00.0 -> sysfs 0000:18:00.0."""
+    domain, rest = bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def boot_log(hw: dict[str, str], module: tuple[str, str] | None, nouveau: bool) -> list[tuple[int, int, str]]:
+    """(priority, usec, message) of a boot's kernel log, as the real kernel and driver write it."""
+    release = os.uname().release
+    lines = [(5, 0, f"Linux version {release} (fleetctl-lab) #1 SMP PREEMPT_DYNAMIC"),
+             (6, 0, f"Command line: BOOT_IMAGE=/boot/vmlinuz-{release} root=/dev/vda ro quiet"),
+             (6, 1200, "DMI: fleetctl lab host, BIOS 1.0 01/01/2025")]
+    usec = 210000
+    device_id = PCI_DEVICE_IDS.get(hw.get("sku", ""), "0x2330")[2:]
+    bus_ids = [hw[f"gpu.{i}.pci"] for i in range(int(hw.get("count", "0"))) if hw.get(f"gpu.{i}.pci")]
+    for bus in bus_ids:
+        usec += 137
+        lines.append((6, usec, f"pci {sysfs_pci_name(bus)}: [10de:{device_id}] type 00 class 0x030200 PCIe Endpoint"))
+    if module:
+        version, flavor = module
+        lines += [(4, 440013, "nvidia: loading out-of-tree module taints kernel."),
+                  (6, 512498, "nvidia-nvlink: Nvlink Core is being initialized, major device number 240"),
+                  (3, 512506, f"NVRM: loading {nvrm_banner(version, flavor)}"),
+                  (6, 601233, f"nvidia-modeset: Loading NVIDIA UNIX {'Open ' if flavor == 'open' else ''}Kernel "
+                              f"Mode Setting Driver for x86_64  {version}  Release Build  (lab@fleetctl)"),
+                  (6, 604871, "[drm] [nvidia-drm] [GPU ID 0x00001800] Loading driver"),
+                  (6, 612004, "nvidia_uvm: module uses symbols nvUvmInterfaceDisableAccessCntr from proprietary "
+                              "module nvidia, inheriting taint.")]
+    elif nouveau:
+        for i, bus in enumerate(bus_ids):
+            lines.append((3, 700000 + i * 1500, f"nouveau {sysfs_pci_name(bus)}: unknown chipset (180000a1)"))
+    lines.append((6, 2100000, "systemd[1]: Reached target multi-user.target - Multi-User System."))
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m orchestrator.lab.supervisor HOSTDIR", file=sys.stderr)
+        return 2
+    host = Host(Path(argv[1]))
+    (host.dir / "supervisor.pid").write_text(os.readlink("/proc/self") + "\n")  # the pid outside the namespace
+
+    def stop(_signum, _frame):
+        host.stopping = True
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        host.mount_root()
+        host.hide_lab()
+        host.mount_kernel()
+        host.configure()
+        host.mount_run()
+        host.provision()
+        host.kill_all()  # what package scripts started in the chroot; the boot starts the daemons
+        host.boot()
+        host.serve()
+    except Exception as e:  # the controller reads the reason from state.json
+        log(f"failed: {e}")
+        host.set_state("failed", error=str(e))
+        host.kill_all()
+        return 1
+    log("stopping: killing the host's processes")
+    host.kill_all()
+    host.set_state("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

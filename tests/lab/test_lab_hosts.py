@@ -1,0 +1,125 @@
+"""Lab hosts end to end: real namespaces, real sshd, real Ansible (root only)."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from orchestrator.lab import hosts
+from orchestrator.lab.state import HostSpec
+
+pytestmark = pytest.mark.lab
+
+
+class TestTwoHosts:
+    """One lab of two hosts (h100-sxm and l40s) for the whole class."""
+
+    def test_hosts_answer_ssh_with_strict_host_key_checking(self, two_hosts):
+        for name in ("gpu-a", "gpu-b"):
+            assert two_hosts.ssh(name, "hostname").stdout.strip() == name
+
+    def test_kernel_view_without_driver(self, two_hosts):
+        out = two_hosts.ssh("gpu-a", "test ! -e /sys/module/nvidia && test -d /sys/module/nouveau && echo ok; "
+                                      "ls /sys/bus/pci/devices; cat /sys/bus/pci/devices/*/vendor | sort -u; "
+                                      "cat /proc/sys/kernel/random/boot_id; head -1 /dev/kmsg").stdout.split()
+        assert out[0] == "ok"
+        assert out[1:9] == ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0", "0000:9a:00.0",
+                            "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"]
+        assert out[9] == "0x10de"
+        assert out[10] == next(s for s in hosts.status(two_hosts.lab.dir) if s["name"] == "gpu-a")["boot_id"]
+        assert out[11:13] == ["5,0,0,-;Linux", "version"]
+
+    def test_hardware_is_per_host(self, two_hosts):
+        conf_a = two_hosts.ssh("gpu-a", "cat /var/lib/nvidia-lab/hw/gpus.conf").stdout
+        conf_b = two_hosts.ssh("gpu-b", "cat /var/lib/nvidia-lab/hw/gpus.conf").stdout
+        assert "count=8" in conf_a and "count=4" in conf_b and "gpu.0.name=NVIDIA L40S" in conf_b
+        uuids = [line for line in (conf_a + conf_b).splitlines() if ".uuid=" in line]
+        assert len({u.split("=", 1)[1] for u in uuids}) == 12
+
+    def test_root_filesystems_are_separate(self, two_hosts):
+        probe = f"/etc/fleetctl-lab-probe-{uuid.uuid4().hex[:8]}"
+        two_hosts.ssh("gpu-a", f"echo a > {probe}")
+        assert two_hosts.ssh("gpu-a", f"cat {probe}").stdout == "a\n"
+        assert two_hosts.ssh("gpu-b", f"test -e {probe}", check=False).returncode == 1
+        assert not Path(probe).exists()
+
+    def test_the_host_sees_only_its_own_processes_and_no_lab_secrets(self, two_hosts):
+        out = two_hosts.ssh("gpu-a", "ls /proc | grep -c '^[0-9]'; "
+                                      f"ls {two_hosts.lab.dir}; ls /etc/ssh/ | grep -c ssh_host_").stdout.split()
+        assert int(out[0]) < 20  # the supervisor, sshd and this session: not the machine's processes
+        assert out[1:] == ["repo", "2"]  # only the apt repository; one host key pair
+
+    def test_dpkg_and_apt_work_offline_from_the_lab_repo(self, two_hosts):
+        assert "ii  dpkg" in two_hosts.ssh("gpu-b", "dpkg -l dpkg").stdout
+        out = two_hosts.ssh("gpu-b", "cat /etc/apt/sources.list.d/*; ls /etc/apt/sources.list 2>&1; "
+                                      "apt-get update -q >/dev/null && echo updated").stdout
+        assert f"deb [trusted=yes] file:{two_hosts.lab.dir}/repo ./" in out
+        assert "No such file" in out and out.rstrip().endswith("updated")
+        assert sum(1 for line in out.splitlines() if line.startswith("deb")) == 1
+
+    def test_inventory_is_real_ansible_ini(self, two_hosts):
+        parser = configparser.ConfigParser(allow_no_value=True, delimiters=(" ",), interpolation=None)
+        parser.read(two_hosts.lab.inventory)
+        assert {"h100_sxm", "l40s"} <= set(parser.sections())
+        text = two_hosts.lab.inventory.read_text()
+        assert f"ansible_ssh_private_key_file={two_hosts.lab.client_key}" in text
+        assert "StrictHostKeyChecking" not in text
+        ping = two_hosts.ansible("all", "-m", "ansible.builtin.ping")
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+
+    def test_ansible_reboot_gives_a_new_boot(self, two_hosts):
+        before = {s["name"]: s for s in hosts.status(two_hosts.lab.dir)}
+        two_hosts.ssh("gpu-a", "echo kept > /etc/fleetctl-lab-survives-reboot")
+        result = two_hosts.ansible("gpu-a", "-m", "ansible.builtin.reboot")
+        assert result.returncode == 0, result.stdout + result.stderr
+        after = {s["name"]: s for s in hosts.status(two_hosts.lab.dir)}
+        assert after["gpu-a"]["boot_id"] != before["gpu-a"]["boot_id"] and after["gpu-a"]["running"]
+        assert after["gpu-a"]["boots"] == before["gpu-a"]["boots"] + 1
+        assert after["gpu-b"]["boot_id"] == before["gpu-b"]["boot_id"]
+        out = two_hosts.ssh("gpu-a", "cat /etc/fleetctl-lab-survives-reboot /proc/sys/kernel/random/boot_id; "
+                                      "test -d /sys/module/nouveau && echo nouveau").stdout.split()
+        assert out == ["kept", after["gpu-a"]["boot_id"], "nouveau"]
+
+    def test_a_second_lab_is_refused(self, two_hosts, lab_dir):
+        with pytest.raises(hosts.LabError, match="another lab is up"):
+            hosts.up([HostSpec("gpu-x")])
+        assert not lab_dir.exists()
+
+
+def test_down_leaves_nothing_even_after_kill_9(lab_dir, leftovers):
+    try:
+        hosts.up([HostSpec("gpu-k1"), HostSpec("gpu-k2", nouveau=False, persistence_off=True)])
+        status = {s["name"]: s for s in hosts.status()}
+        assert all(s["running"] for s in status.values())
+        assert not status["gpu-k2"]["nouveau_loaded"] and status["gpu-k1"]["nouveau_loaded"]
+        assert "gpu.0.persistence=0" in (lab_dir / "hosts/gpu-k2/hw/gpus.conf").read_text()
+        os.kill(status["gpu-k1"]["supervisor_pid"], signal.SIGKILL)
+        time.sleep(0.2)
+        assert {s["name"]: s["running"] for s in hosts.status()} == {"gpu-k1": False, "gpu-k2": True}
+    finally:
+        hosts.down()
+    assert leftovers(lab_dir) == []
+    hosts.down()  # idempotent
+    assert hosts.status() == []
+
+
+def test_driver_installed_before_first_boot(lab_dir, leftovers, stub_driver_repo):
+    stub_driver_repo(lab_dir / "repo", "570.86.15")
+    try:
+        lab = hosts.up([HostSpec("gpu-d", driver="570.86.15")])
+        (status,) = hosts.status()
+        assert status["module_version"] == "570.86.15" and not status["nouveau_loaded"]
+        kernel = lab.host_dir("gpu-d") / "kernel"
+        assert (kernel / "proc-driver/nvidia/version").read_text().startswith(
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  (lab@fleetctl)  ")
+        assert "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build" in \
+            (kernel / "kmsg").read_text()
+    finally:
+        hosts.down()
+    assert leftovers(lab_dir) == []
