@@ -97,7 +97,7 @@ def status() -> None:
         table.add_column(col)
     for r in rows:
         table.add_row(r["name"], r["address"], r.get("sku", ""), "yes" if r.get("running") else "NO",
-                      r.get("driver") or "-", (r.get("boot_id") or "")[:8])
+                      r.get("module_version") or "-", (r.get("boot_id") or "")[:8])
     Console().print(table)
 
 

@@ -230,7 +230,7 @@ def run_in_host(host: Host, argv: list[str]) -> subprocess.CompletedProcess:
     """Run a command inside the host (its mount, UTS and network namespaces, chrooted into its root)."""
     pid = host.record.supervisor_pid
     root = host.dir / "root"
-    proc = subprocess.run(["nsenter", f"--target={pid}", "--mount", "--uts", "--net", "--", "chroot", str(root), *argv],
+    proc = subprocess.run(["nsenter", f"--target={pid}", "--mount", "--uts", "--net", "--pid", "--", "chroot", str(root), *argv],
                           capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} in {host.record.name}: {proc.stderr.strip()[-300:]}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,6 +32,9 @@ SSHD_START_TIMEOUT_S = 20.0
 MODULE_FILE = "usr/lib/nvidia-lab/modules/nvidia.version"
 PERSISTENCED = "usr/bin/nvidia-persistenced"
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
+FABRICMANAGER = "usr/bin/nv-fabricmanager"
+FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
+NVSWITCHES = ("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")  # an HGX board's four NVSwitches
 PCI_DEVICE_IDS = {"h100-sxm": "0x2330", "h200-sxm": "0x2335", "a100-sxm": "0x20b2", "l40s": "0x26b9"}
 PCIE_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
 
@@ -263,6 +267,7 @@ class Host:
 
     # -- provisioning: the driver is installed before the first boot ------------------------------------------
     def provision(self) -> None:
+        """Install the starting driver (and the real pynvml for the host's python3) before the first boot."""
         driver = self.config.get("driver")
         if not driver:
             return
@@ -280,10 +285,20 @@ class Host:
                 return proc.stdout
             apt("apt-get", "update")
             persistenced = self.repo_version(apt("apt-cache", "madison", "nvidia-persistenced"), driver)
-            packages = [f"nvidia-driver-{branch}-open={driver}-0lab1"]
+            packages = [f"nvidia-driver-{branch}-open={driver}-0lab1", "python3-nvidia-ml-py"]
             if persistenced:
                 packages.append(f"nvidia-persistenced={persistenced}")
+            if self.config.get("nvswitch"):  # HGX boards: fabric manager of exactly the driver's version
+                packages.append(f"nvidia-fabricmanager-{branch}={driver}-0lab1")
             apt("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold", *packages)
+            # A well-kept host: versions pinned, daemons enabled (unless this host's drift says otherwise).
+            apt("apt-mark", "hold", *[p.split("=", 1)[0] for p in packages if "=" in p])
+            wants = self.root / "etc/systemd/system/multi-user.target.wants"
+            wants.mkdir(parents=True, exist_ok=True)
+            if self.config.get("nvswitch") and not os.path.lexists(wants / FABRICMANAGER_UNIT):
+                os.symlink("/lib/systemd/system/" + FABRICMANAGER_UNIT, wants / FABRICMANAGER_UNIT)
+            if self.config.get("persistence_off") and os.path.lexists(wants / PERSISTENCED_UNIT):
+                os.unlink(wants / PERSISTENCED_UNIT)
 
     @staticmethod
     def repo_version(madison: str, driver: str) -> str | None:
@@ -336,6 +351,9 @@ class Host:
                 (sys_module / name).mkdir()
                 (sys_module / name / "version").write_text(version + "\n")
                 (sys_module / name / "initstate").write_text("live\n")
+            if self.config.get("nvswitch"):
+                for switch in NVSWITCHES:
+                    (proc_driver / "nvidia-nvswitch/devices" / switch).mkdir(parents=True)
             (proc_driver / "nvidia").mkdir()
             (proc_driver / "nvidia/version").write_text(
                 f"NVRM version: {nvrm_banner(version, flavor)}\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n")
@@ -370,20 +388,30 @@ class Host:
         logfile.close()
         return proc.pid
 
-    def start_persistenced(self) -> None:
-        """Start nvidia-persistenced when installed and enabled (a wants link: an absolute symlink into the host's
-        root, so only its presence is checked) or installed without a unit file."""
-        if not (self.root / PERSISTENCED).exists():
-            return
+    def start_daemon(self, program: str, unit: str, *args: str) -> bool:
+        """Start a daemon when installed and enabled (a wants link: an absolute symlink into the host's root, so
+        only its presence is checked) or installed without a unit file."""
+        if not (self.root / program).exists():
+            return False
         units = [d for d in ("etc/systemd/system", "lib/systemd/system", "usr/lib/systemd/system")
-                 if os.path.lexists(self.root / d / PERSISTENCED_UNIT)]
-        enabled = [w for w in (self.root / "etc/systemd/system").glob("*.wants")
-                   if os.path.lexists(w / PERSISTENCED_UNIT)]
+                 if os.path.lexists(self.root / d / unit)]
+        enabled = [w for w in (self.root / "etc/systemd/system").glob("*.wants") if os.path.lexists(w / unit)]
         if units and not enabled:
-            log("nvidia-persistenced installed but not enabled: not started")
-            return
-        pid = self.spawn("/" + PERSISTENCED, "--verbose", name="persistenced")
-        log(f"nvidia-persistenced started (pid {pid})")
+            log(f"{program} installed but not enabled: not started")
+            return False
+        pid = self.spawn("/" + program, *args, name=os.path.basename(program))
+        log(f"{program} started (pid {pid})")
+        return True
+
+    def start_daemons(self) -> None:
+        """Persistence mode is driver state: off at boot, on for every GPU once nvidia-persistenced runs."""
+        persistent = self.module() is not None and self.start_daemon(PERSISTENCED, PERSISTENCED_UNIT, "--verbose")
+        hw_path = self.hw / "gpus.conf"
+        lines = [re.sub(r"^(gpu\.\d+\.persistence)=.*$", rf"\1={int(persistent)}", line)
+                 for line in hw_path.read_text().splitlines()]
+        write_in_place(hw_path, "\n".join(lines) + "\n")
+        if self.module() is not None and self.config.get("nvswitch"):
+            self.start_daemon(FABRICMANAGER, FABRICMANAGER_UNIT)
 
     def start_sshd(self) -> None:
         self.sshd_pid = self.spawn("/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config", name="sshd")
@@ -442,7 +470,7 @@ class Host:
         self.set_state("booting")
         self.mount_run()
         self.boot_kernel()
-        self.start_persistenced()
+        self.start_daemons()
         self.start_sshd()
         self.wait_sshd()
         self.set_state("up")

@@ -215,7 +215,7 @@ class Collector:
             return None, ""
         rc, out, err = self.module.run_command([path] + argv[1:], environ_update={"LC_ALL": "C"})
         if rc != 0:
-            self.errors[fact] = "%s exited %d: %s" % (" ".join(argv), rc, (err or out).strip()[:300])
+            self.errors[fact] = "%s exited %d: %s" % (" ".join(argv), rc, " ".join((err or out).split())[:300])
         return rc, out
 
     def read(self, path, fact):
@@ -332,8 +332,16 @@ class Collector:
         if rc is None:
             return None
         if rc != 0:
-            mismatch = "version mismatch" in out.lower() or "version mismatch" in self.errors.get("gpus", "").lower()
-            return {}, [], NVML_ERROR_LIB_RM_VERSION_MISMATCH if mismatch else None
+            said = self.errors.get("gpus", "").lower()
+            # nvidia-smi exits with the NVML return code; a mismatch or an unloaded driver is the driver state
+            # this module reports, not a failure to read facts.
+            if rc == NVML_ERROR_LIB_RM_VERSION_MISMATCH or "version mismatch" in said:
+                del self.errors["gpus"]
+                return {}, [], NVML_ERROR_LIB_RM_VERSION_MISMATCH
+            if rc == NVML_ERROR_DRIVER_NOT_LOADED or "couldn't communicate with the nvidia driver" in said:
+                del self.errors["gpus"]
+                return {}, [], NVML_ERROR_DRIVER_NOT_LOADED
+            return {}, [], None
         try:
             system, gpus = parse_smi_xml(out)
         except SmiParseError as e:
