@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from . import __version__, audit as audit_mod, render
-from .errors import InputError
+from .errors import InputError, OperationError
 from .store import Store
 
 EXIT_USAGE = 2
@@ -86,7 +86,7 @@ def main() -> None:
     except click.ClickException as e:  # usage errors: one line, exit 2
         click.echo(f"fleetctl: error: {e.format_message()}", err=True)
         sys.exit(EXIT_USAGE)
-    except InputError as e:
+    except (InputError, OperationError) as e:
         click.echo(f"fleetctl: error: {e}", err=True)
         sys.exit(e.exit_code)
 

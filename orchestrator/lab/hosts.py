@@ -29,6 +29,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..errors import OperationError
 from . import network, state
 from .skus import SKUS
 from .state import HostRecord, HostSpec, Lab
@@ -42,8 +43,8 @@ STOP_TIMEOUT_S = 5.0
 DGX_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # where an HGX board's 8 GPUs sit
 
 
-class LabError(RuntimeError):
-    pass
+class LabError(OperationError):
+    """The lab could not be built or torn down."""
 
 
 # -- up ------------------------------------------------------------------------------------------------------

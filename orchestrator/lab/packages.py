@@ -36,6 +36,7 @@ from pathlib import Path
 from orchestrator.lab.skus import DEFAULT_SKU, SKUS
 
 DRIVER_VERSIONS = ("550.163.01", "570.86.15", "570.124.06", "580.95.05")
+CONTAINERD_VERSION = "1.7.24"
 TOOLKIT_VERSIONS = ("1.17.4", "1.17.8")
 REVISION = "0lab1"
 FLAVOR = "open"
@@ -197,6 +198,19 @@ def package_list(pynvml: tuple[bytes, str], libs: dict[str, bytes]) -> list[Pack
             "NVIDIA Container Toolkit %s (nvidia-ctk), fleetctl lab emulation" % tv,
             files={"usr/bin/nvidia-ctk": (_script("nvidia-ctk", LAB_TOOLKIT_VERSION=tv), 0o755)},
             fields={"Section": "utils"}))
+    pkgs.append(Package(
+        "containerd", "%s-0lab1" % CONTAINERD_VERSION,
+        "containerd %s (stub: the binary answers --version; configs are real files), fleetctl lab emulation"
+        % CONTAINERD_VERSION,
+        files={"usr/bin/containerd": (_sh(
+                   'if [ "${1:-}" = --version ]; then',
+                   '    echo "containerd github.com/containerd/containerd %s lab"' % CONTAINERD_VERSION,
+                   "    exit 0",
+                   "fi",
+                   "exec sleep infinity"), 0o755),
+               "etc/containerd/config.toml": (b'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+                                              b'  default_runtime_name = "runc"\n', 0o644)},
+        fields={"Section": "admin"}))
     source, version = pynvml
     pkgs.append(Package(
         "python3-nvidia-ml-py", version,

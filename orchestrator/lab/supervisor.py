@@ -285,12 +285,16 @@ class Host:
                 return proc.stdout
             apt("apt-get", "update")
             persistenced = self.repo_version(apt("apt-cache", "madison", "nvidia-persistenced"), driver)
-            packages = [f"nvidia-driver-{branch}-open={driver}-0lab1", "python3-nvidia-ml-py"]
+            packages = [f"nvidia-driver-{branch}-open={driver}-0lab1", "python3-nvidia-ml-py", "containerd",
+                        "nvidia-container-toolkit"]
             if persistenced:
                 packages.append(f"nvidia-persistenced={persistenced}")
             if self.config.get("nvswitch"):  # HGX boards: fabric manager of exactly the driver's version
                 packages.append(f"nvidia-fabricmanager-{branch}={driver}-0lab1")
             apt("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold", *packages)
+            # A GPU container host: containerd with the nvidia runtime as default (the CDI spec needs the loaded
+            # driver: it is generated after the first boot, see first_boot_setup).
+            apt("nvidia-ctk", "runtime", "configure", "--runtime=containerd", "--set-as-default")
             # A well-kept host: versions pinned, daemons enabled (unless this host's drift says otherwise).
             apt("apt-mark", "hold", *[p.split("=", 1)[0] for p in packages if "=" in p])
             wants = self.root / "etc/systemd/system/multi-user.target.wants"
@@ -492,6 +496,13 @@ class Host:
             self.reap()
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
+    def first_boot_setup(self) -> None:
+        """What provisioning does once the driver is loaded: the CDI spec for containers."""
+        if self.config.get("driver") and (self.root / "usr/bin/nvidia-ctk").exists():
+            proc = subprocess.run(["chroot", str(self.root), "nvidia-ctk", "cdi", "generate",
+                                   "--output=/etc/cdi/nvidia.yaml"], env=HOST_ENV, capture_output=True, text=True)
+            log(f"cdi generate: exit {proc.returncode} {proc.stderr.strip()[-200:]}")
+
     def serve(self) -> None:
         request = self.control / "reboot"
         while not self.stopping:
@@ -565,6 +576,7 @@ def main(argv: list[str]) -> int:
         host.provision()
         host.kill_all()  # what package scripts started in the chroot; the boot starts the daemons
         host.boot()
+        host.first_boot_setup()
         host.serve()
     except Exception as e:  # the controller reads the reason from state.json
         log(f"failed: {e}")
