@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -84,11 +85,15 @@ def up(count, sku, gpus, driver, drift, specs) -> None:
 
 
 @lab.command()
-def status() -> None:
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def status(fmt) -> None:
     """Each host's address, driver and health."""
     from . import hosts
 
     rows = hosts.status(state.lab_dir())
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
     if not rows:
         click.echo("no lab")
         return

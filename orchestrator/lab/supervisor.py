@@ -408,12 +408,8 @@ class Host:
         return True
 
     def start_daemons(self) -> None:
-        """Persistence mode is driver state: off at boot, on for every GPU once nvidia-persistenced runs."""
         persistent = self.module() is not None and self.start_daemon(PERSISTENCED, PERSISTENCED_UNIT, "--verbose")
-        hw_path = self.hw / "gpus.conf"
-        lines = [re.sub(r"^(gpu\.\d+\.persistence)=.*$", rf"\1={int(persistent)}", line)
-                 for line in hw_path.read_text().splitlines()]
-        write_in_place(hw_path, "\n".join(lines) + "\n")
+        self.reset_driver_state(persistent)
         if self.module() is not None and self.config.get("nvswitch"):
             self.start_daemon(FABRICMANAGER, FABRICMANAGER_UNIT)
 
@@ -496,6 +492,19 @@ class Host:
             self.reap()
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
+    def reset_driver_state(self, persistent: bool) -> None:
+        """What a reboot resets on real GPUs: persistence mode is off until nvidia-persistenced runs, volatile ECC
+        counters restart at 0, pending row remaps are applied, a recovery action is done. Aggregate counts and lost GPUs
+        stay."""
+        reset = {"persistence": str(int(persistent)), "ecc_unc_volatile": "0", "remap_pending": "0",
+                 "recovery_action": "0"}
+        hw_path = self.hw / "gpus.conf"
+        lines = []
+        for line in hw_path.read_text().splitlines():
+            m = re.match(r"^(gpu\.\d+\.)(\w+)=", line)
+            lines.append(f"{m.group(1)}{m.group(2)}={reset[m.group(2)]}" if m and m.group(2) in reset else line)
+        write_in_place(hw_path, "\n".join(lines) + "\n")
+
     def first_boot_setup(self) -> None:
         """What provisioning does once the driver is loaded: the CDI spec for containers."""
         if self.config.get("driver") and (self.root / "usr/bin/nvidia-ctk").exists():
@@ -549,6 +558,9 @@ def boot_log(hw: dict[str, str], module: tuple[str, str] | None, nouveau: bool) 
                   (6, 604871, "[drm] [nvidia-drm] [GPU ID 0x00001800] Loading driver"),
                   (6, 612004, "nvidia_uvm: module uses symbols nvUvmInterfaceDisableAccessCntr from proprietary "
                               "module nvidia, inheriting taint.")]
+        for i, bus in enumerate(bus_ids):  # a GPU that fell off the bus does not come back with a warm reboot
+            if hw.get(f"gpu.{i}.lost") == "1":
+                lines.append((3, 650000 + i, f"NVRM: GPU {sysfs_pci_name(bus)}: RmInitAdapter failed! (0x22:0x56:897)"))
     elif nouveau:
         for i, bus in enumerate(bus_ids):
             lines.append((3, 700000 + i * 1500, f"nouveau {sysfs_pci_name(bus)}: unknown chipset (180000a1)"))

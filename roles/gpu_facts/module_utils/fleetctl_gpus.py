@@ -72,8 +72,11 @@ class NvmlReader:
     def gpu(self, i):
         n, g = self.n, self._get
         p = "gpus[%d]." % i
-        h = g(p + "handle", n.nvmlDeviceGetHandleByIndex, i)
-        if h is None:
+        try:
+            h = n.nvmlDeviceGetHandleByIndex(i)
+        except n.NVMLError as e:
+            if e.value != NVML_ERROR_GPU_IS_LOST:  # a lost GPU is a fact about the host, not a read error
+                self.errors[p + "handle"] = "NVML: %s" % e
             return {"index": i, "lost": True}
         ecc = g(p + "ecc", n.nvmlDeviceGetEccMode, h)
         remapped = g(p + "remapped_rows", n.nvmlDeviceGetRemappedRows, h)
