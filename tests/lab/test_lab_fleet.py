@@ -207,7 +207,12 @@ def test_install_failure_and_slow_reboot(fleet):
     proc = fleet.ssh("l40s-01", "apt-mark unhold nvidia-driver-550-open >/dev/null && "
                                 "apt-get install -y -q nvidia-driver-580-open=580.95.05-0lab1", check=False)
     assert proc.returncode != 0 and "install_fail" in proc.stdout + proc.stderr
-    assert "550.163.01" in fleet.ssh("l40s-01", "dpkg-query -W -f='${Version}' nvidia-driver-550-open").stdout
+    # apt removed the conflicting 550 package before 580's preinst failed: nothing configured is left, and the
+    # old module keeps running until the next boot (the state fleetctl upgrade must catch and roll back).
+    status = fleet.ssh("l40s-01", "dpkg-query -W -f='${db:Status-Abbrev}' nvidia-driver-580-open", check=False).stdout
+    assert not status.startswith("ii")
+    assert fleet.facts("l40s-01")["driver"]["module_version"] == "550.163.01"
+    fleet.ssh("l40s-01", "apt-get install -y -q nvidia-driver-550-open=550.163.01-0lab1")  # put it back
     plain = fleet.reboot("l40s-01")
     fleet.inject("l40s-01", "slow-reboot", "8")
     slow = fleet.reboot("l40s-01")
