@@ -1,0 +1,95 @@
+"""The gpu_facts role's molecule scenario (roles/gpu_facts/molecule/default), run against a real lab: an H100 host
+with driver 570.86.15 and an A100 host without a driver, nouveau loaded. Molecule creates nothing: this test brings
+the lab up and down, and hands molecule the lab's inventory through FLEETCTL_LAB_INVENTORY."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.lab import network
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ROLE_DIR = REPO_ROOT / "roles" / "gpu_facts"
+VENV_BIN = Path(sys.executable).parent
+SPECS = ("1xh100-sxm@570.86.15", "1xa100-sxm+nouveau")
+LAB_TIMEOUT_S = 900           # builds the apt repo and installs the driver inside the host
+MOLECULE_TIMEOUT_S = 600
+DOWN_TIMEOUT_S = 120
+OTHER_LAB_WAIT_S = 600        # one lab per machine: wait for another one (another test run) to go
+
+
+def _kill_processes_mentioning(text: str) -> None:
+    """Ansible's ssh ControlPersist masters outlive the playbook; they name their control path."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    os.kill(int(entry.name), 9)
+            except OSError:
+                pass
+
+
+def _wait_for_no_other_lab() -> None:
+    deadline = time.monotonic() + OTHER_LAB_WAIT_S
+    while network.lab_netns() or network.link_exists(network.BRIDGE):
+        if time.monotonic() > deadline:
+            pytest.fail(f"another lab is still up after {OTHER_LAB_WAIT_S} s: {network.lab_netns()}")
+        time.sleep(20)
+
+
+def _fleetctl(env: dict[str, str], *args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.lab
+def test_gpu_facts_molecule_scenario_against_the_lab(tmp_path):
+    lab_dir = tmp_path / "lab"
+    control_dir = tmp_path / "cp"
+    control_dir.mkdir()
+    (tmp_path / "ansible-tmp").mkdir()
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
+    base_env.update(FLEETCTL_LAB_DIR=str(lab_dir), PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    _wait_for_no_other_lab()
+    try:
+        spec_args = [a for spec in SPECS for a in ("--spec", spec)]
+        up = _fleetctl(base_env, "lab", "up", *spec_args, timeout=LAB_TIMEOUT_S)
+        assert up.returncode == 0, f"fleetctl lab up: rc={up.returncode}\n{up.stdout}\n{up.stderr}"
+        inventory = lab_dir / "inventory.ini"
+        assert inventory.is_file(), up.stdout
+
+        env = dict(base_env,
+                   FLEETCTL_LAB_INVENTORY=str(inventory),
+                   ANSIBLE_SSH_CONTROL_PATH_DIR=str(control_dir),
+                   ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
+                   MOLECULE_EPHEMERAL_DIRECTORY=str(tmp_path / "molecule"),
+                   ANSIBLE_FORCE_COLOR="false", NO_COLOR="1", PY_COLORS="0")
+        proc = subprocess.run([str(VENV_BIN / "molecule"), "test", "--scenario-name", "default"], cwd=ROLE_DIR,
+                              env=env, capture_output=True, text=True, timeout=MOLECULE_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+        output = proc.stdout + proc.stderr
+        (tmp_path / "molecule.log").write_text(output)
+        assert proc.returncode == 0, f"molecule test: rc={proc.returncode}\n{output[-12000:]}"
+        # Each step ran and succeeded (converge twice: the idempotence step fails on any changed=N), on both hosts.
+        for step in ("syntax", "converge", "idempotence", "verify"):
+            assert f"[default > {step}] Executed: Successful" in output, f"no successful {step} step:\n{output[-6000:]}"
+        recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)
+        assert {host for host, *_ in recap} == {"h100-01", "a100-01"}, output[-6000:]
+        assert len(recap) == 6, recap        # converge, idempotence (the second converge) and verify, 2 hosts each
+        assert all(counts == ("0", "0", "0") for counts in (r[1:] for r in recap)), recap
+    finally:
+        # Only when our `up` got as far as making hosts: a `down` of nothing could race another lab's `up` (a
+        # down removes the bridge when it sees no lab namespace).
+        down = None
+        if (lab_dir / "hosts").exists() or (lab_dir / "lab.json").exists():
+            down = _fleetctl(base_env, "lab", "down", timeout=DOWN_TIMEOUT_S)
+        _kill_processes_mentioning(str(control_dir))
+        if down is not None:
+            assert down.returncode == 0, f"fleetctl lab down: rc={down.returncode}\n{down.stdout}\n{down.stderr}"
