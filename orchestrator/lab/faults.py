@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from . import state
+from .conf import read_conf, write_conf
 
 # Real driver wording for the Xids the lab plants (kernel logs in bug reports and NVIDIA's catalog).
 XID_TEXT = {
@@ -33,23 +34,6 @@ XID_TEXT = {
     154: "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)",
 }
 XID_FORMS = ("pci", "legacy", "mig", "bare")
-
-
-def read_conf(path: Path) -> dict[str, str]:
-    values: dict[str, str] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if "=" in line:
-                key, value = line.split("=", 1)
-                values[key.strip()] = value.strip()
-    return values
-
-
-def write_conf(path: Path, values: dict[str, str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
-    tmp.replace(path)
 
 
 def update_conf(path: Path, **changes: object) -> None:

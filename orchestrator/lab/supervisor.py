@@ -24,6 +24,8 @@ import time
 import uuid
 from pathlib import Path
 
+from .conf import read_conf
+
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_ENV = {"PATH": HOST_PATH, "LANG": "C.UTF-8", "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
 POLL_S = 0.1
@@ -83,21 +85,6 @@ def write_in_place(path: Path, text: str) -> None:
     """Rewrite a file keeping its inode (it may be bind-mounted somewhere)."""
     with open(path, "w") as f:
         f.write(text)
-
-
-def read_conf(path: Path) -> dict[str, str]:
-    """key=value lines, '#' comments (gpus.conf, faults.conf)."""
-    values = {}
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return values
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
-        if "=" in line:
-            key, value = line.split("=", 1)
-            values[key.strip()] = value.strip()
-    return values
 
 
 def clear_dir(path: Path) -> None:

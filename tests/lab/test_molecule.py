@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.lab import network
+from tests.lab.conftest import kill_processes_mentioning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROLE_DIR = REPO_ROOT / "roles" / "gpu_facts"
@@ -23,17 +24,6 @@ LAB_TIMEOUT_S = 900           # builds the apt repo and installs the driver insi
 MOLECULE_TIMEOUT_S = 600
 DOWN_TIMEOUT_S = 120
 OTHER_LAB_WAIT_S = 600        # one lab per machine: wait for another one (another test run) to go
-
-
-def _kill_processes_mentioning(text: str) -> None:
-    """Ansible's ssh ControlPersist masters outlive the playbook; they name their control path."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    os.kill(int(entry.name), 9)
-            except OSError:
-                pass
 
 
 def _wait_for_no_other_lab() -> None:
@@ -90,6 +80,6 @@ def test_gpu_facts_molecule_scenario_against_the_lab(tmp_path):
         down = None
         if (lab_dir / "hosts").exists() or (lab_dir / "lab.json").exists():
             down = _fleetctl(base_env, "lab", "down", timeout=DOWN_TIMEOUT_S)
-        _kill_processes_mentioning(str(control_dir))
+        kill_processes_mentioning(str(control_dir))
         if down is not None:
             assert down.returncode == 0, f"fleetctl lab down: rc={down.returncode}\n{down.stdout}\n{down.stderr}"
