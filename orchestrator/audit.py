@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import __version__, baseline as baseline_mod, inventory, policy, preflight, runner, schemas
+from . import __version__, baseline as baseline_mod, inventory, policy, runner, schemas
 from .store import Store
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 3
@@ -21,6 +21,12 @@ class AuditOptions:
     fail_on: str = "high"
     forks: int | None = None
     preflight: bool = True
+
+
+def xid_overrides(fleet: inventory.Fleet, base: baseline_mod.Baseline) -> dict[str, dict[str, Any]]:
+    """Each host's Xid overrides from its baseline policy (only hosts that have some), for the on-host classifier."""
+    per_host = {h.name: base.policy_for(list(h.groups)).get("xid", {}).get("overrides", {}) for h in fleet.hosts}
+    return {name: o for name, o in per_host.items() if o}
 
 
 def blocking(finding: dict[str, Any], fail_on: str) -> bool:
@@ -77,14 +83,8 @@ def run(opts: AuditOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     run_id, run_uuid = store.begin_run("audit", argv, fleet.source, opts.limit, base)
     record = store.run(run_id)
     try:
-        verdicts = preflight.check_all(list(fleet.hosts)) if opts.preflight else {}
-        to_run = [h.name for h in fleet.hosts if verdicts.get(h.name, preflight.Verdict(h.name, True)).ok]
-        overrides = {h.name: base.policy_for(list(h.groups)).get("xid", {}).get("overrides", {}) for h in fleet.hosts}
-        outcomes = runner.run_playbook("audit.yml", fleet, to_run,
-                                       {"fleetctl_xid_overrides": {h: o for h, o in overrides.items() if o}}, opts.forks)
-        for name, verdict in verdicts.items():
-            if not verdict.ok:
-                outcomes[name] = runner.HostOutcome(name, "unreachable", f"pre-flight: {verdict.reason}")
+        outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
+                                       opts.forks, opts.preflight)
         hosts = [evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
         summary = summarize(hosts, opts.fail_on)
         summary["duration_s"] = round(time.monotonic() - started, 3)

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from . import __version__, audit as audit_mod, render
+from . import __version__, audit as audit_mod, probe as probe_mod, render
 from .errors import InputError, OperationError
 from .store import Store
 
@@ -73,6 +73,44 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
 from .lab.cli import lab  # noqa: E402
 
 cli.add_command(lab)
+
+
+@cli.command()
+@click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY",
+              help="Ansible inventory. Default: localhost over the local connection.")
+@click.option("-l", "--limit", metavar="LIMIT", help="Ansible host pattern to restrict the run to.")
+@click.option("-b", "--baseline", metavar="BASELINE", help="Baseline YAML (gate thresholds, Xid overrides).")
+@click.option("--throughput", is_flag=True, help="Take throughput samples too (warm-up, then N sustained trials).")
+@click.option("--engine", type=click.Choice(["builtin", "command", "lab"]),
+              help="Throughput engine (default: the host's gpu_probe_engine inventory variable, else builtin).")
+@click.option("--command", "canary", metavar="CMD", help="Canary workload for --engine command (prints JSON metrics).")
+@click.option("--samples", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--warmup", "warmup_s", type=click.FloatRange(0, 600), default=20.0, show_default=True, help="Seconds.")
+@click.option("--trial", "trial_s", type=click.FloatRange(0.01, 60), default=1.0, show_default=True, help="Seconds per sample.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
+@click.option("--forks", type=click.IntRange(1, 1000), help="Hosts worked on at once (default: all, up to 64).")
+@click.option("--no-preflight", is_flag=True, help="Skip the SSH reachability and host-key pre-flight.")
+def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, warmup_s, trial_s, fmt, output, forks,
+          no_preflight) -> None:
+    """GPU health (NVML, Xid, ECC, remaps, PCIe, clocks) and, with --throughput, GEMM and bandwidth samples.
+
+    Exit codes: 0 healthy, 1 a host unhealthy, 2 usage or input error, 3 hosts unreachable.
+    """
+    if engine == "command" and not canary:
+        raise click.UsageError("--engine command needs --command CMD")
+    opts = probe_mod.ProbeOptions(inventory_path, limit, baseline, throughput, engine, canary, samples, warmup_s,
+                                  trial_s, forks, not no_preflight)
+    with Store() as store:
+        report = probe_mod.run(opts, store, sys.argv[1:])
+    if fmt == "json":
+        emit(json.dumps(report, indent=2) + "\n", output)
+    elif output:
+        with open(output, "w") as fh:
+            render.print_probe(report, Console(file=fh, width=160, force_terminal=False))
+    else:
+        render.print_probe(report, terminal())
+    sys.exit(report["summary"]["exit_code"])
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from rich.console import Console, Group
@@ -58,3 +59,36 @@ def summary_line(report: dict[str, Any]) -> Text:
 
 def print_audit(report: dict[str, Any], console: Console, show_all: bool = False) -> None:
     console.print(Group(audit_table(report, show_all), summary_line(report)))
+
+
+def probe_table(report: dict[str, Any]) -> Table:
+    """One row per host: health verdict, GPUs, new Xids, and the throughput medians when sampled."""
+    table = Table(title="fleetctl probe", title_justify="left")
+    for name in ("Host", "Health", "GPUs", "Xid", "GEMM TFLOP/s (median, CV)", "Copy GB/s (median, CV)", "Why"):
+        table.add_column(name, overflow="fold")
+    for host in sorted(report["hosts"], key=lambda h: h["name"]):
+        p = host["probe"]
+        status = host["health"]["status"] if host["reachable"] else "unreachable"
+        style = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}.get(status, "bold magenta")
+        gpus = f"{p['health']['gpu_count']}/{len(p['health']['gpus'])}" if p else "-"
+        xids = ", ".join(str(e["code"]) for e in p["health"]["xid"]["events"]) if p else "-"
+        table.add_row(host["name"], Text(status, style=style), gpus, xids or "none",
+                      _spread(p, "gemm_tflops"), _spread(p, "bandwidth_gbs"), "; ".join(host["health"]["reasons"]))
+    return table
+
+
+def _spread(probe: dict[str, Any] | None, metric: str) -> str:
+    values = [s["value"] for s in ((probe or {}).get("throughput") or {}).get("samples", [])
+              if s["metric"] == metric and s["value"] is not None]
+    if len(values) < 2:
+        return "-"
+    mean = statistics.fmean(values)
+    return f"{statistics.median(values):.1f} ({statistics.stdev(values) / mean * 100:.2f}%)"
+
+
+def print_probe(report: dict[str, Any], console: Console) -> None:
+    s = report["summary"]
+    line = Text(f"{s['hosts']} hosts: {s['healthy']} healthy, {s['unhealthy']} unhealthy, {s['unreachable']} unreachable;"
+                f" exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}",
+                style="bold green" if s["exit_code"] == 0 else "bold red")
+    console.print(Group(probe_table(report), line))

@@ -11,7 +11,7 @@ from typing import Any
 
 import ansible_runner
 
-from . import resources
+from . import preflight, resources
 from .inventory import Fleet
 
 # One module call per host: no fact gathering, pipelining, and OpenSSH multiplexing; host keys are checked.
@@ -99,3 +99,15 @@ def _message(res: dict[str, Any]) -> str:
     msg = " ".join(str(res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed").split())
     # OpenSSH puts its verdict ("Host key verification failed.") after a long banner: keep both ends.
     return msg if len(msg) <= 500 else msg[:200] + " ... " + msg[-280:]
+
+
+def run_on_fleet(name: str, fleet: Fleet, extravars: dict[str, Any] | None = None, forks: int | None = None,
+                 check_ssh: bool = True) -> dict[str, HostOutcome]:
+    """Every host's outcome of playbook NAME; hosts failing the SSH pre-flight are unreachable without a run."""
+    verdicts = preflight.check_all(list(fleet.hosts)) if check_ssh else {}
+    reachable = [h.name for h in fleet.hosts if h.name not in verdicts or verdicts[h.name].ok]
+    outcomes = run_playbook(name, fleet, reachable, extravars, forks)
+    for host, verdict in verdicts.items():
+        if not verdict.ok:
+            outcomes[host] = HostOutcome(host, "unreachable", f"pre-flight: {verdict.reason}")
+    return outcomes

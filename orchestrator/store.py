@@ -58,6 +58,16 @@ CREATE TABLE IF NOT EXISTS findings (
     PRIMARY KEY (run_id, host, control)
 );
 CREATE INDEX IF NOT EXISTS findings_by_control ON findings (control, status);
+CREATE TABLE IF NOT EXISTS probe_results (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    host TEXT NOT NULL,
+    reachable INTEGER NOT NULL,
+    error TEXT,
+    result TEXT,                       -- probe-result.schema.json
+    health TEXT NOT NULL,              -- pass | fail | inconclusive | error
+    reasons TEXT NOT NULL,
+    PRIMARY KEY (run_id, host)
+);
 """
 SCHEMA_VERSION = 1
 
@@ -132,6 +142,22 @@ class Store:
                       json.dumps(f["evidence"], sort_keys=True), f["remediation"]) for f in h["findings"]])
             self.db.execute("UPDATE runs SET finished_at=?, status='done', exit_code=?, summary=? WHERE id=?",
                             (now(), exit_code, json.dumps(summary, sort_keys=True), run_id))
+
+    def finish_probe(self, run_id: int, exit_code: int, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> None:
+        """Every host's probe result and health verdict, and the run's end, in one transaction."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany(
+                "INSERT INTO probe_results (run_id, host, reachable, error, result, health, reasons)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, h["name"], int(h["reachable"]), h["error"],
+                  json.dumps(h["probe"], sort_keys=True) if h["probe"] is not None else None,
+                  h["health"]["status"], json.dumps(h["health"]["reasons"])) for h in hosts])
+            self.db.execute("UPDATE runs SET finished_at=?, status='done', exit_code=?, summary=? WHERE id=?",
+                            (now(), exit_code, json.dumps(summary, sort_keys=True), run_id))
+
+    def probe_results(self, run_id: int) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM probe_results WHERE run_id=? ORDER BY host", (run_id,)).fetchall()
 
     def fail_run(self, run_id: int, message: str, exit_code: int) -> None:
         with self.db:

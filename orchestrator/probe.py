@@ -1,0 +1,118 @@
+"""fleetctl probe: a GPU health snapshot (and throughput samples) of every host, recorded in the history."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import yaml
+
+from . import __version__, baseline as baseline_mod, gate, inventory, resources, runner, schemas
+from .audit import EXIT_OK, EXIT_UNREACHABLE, xid_overrides
+from .store import Store
+
+EXIT_UNHEALTHY = 1
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    inventory: str | None = None
+    limit: str | None = None
+    baseline: str | None = None
+    throughput: bool = False
+    engine: str | None = None  # None: the host's gpu_probe_engine inventory variable, else builtin
+    command: str | None = None
+    samples: int = 10
+    warmup_s: float = 20.0
+    trial_s: float = 1.0
+    forks: int | None = None
+    preflight: bool = True
+
+
+@cache
+def xid_catalog() -> list[dict[str, Any]]:
+    """The Xid table shipped with roles/gpu_facts (one source of truth for both modules)."""
+    defaults = yaml.safe_load((resources.roles_dir() / "gpu_facts" / "defaults" / "main.yml").read_text())
+    return defaults["gpu_facts_xid_catalog"]
+
+
+def extravars(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline,
+              markers: dict[str, int] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "gpu_probe_xid_catalog": xid_catalog(),
+        "fleetctl_xid_overrides": xid_overrides(fleet, base),
+        "fleetctl_kmsg_markers": markers or {},
+        "gpu_probe_throughput": opts.throughput,
+        "gpu_probe_samples": opts.samples,
+        "gpu_probe_warmup_s": opts.warmup_s,
+        "gpu_probe_trial_s": opts.trial_s,
+    }
+    if opts.engine:
+        out["gpu_probe_engine"] = opts.engine
+    if opts.command:
+        out["gpu_probe_command"] = opts.command
+    return out
+
+
+def collect(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline,
+            markers: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
+    """host -> {reachable, error, probe}: one gpu_probe call per host (also used between upgrade waves)."""
+    outcomes = runner.run_on_fleet("probe.yml", fleet, extravars(opts, fleet, base, markers), opts.forks, opts.preflight)
+    results = {}
+    for host in fleet.hosts:
+        outcome = outcomes[host.name]
+        result = outcome.results.get("gpu_probe", {}).get("probe") if outcome.status == "ok" else None
+        error = None if outcome.status == "ok" else outcome.message
+        if result is not None:
+            problem = schemas.first_error("probe-result", result)
+            if problem is not None:
+                result, error = None, (f"the host returned a probe result fleetctl cannot trust: "
+                                       f"{schemas.json_path(problem)}: {problem.message[:200]}")
+        results[host.name] = {"reachable": outcome.status != "unreachable", "error": error, "probe": result}
+    return results
+
+
+def run(opts: ProbeOptions, store: Store, argv: list[str]) -> dict[str, Any]:
+    started = time.monotonic()
+    fleet = inventory.load(opts.inventory, opts.limit)
+    base = baseline_mod.load(opts.baseline)
+    base.check_groups(set(fleet.groups))
+    run_id, run_uuid = store.begin_run("probe", argv, fleet.source, opts.limit, base)
+    record = store.run(run_id)
+    try:
+        collected = collect(opts, fleet, base)
+        hosts = []
+        for host in fleet.hosts:
+            entry = collected[host.name]
+            policy = base.policy_for(list(host.groups))
+            if entry["probe"] is not None:
+                verdict = gate.judge_health(entry["probe"], entry["probe"], gate.gate_policy(policy),
+                                            policy.get("gpus", {}).get("count"))
+                health = {"status": verdict.status, "reasons": verdict.reasons}
+            else:
+                health = {"status": "error", "reasons": [entry["error"] or "no probe result"]}
+            hosts.append({"name": host.name, "groups": [g for g in host.groups if g != "all"], **entry, "health": health})
+        unreachable = sum(1 for h in hosts if not h["reachable"])
+        unhealthy = sum(1 for h in hosts if h["reachable"] and h["health"]["status"] != "pass")
+        summary = {"hosts": len(hosts), "reachable": len(hosts) - unreachable, "unreachable": unreachable,
+                   "healthy": len(hosts) - unreachable - unhealthy, "unhealthy": unhealthy,
+                   "exit_code": EXIT_UNREACHABLE if unreachable else (EXIT_UNHEALTHY if unhealthy else EXIT_OK),
+                   "duration_s": round(time.monotonic() - started, 3)}
+        store.finish_probe(run_id, summary["exit_code"], summary, hosts)
+    except BaseException as e:
+        store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
+        raise
+    report = {
+        "schema_version": 1,
+        "tool": {"name": "fleetctl", "version": __version__},
+        "run": {"id": run_id, "uuid": run_uuid, "kind": "probe", "started_at": record["started_at"],
+                "finished_at": store.run(run_id)["finished_at"], "operator": record["operator"],
+                "control_node": record["control_node"], "inventory": fleet.source, "limit": opts.limit,
+                "baseline": {"name": base.name, "path": str(base.path), "digest": base.digest}},
+        "summary": summary,
+        "hosts": hosts,
+    }
+    schemas.check("probe-report", report, "fleetctl's own probe report (a bug: please report it)")
+    return report

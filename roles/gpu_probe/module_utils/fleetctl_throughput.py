@@ -1,0 +1,204 @@
+# -*- coding: utf-8 -*-
+# Throughput samples for fleetctl's probe: the builtin engine (torch), an operator's command, the lab benchmark.
+# Protocol (DESIGN.md, measured on H100/H200): warm up >= 10 s, sustained trials >= 0.5 s on random data,
+# N samples per metric, each with the clocks, temperature, power and clock-event reasons seen right after it.
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import shlex
+import subprocess
+import threading
+import time
+
+GEMM_N = 8192
+COPY_BYTES = 1 << 30  # 1 GiB source, 1 GiB destination
+METRICS = {
+    "gemm_tflops": {"unit": "TFLOP/s", "higher_is_better": True},
+    "bandwidth_gbs": {"unit": "GB/s", "higher_is_better": True},
+}
+
+
+class EngineError(Exception):
+    pass
+
+
+def conditions(pynvml, handle):
+    """What the GPU was doing right after a trial: a sample is only comparable with its conditions."""
+    out = {"sm_clock_mhz": None, "mem_clock_mhz": None, "temperature_c": None, "power_w": None,
+           "clock_event_reasons": None}
+    if pynvml is None or handle is None:
+        return out
+    for key, call in (("sm_clock_mhz", lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                      ("mem_clock_mhz", lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+                      ("temperature_c", lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+                      ("power_w", lambda: round(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, 1)),
+                      ("clock_event_reasons", lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))):
+        try:
+            out[key] = call()
+        except Exception:
+            pass
+    return out
+
+
+class TorchGpu:
+    """One GPU's sustained trials. CUDA calls release the GIL, so one thread per GPU runs them all at once."""
+
+    def __init__(self, torch, index):
+        self.torch = torch
+        self.index = index
+        self.device = torch.device("cuda", index)
+        with torch.cuda.device(self.device):
+            gen = torch.Generator(device=self.device).manual_seed(1234 + index)
+            # Random operands: all-zero inputs read ~22% high on an H100 (DESIGN.md).
+            self.a = torch.randn(GEMM_N, GEMM_N, device=self.device, dtype=torch.bfloat16, generator=gen)
+            self.b = torch.randn(GEMM_N, GEMM_N, device=self.device, dtype=torch.bfloat16, generator=gen)
+            self.c = torch.empty(GEMM_N, GEMM_N, device=self.device, dtype=torch.bfloat16)
+            self.src = torch.randn(COPY_BYTES // 2, device=self.device, dtype=torch.bfloat16, generator=gen)
+            self.dst = torch.empty_like(self.src)
+
+    def _timed(self, op, seconds):
+        """Run OP back to back for at least SECONDS of GPU time; (iterations, seconds) from CUDA events."""
+        torch = self.torch
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        iters, batch, elapsed = 0, 1, 0.0
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize(self.device)
+            start.record()
+            while elapsed < seconds:
+                for _ in range(batch):
+                    op()
+                iters += batch
+                end.record()
+                end.synchronize()
+                elapsed = start.elapsed_time(end) / 1000.0
+                batch = min(batch * 2, 64)
+        return iters, elapsed
+
+    def gemm(self, seconds):
+        iters, elapsed = self._timed(lambda: self.torch.matmul(self.a, self.b, out=self.c), seconds)
+        return 2.0 * GEMM_N ** 3 * iters / elapsed / 1e12
+
+    def copy(self, seconds):
+        iters, elapsed = self._timed(lambda: self.dst.copy_(self.src), seconds)
+        return 2.0 * COPY_BYTES * iters / elapsed / 1e9  # bytes read + bytes written
+
+    def warm_up(self, seconds):
+        self._timed(lambda: self.torch.matmul(self.a, self.b, out=self.c), seconds)
+
+
+def builtin(samples, warmup_s, trial_s, gpu_indices, pynvml=None):
+    """bf16 GEMM and device-to-device copy samples on every GPU at once, through torch."""
+    try:
+        import torch
+    except ImportError:
+        raise EngineError("the builtin engine needs torch on the host's Python (or use the command engine)")
+    if not torch.cuda.is_available():
+        raise EngineError("torch cannot use CUDA on this host")
+    handles = {}
+    if pynvml is not None:
+        for i in gpu_indices:
+            try:
+                handles[i] = pynvml.nvmlDeviceGetHandleByIndex(i)
+            except Exception:
+                handles[i] = None
+    results, failures = {}, {}
+
+    def run(i):
+        try:
+            gpu = TorchGpu(torch, i)
+            gpu.warm_up(warmup_s)
+            rows = []
+            for _ in range(samples):
+                for metric, trial in (("gemm_tflops", gpu.gemm), ("bandwidth_gbs", gpu.copy)):
+                    value = trial(trial_s)
+                    row = {"gpu": i, "metric": metric, "value": round(value, 3)}
+                    row.update(conditions(pynvml, handles.get(i)))
+                    rows.append(row)
+            results[i] = rows
+        except Exception as e:  # one GPU failing must not hide the others' samples
+            failures[i] = "%s: %s" % (type(e).__name__, e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in gpu_indices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = [row for i in gpu_indices for row in results.get(i, [])]
+    device = "torch %s on %s" % (torch.__version__, torch.cuda.get_device_name(gpu_indices[0]) if gpu_indices else "no GPU")
+    return rows, dict(METRICS), device, failures
+
+
+def parse_command_output(text):
+    """The last JSON object line of a canary's stdout: {"metrics": {NAME: {"value", "unit", "higher_is_better"}}}."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            metrics = doc.get("metrics") if isinstance(doc, dict) else None
+            if isinstance(metrics, dict) and metrics:
+                return metrics
+    raise EngineError("the command printed no JSON line with a 'metrics' object")
+
+
+def command(cmd, samples, timeout_s=600):
+    """An operator's canary workload, run once to warm up, then SAMPLES times; each run is one sample per metric."""
+    rows, spec = [], {}
+    argv = shlex.split(cmd)
+    for run in range(samples + 1):
+        try:
+            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise EngineError("%s: %s" % (cmd, e))
+        if proc.returncode != 0:
+            raise EngineError("%s exited %d: %s" % (cmd, proc.returncode, proc.stderr.decode("utf-8", "replace")[-300:]))
+        metrics = parse_command_output(proc.stdout.decode("utf-8", "replace"))
+        if run == 0:
+            continue  # warm-up
+        for name, m in sorted(metrics.items()):
+            value = m.get("value") if isinstance(m, dict) else m
+            spec[name] = {"unit": str(m.get("unit", "")) if isinstance(m, dict) else "",
+                          "higher_is_better": bool(m.get("higher_is_better", True)) if isinstance(m, dict) else True}
+            rows.append({"gpu": None, "metric": name, "value": float(value) if isinstance(value, (int, float)) else None})
+    return rows, spec, "command: %s" % cmd
+
+
+def lab(samples, trial_s, bench="nvidia-lab-bench"):
+    """The fleetctl lab's emulated benchmark (same metrics as builtin)."""
+    try:
+        proc = subprocess.run([bench, "--samples", str(samples), "--seconds", str(trial_s)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+    except OSError as e:
+        raise EngineError("%s: %s" % (bench, e))
+    if proc.returncode != 0:
+        raise EngineError("%s exited %d: %s" % (bench, proc.returncode, proc.stderr.decode("utf-8", "replace")[-300:]))
+    doc = json.loads(proc.stdout.decode("utf-8"))
+    rows = []
+    for s in doc.get("samples", []):
+        for metric in METRICS:
+            rows.append({"gpu": s["gpu"], "metric": metric, "value": s.get(metric)})
+    return rows, dict(METRICS), "%s (driver %s, %s)" % (bench, doc.get("driver_version"), doc.get("sku"))
+
+
+def measure(engine, samples, warmup_s, trial_s, gpu_indices, cmd=None, pynvml=None):
+    """(throughput object for probe-result, errors)."""
+    started = time.time()
+    errors = {}
+    if engine == "builtin":
+        rows, spec, device, failures = builtin(samples, warmup_s, trial_s, gpu_indices, pynvml)
+        for i, message in failures.items():
+            errors["throughput.gpu%d" % i] = message
+    elif engine == "command":
+        if not cmd:
+            raise EngineError("the command engine needs a command")
+        rows, spec, device = command(cmd, samples)
+    elif engine == "lab":
+        rows, spec, device = lab(samples, trial_s)
+    else:
+        raise EngineError("unknown engine %r" % engine)
+    return {"engine": engine, "device": device, "warmup_s": warmup_s, "trial_s": trial_s,
+            "wall_s": round(time.time() - started, 2), "metrics": spec, "samples": rows}, errors
