@@ -74,6 +74,22 @@ def collect(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Basel
     return results
 
 
+def markers(references: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
+    """Where each host's kernel log was read up to last time: only newer Xids count (same boot only)."""
+    return {host: {"seq": ref["health"]["xid"]["last_seq"], "boot_id": ref["host"]["boot_id"]}
+            for host, ref in references.items() if ref and ref["health"]["xid"]["last_seq"] is not None}
+
+
+def verdict(entry: dict[str, Any], reference: dict[str, Any] | None, policy: dict[str, Any]) -> dict[str, Any]:
+    """The gate on this probe against the host's previous one (or against itself, the first time)."""
+    if entry["probe"] is None:
+        return {"status": "error", "reasons": [entry["error"] or "no probe result"]}
+    v = gate.judge(reference or entry["probe"], entry["probe"], gate.gate_policy(policy),
+                   policy.get("gpus", {}).get("count"))
+    reasons = v.reasons if reference else ["first probe of this host: nothing to compare throughput with"] + v.reasons
+    return {"status": v.status, "reasons": reasons}
+
+
 def run(opts: ProbeOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     fleet = inventory.load(opts.inventory, opts.limit)
@@ -82,18 +98,14 @@ def run(opts: ProbeOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     run_id, run_uuid = store.begin_run("probe", argv, fleet.source, opts.limit, base)
     record = store.run(run_id)
     try:
-        collected = collect(opts, fleet, base)
+        # Each host is judged against ITSELF: its previous recorded probe (with samples, when sampling now).
+        references = {h.name: store.last_probe(h.name, opts.throughput) for h in fleet.hosts}
+        collected = collect(opts, fleet, base, markers(references))
         hosts = []
         for host in fleet.hosts:
             entry = collected[host.name]
-            policy = base.policy_for(list(host.groups))
-            if entry["probe"] is not None:
-                verdict = gate.judge_health(entry["probe"], entry["probe"], gate.gate_policy(policy),
-                                            policy.get("gpus", {}).get("count"))
-                health = {"status": verdict.status, "reasons": verdict.reasons}
-            else:
-                health = {"status": "error", "reasons": [entry["error"] or "no probe result"]}
-            hosts.append({"name": host.name, "groups": [g for g in host.groups if g != "all"], **entry, "health": health})
+            hosts.append({"name": host.name, "groups": [g for g in host.groups if g != "all"], **entry,
+                          "health": verdict(entry, references[host.name], base.policy_for(list(host.groups)))})
         unreachable = sum(1 for h in hosts if not h["reachable"])
         unhealthy = sum(1 for h in hosts if h["reachable"] and h["health"]["status"] != "pass")
         summary = {"hosts": len(hosts), "reachable": len(hosts) - unreachable, "unreachable": unreachable,

@@ -156,6 +156,16 @@ class Store:
             self.db.execute("UPDATE runs SET finished_at=?, status='done', exit_code=?, summary=? WHERE id=?",
                             (now(), exit_code, json.dumps(summary, sort_keys=True), run_id))
 
+    def last_probe(self, host: str, with_throughput: bool = False) -> dict[str, Any] | None:
+        """HOST's most recent recorded probe result (with throughput samples, if asked), or None."""
+        for (result,) in self.db.execute(
+                "SELECT p.result FROM probe_results p JOIN runs r ON r.id = p.run_id"
+                " WHERE p.host=? AND p.result IS NOT NULL AND r.status='done' ORDER BY p.run_id DESC", (host,)):
+            doc = json.loads(result)
+            if not with_throughput or (doc.get("throughput") or {}).get("samples"):
+                return doc
+        return None
+
     def probe_results(self, run_id: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM probe_results WHERE run_id=? ORDER BY host", (run_id,)).fetchall()
 

@@ -10,8 +10,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import json
+import time
+from contextlib import contextmanager
+
 import pytest
 
+from orchestrator import schemas
 from orchestrator.lab import hosts, network
 from orchestrator.lab.state import HostSpec, Lab
 
@@ -140,3 +145,74 @@ def make_stub_driver_repo(repo: Path, version: str) -> None:
               f"Filename: ./{deb.name}\nSize: {len(data)}\nSHA256: {hashlib.sha256(data).hexdigest()}\n\n")
     (repo / "Packages").write_text(stanza)
     (repo / "Packages.gz").write_bytes(gzip.compress(stanza.encode()))
+
+
+# -- a lab driven through the fleetctl CLI, as an operator would ---------------------------------------------
+
+@dataclass
+class Fleet:
+    env: dict[str, str]
+    inventory: str
+    workdir: Path
+
+    def fleetctl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                              env=self.env, timeout=timeout, cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+
+    def audit(self, *args: str) -> tuple[int, dict]:
+        proc = self.fleetctl("audit", "-i", self.inventory, "--format", "json", *args)
+        assert proc.returncode in (0, 1, 3), proc.stderr
+        report = json.loads(proc.stdout)
+        assert schemas.first_error("audit-report", report) is None
+        return proc.returncode, report
+
+    def drift(self, *args: str) -> dict[str, dict[str, str]]:
+        _, report = self.audit(*args)
+        return {h["name"]: {f["control"]: f["status"] for f in h["findings"] if f["status"] not in ("pass", "not_applicable")}
+                for h in report["hosts"]}
+
+    def facts(self, host: str) -> dict:
+        _, report = self.audit("-l", host)
+        return report["hosts"][0]["facts"]
+
+    def inject(self, host: str, *fault: str) -> str:
+        proc = self.fleetctl("lab", "inject", host, *fault, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    def ssh(self, host: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
+        address = next(line.split("ansible_host=")[1].split()[0] for line in Path(self.inventory).read_text().splitlines()
+                       if line.startswith(host + " "))
+        lab = Path(self.env["FLEETCTL_LAB_DIR"])
+        proc = subprocess.run(["ssh", "-F", "/dev/null", "-i", str(lab / "ssh/id_ed25519"), "-o", "BatchMode=yes",
+                               "-o", f"UserKnownHostsFile={lab / 'ssh/known_hosts'}", "-o", "StrictHostKeyChecking=yes",
+                               "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5", f"root@{address}", command],
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert not check or proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    def reboot(self, host: str) -> float:
+        started = time.monotonic()
+        proc = subprocess.run([str(Path(sys.executable).with_name("ansible")), "-i", self.inventory, host,
+                               "-m", "ansible.builtin.reboot"], capture_output=True, text=True, env=self.env,
+                              timeout=300, cwd=self.workdir, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        return time.monotonic() - started
+
+
+
+@contextmanager
+def fleetctl_lab(workdir: Path, specs: tuple[str, ...]):
+    """`fleetctl lab up --spec ...` in WORKDIR (its own $LAB, history and SSH control dir); always torn down."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(FLEETCTL_LAB_DIR=str(workdir / "lab"), FLEETCTL_HOME=str(workdir / "home"),
+               ANSIBLE_SSH_CONTROL_PATH_DIR=str(workdir / "cp"), ANSIBLE_LOCAL_TEMP=str(workdir / "tmp"))
+    handle = Fleet(env, "", workdir)
+    try:
+        up = handle.fleetctl("lab", "up", *[a for s in specs for a in ("--spec", s)], timeout=900)
+        assert up.returncode == 0, up.stdout + up.stderr
+        handle.inventory = handle.fleetctl("lab", "inventory").stdout.strip()
+        yield handle
+    finally:
+        handle.fleetctl("lab", "down")
+        kill_processes_mentioning(str(workdir / "cp"))

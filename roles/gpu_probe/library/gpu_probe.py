@@ -20,6 +20,10 @@ options:
     description: Only Xid events after this kernel-log sequence number; -1 for all since boot.
     type: int
     default: -1
+  kmsg_since_boot_id:
+    description: The boot I(kmsg_since_seq) was read in; after a reboot the marker is ignored (sequence numbers restart).
+    type: str
+    default: ""
   xid_catalog:
     description: Xid classification table.
     type: list
@@ -121,9 +125,12 @@ def nvml_xid_events(pynvml, wait_ms):
 def probe(params):
     errors, sources = {}, {}
     module_version = read("/sys/module/nvidia/version")
+    boot_id = read("/proc/sys/kernel/random/boot_id")
+    since = params["kmsg_since_seq"] if params["kmsg_since_seq"] >= 0 else None
+    if params["kmsg_since_boot_id"] and params["kmsg_since_boot_id"] != boot_id:
+        since = None  # the host rebooted since the marker was taken: every event of this boot is new
     health = {"gpu_count": 0, "gpus": [], "nvml_xid_events": [],
-              "xid": {"since_seq": params["kmsg_since_seq"] if params["kmsg_since_seq"] >= 0 else None,
-                      "last_seq": None, "events": []}}
+              "xid": {"since_seq": since, "last_seq": None, "events": []}}
     state = "loaded" if module_version else "not_loaded"
     pynvml = None
     try:
@@ -175,7 +182,7 @@ def probe(params):
     return {
         "schema_version": 1,
         "collected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": {"hostname": socket.gethostname(), "boot_id": read("/proc/sys/kernel/random/boot_id")},
+        "host": {"hostname": socket.gethostname(), "boot_id": boot_id},
         "driver": {"state": state, "module_version": module_version},
         "health": health,
         "throughput": throughput,
@@ -188,6 +195,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             kmsg_since_seq=dict(type="int", default=-1),
+            kmsg_since_boot_id=dict(type="str", default=""),
             xid_catalog=dict(type="list", elements="dict", default=[]),
             xid_overrides=dict(type="dict", default={}),
             nvml_event_wait_ms=dict(type="int", default=200),

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Replay the throughput gate on REAL samples: how often does it roll back a healthy host, and catch a regression?
+
+Usage: .venv/bin/python bench/gate_replay.py [PROBE_RESULT.json ...] [--samples 10] [--trials 2000] [--seed 0]
+Without paths it reads tests/testdata/probe/*.json (probe results captured on real GPUs) and exits 2 when there
+are none. For every (file, GPU, metric) series it draws, with replacement, two sides of --samples values:
+  no regression   both sides from the real series                    -> false-rollback rate (fail)
+  3% / 5% drop    the 'after' side worse by 3% / 5% (x0.97 / x0.95;  -> detection rate (fail)
+                  x1.03 / x1.05 for a lower-is-better metric)
+and judges them with orchestrator.gate.judge_series under the default policy. It also judges every pair of real
+runs with the same device, engine and trial length against each other as they are (no change between them: a fail
+there is a false rollback that resampling one run cannot show, e.g. thermal or power-cap drift). Exit 0 when the targets are met
+(<= 1% false rollbacks, >= 95% detection of a 5% drop), 1 when one is missed.
+
+Note: resampling a short real series with replacement makes ties that independent measurements would not have;
+the gate's p-value is exact with ties, so they cost power, not false rollbacks. A 5% drop sits exactly on the
+default floor (0.95): the floor is strict, so those trials fall to the test, or to the floor when resampling
+pushes the after median lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator import gate, schemas
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_GLOB = "tests/testdata/probe/*.json"
+CASES = (("no regression", 0.0), ("3% drop", 0.03), ("5% drop", 0.05))
+MAX_FALSE_ROLLBACK, MIN_DETECTION = 0.01, 0.95
+
+
+def fail(message: str) -> None:
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
+def load_docs(paths: list[Path]) -> dict[str, dict]:
+    docs = {}
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            fail(f"{path}: cannot read a probe result: {e}")
+        error = schemas.first_error("probe-result", doc)
+        if error is not None:
+            fail(f"{path}: {schemas.json_path(error)}: {error.message}")
+        if doc["throughput"]:
+            docs[path.name] = doc
+    return docs
+
+
+def load_series(docs: dict[str, dict]) -> list[dict]:
+    """Every (file, GPU, metric) series with at least 2 real values."""
+    out = []
+    for name, doc in docs.items():
+        tp = doc["throughput"]
+        values = defaultdict(list)
+        for s in tp["samples"]:
+            if s["value"] is not None and math.isfinite(s["value"]):
+                values[(s["gpu"], s["metric"])].append(float(s["value"]))
+        for (gpu, metric), xs in sorted(values.items(), key=lambda kv: (kv[0][1], kv[0][0] if kv[0][0] is not None else -1)):
+            if len(xs) >= 2:
+                spec = tp["metrics"].get(metric, {"unit": "", "higher_is_better": True})
+                out.append({"file": name, "gpu": gpu, "metric": metric, "values": np.array(xs),
+                            "unit": spec["unit"], "higher_is_better": spec["higher_is_better"],
+                            "device": tp.get("device") or "?"})
+    return out
+
+
+def replay(series: dict, drop: float, n: int, trials: int, rng: np.random.Generator) -> dict[str, int]:
+    scale = (1 - drop) if series["higher_is_better"] else (1 + drop)
+    counts = {"pass": 0, "fail": 0, "inconclusive": 0}
+    label = f"GPU {series['gpu']} {series['metric']}"
+    for _ in range(trials):
+        before = rng.choice(series["values"], n).tolist()
+        after = (rng.choice(series["values"], n) * scale).tolist()
+        status, _, _ = gate.judge_series(label, series["metric"], before, after, series["higher_is_better"],
+                                         series["unit"], gate.DEFAULTS)
+        counts[status] += 1
+    return counts
+
+
+def real_pairs(docs: dict[str, dict], console: Console) -> None:
+    """Every ordered pair of real runs with the same device, engine and trial length, judged as they are:
+    independent runs of an unchanged host, so every 'fail' here is a false rollback between real runs."""
+    table = Table(title="Real runs judged against each other (same device, engine, trial_s; no change between them)")
+    for col in ("before", "after", "status", "largest drop"):
+        table.add_column(col)
+    common = os.path.commonprefix(list(docs)) if len(docs) > 1 else ""
+    common = common[:common.rfind("-") + 1]
+    for (na, a), (nb, b) in itertools.permutations(docs.items(), 2):
+        ta, tb = a["throughput"], b["throughput"]
+        if (ta["device"], ta["engine"], ta["trial_s"]) != (tb["device"], tb["engine"], tb["trial_s"]):
+            continue
+        v = gate.judge_throughput(ta, tb, gate.DEFAULTS)
+        drop, metric = max((f["drop"] or 0.0, m) for (_, m), f in v.figures.items())
+        table.add_row(na[len(common):], nb[len(common):], v.status, f"{max(drop, 0.0):.1%} {metric}")
+    if table.row_count:
+        console.print(table)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="*", type=Path, help=f"probe results (default: {DEFAULT_GLOB})")
+    ap.add_argument("--samples", type=int, default=10, help="samples per side (default 10)")
+    ap.add_argument("--trials", type=int, default=2000, help="trials per case and series (default 2000)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    paths = args.paths or sorted(REPO.glob(DEFAULT_GLOB))
+    if not paths:  # exit 2, like a usage error
+        print(f"no probe results in {REPO / DEFAULT_GLOB}: capture some on a GPU host, or pass paths", file=sys.stderr)
+        return 2
+    docs = load_docs(paths)
+    series = load_series(docs)
+    if not series:
+        print(f"no throughput series with 2 or more values in {', '.join(map(str, paths))}", file=sys.stderr)
+        return 2
+
+    console = Console(width=max(Console().width, 110))
+    rng = np.random.default_rng(args.seed)
+    for name in dict.fromkeys(x["file"] for x in series):
+        console.print(f"{name}: {next(x['device'] for x in series if x['file'] == name)}")
+    inputs = Table(title="Real series")
+    for col in ("file", "GPU", "metric", "n", "median", "CV"):
+        inputs.add_column(col, justify="right" if col in ("n", "median", "CV") else "left")
+    for x in series:
+        v = x["values"]
+        inputs.add_row(x["file"], "host" if x["gpu"] is None else str(x["gpu"]), x["metric"], str(len(v)),
+                       f"{np.median(v):.1f} {x['unit']}", f"{np.std(v, ddof=1) / np.mean(v):.2%}")
+    console.print(inputs)
+
+    totals: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: {"pass": 0, "fail": 0, "inconclusive": 0})
+    worst_fail: dict[str, float] = defaultdict(float)
+    worst_detect: dict[str, float] = defaultdict(lambda: 1.0)
+    for name, drop in CASES:
+        for s in series:
+            counts = replay(s, drop, args.samples, args.trials, rng)
+            for k, c in counts.items():
+                totals[(name, s["metric"])][k] += c
+                totals[(name, "all")][k] += c
+            worst_fail[name] = max(worst_fail[name], counts["fail"] / args.trials)
+            worst_detect[name] = min(worst_detect[name], counts["fail"] / args.trials)
+
+    table = Table(title=f"Gate replay: {args.samples} samples a side, {args.trials} trials per series and case, seed {args.seed}")
+    for col in ("case", "metric", "trials", "fail", "inconclusive", "pass"):
+        table.add_column(col, justify="left" if col in ("case", "metric") else "right")
+    for (name, metric), c in sorted(totals.items(), key=lambda kv: ([n for n, _ in CASES].index(kv[0][0]), kv[0][1] == "all")):
+        total = sum(c.values())
+        table.add_row(name, metric, str(total), *(f"{c[k] / total:.2%}" for k in ("fail", "inconclusive", "pass")),
+                      style="bold" if metric == "all" else None)
+    console.print(table)
+
+    def rate(name: str, key: str) -> float:
+        c = totals[(name, "all")]
+        return c[key] / sum(c.values())
+
+    real_pairs(docs, console)
+    false_rollback, detection = rate("no regression", "fail"), rate("5% drop", "fail")
+    ok_fr, ok_det = false_rollback <= MAX_FALSE_ROLLBACK, detection >= MIN_DETECTION
+    console.print(f"false rollbacks (no regression -> fail): {false_rollback:.2%} (worst series "
+                  f"{worst_fail['no regression']:.2%}), target <= {MAX_FALSE_ROLLBACK:.0%}: {'PASS' if ok_fr else 'MISS'}")
+    console.print(f"detection of a 5% drop (-> fail): {detection:.2%} (worst series {worst_detect['5% drop']:.2%}), "
+                  f"target >= {MIN_DETECTION:.0%}: {'PASS' if ok_det else 'MISS'}")
+    console.print(f"inconclusive: no regression {rate('no regression', 'inconclusive'):.2%}, "
+                  f"3% drop {rate('3% drop', 'inconclusive'):.2%}, 5% drop {rate('5% drop', 'inconclusive'):.2%}; "
+                  f"detection of a 3% drop {rate('3% drop', 'fail'):.2%} (no target: 3% is the GEMM limit itself)")
+    return 0 if ok_fr and ok_det else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

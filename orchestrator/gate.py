@@ -1,0 +1,325 @@
+"""The health gate: is this host healthy on its new driver? Two probe results of the SAME host, before and after.
+
+Health (judge_health) fails on anything a person would drain the host for: a GPU gone, a new Xid at or above the
+baseline's `xid.fail_on`, new uncorrectable ECC errors, a row remap pending or failed, a recovery action asked for.
+
+Throughput (judge_throughput) compares each (GPU, metric) series with itself, never with other hosts (same-SKU
+hosts differ by 8-22%). With drop = relative loss of the median in the metric's good direction:
+  - drop > 1 - floor                                      -> fail (below the floor; strict '>', see FLOOR_SLACK)
+  - drop >= max_drop and one-sided exact Mann-Whitney p < alpha -> fail
+  - drop >= max_drop and (p >= alpha or < min_samples a side)   -> inconclusive (measure again, then a person)
+  - otherwise                                             -> pass (a significant but small change is no regression)
+A drop of exactly 1 - floor (a 5% drop with the default floor 0.95) is NOT a floor failure: the test decides.
+
+scipy's method="exact" makes no correction for ties: it reads the tied statistic against the no-ties null
+distribution (and truncates a half-integer U), without a warning. With all values equal it gives p=0.51, not 1.
+So when the pooled samples hold ties, p comes from the exact permutation distribution of the rank sum given
+those ties (exact_p_with_ties); without ties it is scipy's exact p.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import numpy as np
+import yaml
+from scipy.stats import mannwhitneyu
+
+from . import resources
+from .policy import severity_rank
+
+DEFAULT_MAX_DROP = {"gemm_tflops": 0.03, "bandwidth_gbs": 0.02}
+FLOOR_SLACK = 1e-9  # float rounding at the boundaries: a drop of exactly 1 - floor (or max_drop) is not 'more'
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    alpha: float = 0.01
+    min_samples: int = 5
+    floor: float = 0.95
+    max_drop: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MAX_DROP))
+    default_max_drop: float = 0.03  # metrics not named in max_drop (e.g. a command engine's)
+    xid_fail_on: str = "high"
+    xid_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def max_drop_for(self, metric: str) -> float:
+        return self.max_drop.get(metric, self.default_max_drop)
+
+
+DEFAULTS = GatePolicy()
+
+
+def gate_policy(policy: dict[str, Any]) -> GatePolicy:
+    """A host's baseline policy ('gate' and 'xid' keys) -> GatePolicy; keys left out take DEFAULTS."""
+    gate, xid = policy.get("gate", {}), policy.get("xid", {})
+    drops = dict(DEFAULTS.max_drop, **gate.get("max_drop", {}))
+    default_drop = drops.pop("default", DEFAULTS.default_max_drop)
+    return GatePolicy(alpha=gate.get("alpha", DEFAULTS.alpha), min_samples=gate.get("min_samples", DEFAULTS.min_samples),
+                      floor=gate.get("floor", DEFAULTS.floor), max_drop=drops, default_max_drop=default_drop,
+                      xid_fail_on=xid.get("fail_on", DEFAULTS.xid_fail_on), xid_overrides=xid.get("overrides", {}))
+
+
+@dataclass
+class Verdict:
+    status: str  # pass | fail | inconclusive
+    reasons: list[str] = field(default_factory=list)
+    figures: dict[tuple[int | None, str], dict[str, Any]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly: figures as a list, each naming its gpu and metric."""
+        return {"status": self.status, "reasons": list(self.reasons),
+                "figures": [{"gpu": gpu, "metric": metric, **f} for (gpu, metric), f in self.figures.items()]}
+
+
+def worst(statuses: list[str]) -> str:
+    return "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
+
+
+# ---- the rank test -----------------------------------------------------------------------------
+
+def exact_p_with_ties(x: np.ndarray, y: np.ndarray) -> float:
+    """P(rank sum of x >= observed) when every split of the pooled values into |x| and |y| is equally likely.
+
+    Exact and conditional on the tie pattern: a dynamic programme over the groups of equal values, counting the
+    ways to take j of a group's t members (comb(t, j)) by (how many taken, doubled rank sum; doubled midranks are
+    integers).
+    """
+    m = len(x)
+    values, counts = np.unique(np.concatenate([x, y]), return_counts=True)
+    ends = np.cumsum(counts)
+    rank2 = (ends - counts + 1) + ends  # 2 x midrank of each group
+    observed = int(rank2[np.searchsorted(values, x)].sum())
+    width = int(rank2.max()) * m + 1
+    ways = np.zeros((m + 1, width))
+    ways[0, 0] = 1.0
+    for t, r in zip(counts.tolist(), rank2.tolist()):
+        nxt = np.zeros_like(ways)
+        for j in range(min(t, m) + 1):
+            nxt[j:, j * r:] += math.comb(t, j) * ways[:m + 1 - j, :width - j * r]
+        ways = nxt
+    return float(ways[m, observed:].sum() / ways[m].sum())
+
+
+def one_sided_p(x: np.ndarray, y: np.ndarray) -> tuple[float, str]:
+    """(p, test) for 'x is stochastically greater than y': x = before for higher-is-better metrics, else after."""
+    if len(np.unique(np.concatenate([x, y]))) == len(x) + len(y):
+        return float(mannwhitneyu(x, y, alternative="greater", method="exact").pvalue), "exact"
+    return exact_p_with_ties(x, y), "exact (ties)"
+
+
+# ---- throughput --------------------------------------------------------------------------------
+
+def _finite(values: list[Any]) -> np.ndarray:
+    return np.array([float(v) for v in values if v is not None and math.isfinite(v)], dtype=float)
+
+
+def _label(gpu: int | None, metric: str) -> str:
+    return f"GPU {gpu} {metric}" if gpu is not None else f"host {metric}"
+
+
+def _p_text(p: float) -> str:
+    return f"{p:.3g}" if p >= 0.001 else f"{p:.1e}"
+
+
+def judge_series(label: str, metric: str, before_values: list[Any], after_values: list[Any],
+                 higher_is_better: bool, unit: str, pol: GatePolicy) -> tuple[str, str | None, dict[str, Any]]:
+    """One (GPU, metric) series -> (status, reason or None for a plain pass, figures)."""
+    b, a = _finite(before_values), _finite(after_values)
+    fig: dict[str, Any] = {"n_before": len(b), "n_after": len(a), "dropped_before": len(before_values) - len(b),
+                           "dropped_after": len(after_values) - len(a), "median_before": None, "median_after": None,
+                           "change": None, "drop": None, "p_value": None, "test": None, "status": None}
+    notes = [f"{n} failed trial(s) {side} left out" for n, side in
+             ((fig["dropped_before"], "before"), (fig["dropped_after"], "after")) if n]
+
+    def out(status: str, reason: str | None) -> tuple[str, str | None, dict[str, Any]]:
+        fig["status"] = status
+        if notes and reason is None:
+            reason = f"{label}: {'; '.join(notes)}"
+        elif notes:
+            reason += f" ({'; '.join(notes)})"
+        return status, reason, fig
+
+    if len(a) == 0:
+        return out("fail", f"{label}: no valid samples after ({len(after_values)} trial(s), none gave a value)")
+    if len(b) == 0:
+        return out("pass", f"{label}: no valid samples before: nothing to compare")
+    mb, ma = float(np.median(b)), float(np.median(a))
+    fig.update(median_before=mb, median_after=ma)
+    if mb <= 0:
+        return out("inconclusive", f"{label}: median before is {mb:g} {unit}: no relative change to judge")
+    change = (ma - mb) / mb
+    drop = -change if higher_is_better else change
+    fig.update(change=change, drop=drop)
+    limit, floor_drop = pol.max_drop_for(metric), 1 - pol.floor
+    head = f"{label}: median {mb:.1f} -> {ma:.1f} {unit} ({change:+.1%})"
+    if len(b) >= 2 and len(a) >= 2:
+        p, test = one_sided_p(b, a) if higher_is_better else one_sided_p(a, b)
+        fig.update(p_value=p, test=test)
+    test_name = "one-sided exact Mann-Whitney" + (" (tie-corrected)" if fig["test"] == "exact (ties)" else "")
+
+    if drop > floor_drop + FLOOR_SLACK:
+        if higher_is_better:
+            return out("fail", f"{head}, below the floor of {pol.floor:g}x its own median before")
+        return out("fail", f"{head}, past the floor: more than {floor_drop:.0%} worse than its own median before")
+    if drop < limit - FLOOR_SLACK:
+        if fig["p_value"] is not None and fig["p_value"] < pol.alpha and drop > 0:
+            return out("pass", f"{head}: significant (p={_p_text(fig['p_value'])}) but under the {limit * 100:g}% limit")
+        return out("pass", None)
+    if min(len(b), len(a)) < pol.min_samples:
+        return out("inconclusive", f"{head} but only {len(b)} sample(s) before and {len(a)} after: "
+                                   f"{pol.min_samples} a side are needed to reach p<{pol.alpha:g}; measure again")
+    if fig["p_value"] < pol.alpha:
+        return out("fail", f"{head}, {test_name} p={_p_text(fig['p_value'])} < {pol.alpha:g}")
+    return out("inconclusive", f"{head} but {test_name} p={_p_text(fig['p_value'])} >= {pol.alpha:g}: "
+                               f"too noisy to call; measure again")
+
+
+def _series(throughput: dict[str, Any]) -> dict[tuple[int | None, str], list[Any]]:
+    out: dict[tuple[int | None, str], list[Any]] = {}
+    for s in throughput["samples"]:
+        out.setdefault((s["gpu"], s["metric"]), []).append(s["value"])
+    return out
+
+
+def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None, pol: GatePolicy = DEFAULTS) -> Verdict:
+    """The probe results' "throughput" objects (either may be None) -> Verdict."""
+    if before is None or after is None or not before["samples"] or not after["samples"]:
+        side = " and ".join(s for s, t in (("before", before), ("after", after)) if t is None or not t["samples"])
+        return Verdict("pass", [f"no throughput samples to compare (none {side})"])
+    sb, sa = _series(before), _series(after)
+    verdict = Verdict("pass")
+    statuses, plain = [], []
+    for key in sorted(sb.keys() | sa.keys(), key=lambda k: (k[1], -1 if k[0] is None else k[0])):
+        gpu, metric = key
+        label = _label(gpu, metric)
+        if key not in sa:
+            statuses.append("fail")
+            verdict.reasons.append(f"{'GPU ' + str(gpu) if gpu is not None else 'the host'} gave no {metric} samples after")
+            verdict.figures[key] = {"n_before": len(sb[key]), "n_after": 0, "status": "fail"}
+            continue
+        if key not in sb:
+            verdict.reasons.append(f"{label}: new after the change, nothing to compare with")
+            continue
+        spec_b, spec_a = before["metrics"].get(metric), after["metrics"].get(metric)
+        spec = spec_a or spec_b or {"unit": "", "higher_is_better": True}
+        if spec_b and spec_a and spec_b != spec_a:
+            statuses.append("inconclusive")
+            verdict.reasons.append(f"{label}: the metric changed definition ({spec_b} -> {spec_a}); cannot compare")
+            continue
+        status, reason, fig = judge_series(label, metric, sb[key], sa[key], spec["higher_is_better"], spec["unit"], pol)
+        statuses.append(status)
+        verdict.figures[key] = fig
+        if reason:
+            verdict.reasons.append(reason)
+        else:
+            plain.append((fig["drop"], label))
+    if plain:
+        biggest = max(plain)
+        verdict.reasons.append(f"{len(plain)} throughput series within limits (largest drop {max(0.0, biggest[0]):.1%}: "
+                               f"{biggest[1]})")
+    verdict.status = worst(statuses)
+    return verdict
+
+
+# ---- health ------------------------------------------------------------------------------------
+
+@cache
+def xid_catalog() -> dict[int, dict[str, Any]]:
+    """The Xid table the hosts classify with (roles/gpu_facts/defaults/main.yml), for NVML-delivered codes."""
+    doc = yaml.safe_load((resources.roles_dir() / "gpu_facts" / "defaults" / "main.yml").read_text())
+    return {int(e["code"]): e for e in doc["gpu_facts_xid_catalog"]}
+
+
+def classify_override(event: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The event with the baseline's xid.overrides for its code laid over its classification (a copy)."""
+    change = overrides.get(str(event["code"]))
+    if not change:
+        return dict(event)
+    merged = dict(event, **change)
+    if "source" not in change:
+        merged["source"] = f"baseline override of: {event.get('source') or 'none'}"
+    return merged
+
+
+def _nvml_event(code: int, gpu: str) -> dict[str, Any]:
+    entry = xid_catalog().get(code, {})
+    return {"code": code, "gpu": gpu, "name": entry.get("name", f"unknown Xid {code}"),
+            "severity": entry.get("severity", "high"), "class": entry.get("class", "unknown"),
+            "action": entry.get("action"), "source": entry.get("source", "fleetctl default for codes not in the table")}
+
+
+def _xid_lines(after: dict[str, Any], pol: GatePolicy) -> tuple[list[str], list[str]]:
+    """New Xid events after the change -> (failing lines, warning lines)."""
+    health = after["health"]
+    events = [dict(classify_override(e, pol.xid_overrides), gpu=e["pci_bus_id"]) for e in health["xid"]["events"]]
+    pci_by_uuid = {g.get("uuid"): g.get("pci_bus_id") for g in health["gpus"] if g.get("uuid")}
+    seen = {(e["code"], e["gpu"]) for e in events}
+    for n in health["nvml_xid_events"]:  # the same event often arrives both ways: count it once
+        gpu = pci_by_uuid.get(n["gpu_uuid"]) or n["gpu_uuid"] or "unknown GPU"
+        if (n["code"], gpu) not in seen:
+            seen.add((n["code"], gpu))
+            events.append(classify_override(_nvml_event(n["code"], gpu), pol.xid_overrides))
+    bad, low = [], []
+    for e in events:
+        line = (f"new Xid {e['code']} ({e.get('name') or 'unnamed'}) on {e['gpu']}: severity {e['severity']} "
+                f"[{e.get('source') or 'no source'}]" + (f" -> {e['action']}" if e.get("action") else ""))
+        (bad if severity_rank(e["severity"]) >= severity_rank(pol.xid_fail_on) else low).append(line)
+    return bad, [f"{line} (below {pol.xid_fail_on}: warning)" for line in low]
+
+
+def judge_health(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAULTS,
+                 expected_gpus: int | None = None) -> Verdict:
+    """Probe results (whole documents) -> Verdict on their "health"; Xid events after are already new."""
+    fails, notes = [], []
+    hb, ha = before["health"], after["health"]
+    if after["driver"]["state"] != "loaded":
+        fails.append(f"the driver is {after['driver']['state'].replace('_', ' ')} after the change")
+    want = max(hb["gpu_count"], expected_gpus or 0)
+    if ha["gpu_count"] < want:
+        fails.append(f"{ha['gpu_count']} GPUs answer after, {want} expected "
+                     f"({hb['gpu_count']} before" + (f", {expected_gpus} in the baseline)" if expected_gpus else ")"))
+    lost_before = {g["index"] for g in hb["gpus"] if g.get("lost")}
+    for g in ha["gpus"]:
+        if g.get("lost"):
+            fails.append(f"GPU {g['index']} is lost (NVML counts it but cannot open it)"
+                         + (" - lost before the change too" if g["index"] in lost_before else ""))
+    bad, low = _xid_lines(after, pol)
+    fails += bad
+    notes += low
+
+    same_driver_load = (after["host"]["boot_id"] is not None and before["host"]["boot_id"] == after["host"]["boot_id"]
+                        and before["driver"]["module_version"] == after["driver"]["module_version"])
+    old = {g.get("uuid") or g["index"]: g for g in hb["gpus"] if not g.get("lost")}
+    for g in (g for g in ha["gpus"] if not g.get("lost")):
+        prev = old.get(g.get("uuid") or g["index"])
+        # Volatile counters restart when the driver reloads: then every error after is new.
+        was = (prev["ecc"]["uncorrected_volatile"] or 0) if prev and same_driver_load else 0
+        now = g["ecc"]["uncorrected_volatile"] or 0
+        if now > was:
+            fails.append(f"GPU {g['index']}: uncorrectable ECC errors {was} -> {now}")
+        rows, prev_rows = g.get("remapped_rows") or {}, (prev or {}).get("remapped_rows") or {}
+        for flag, what in (("failure", "row remapping FAILED"), ("pending", "row remap pending (reset needed)")):
+            if rows.get(flag):
+                (notes if prev_rows.get(flag) else fails).append(
+                    f"GPU {g['index']}: {what}" + (" - already before the change" if prev_rows.get(flag) else ""))
+        if g.get("recovery_action") not in (None, "None"):
+            fails.append(f"GPU {g['index']}: the driver asks for recovery action '{g['recovery_action']}'")
+    return Verdict("fail" if fails else "pass", fails + notes if fails or notes else ["GPU health unchanged: no new faults"])
+
+
+def judge(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAULTS,
+          expected_gpus: int | None = None) -> Verdict:
+    """Both probe results of one host -> one Verdict: fail if any part fails, inconclusive if throughput is."""
+    health = judge_health(before, after, pol, expected_gpus)
+    tp = judge_throughput(before["throughput"], after["throughput"], pol)
+    status = worst([health.status, tp.status])
+    reasons = health.reasons + tp.reasons
+    measure_error = {k: v for k, v in after.get("errors", {}).items() if k.startswith("throughput")}
+    if before["throughput"] and before["throughput"]["samples"] and after["throughput"] is None and measure_error:
+        # Measured before, and the measurement broke after: not evidence of health.
+        status = worst([status, "inconclusive"])
+        reasons += [f"throughput could not be measured after: {k}: {v}" for k, v in measure_error.items()]
+    return Verdict(status, reasons, tp.figures)
