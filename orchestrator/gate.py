@@ -276,7 +276,7 @@ def judge_health(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy 
     fails, notes = [], []
     hb, ha = before["health"], after["health"]
     if after["driver"]["state"] != "loaded":
-        fails.append(f"the driver is {after['driver']['state'].replace('_', ' ')} after the change")
+        fails.append(f"the driver is {after['driver']['state'].replace('_', ' ')}")
     want = max(hb["gpu_count"], expected_gpus or 0)
     if ha["gpu_count"] < want:
         fails.append(f"{ha['gpu_count']} GPUs answer after, {want} expected "
