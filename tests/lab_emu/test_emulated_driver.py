@@ -588,3 +588,26 @@ def test_fabricmanager_refuses_another_driver(repo, tmp_path):
     set_loaded(root, "570.86.15")
     result = tool(root, "--foreground", name="nv-fabricmanager")
     assert result.returncode == 1 and "does not match" in result.stderr
+
+
+NVML_EVENTS = """
+    import json, time, pynvml
+    pynvml.nvmlInit()
+    s = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, s)
+    started = time.monotonic()
+    try:
+        pynvml.nvmlEventSetWait_v2(s, 150)
+        code = 0
+    except pynvml.NVMLError as e:
+        code = e.value
+    waited = time.monotonic() - started
+    pynvml.nvmlEventSetFree(s)
+    pynvml.nvmlShutdown()
+    print(json.dumps({"code": code, "waited": waited}))
+"""
+
+
+def test_nvml_xid_event_listening_times_out_like_a_quiet_gpu(make_host):
+    out = py(make_host(), NVML_EVENTS)
+    assert out["code"] == 10 and 0.1 <= out["waited"] < 2  # NVML_ERROR_TIMEOUT after the wait

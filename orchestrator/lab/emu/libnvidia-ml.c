@@ -24,6 +24,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "lab_skus.h" /* struct lab_sku LAB_SKUS[], LAB_SKU_COUNT (generated) */
 
@@ -46,6 +47,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_UNKNOWN = 999,
@@ -755,3 +757,65 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int valuesCount, nvm
 
 /* Which build this is (not an NVML symbol; for `strings` and debugging). */
 API const char lab_nvml_build[] = "fleetctl lab NVML " LAB_DRIVER_VERSION " " LAB_FLAVOR;
+
+
+/* ---- events: nvmlEventSet_t is opaque; a set remembers which devices registered which event types ----------
+ * The lab's faults reach the kernel log (/dev/kmsg), not a running NVML listener: a wait sleeps out its timeout
+ * and answers NVML_ERROR_TIMEOUT, as real NVML does when no event arrives. */
+typedef struct {
+    unsigned long long types[LAB_MAX_GPUS];
+} *nvmlEventSet_t;
+
+API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    if (!lab_initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *set = calloc(1, sizeof(**set));
+    return *set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
+{
+    struct lab_hw hw;
+    struct lab_gpu g;
+    nvmlReturn_t ret = lab_dev(device, &hw, &g);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    set->types[device->index] |= eventTypes;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    if (!lab_initialized)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    usleep((useconds_t)(timeoutms < 5000 ? timeoutms : 5000) * 1000);
+    return NVML_ERROR_TIMEOUT;
+}
+
+API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    free(set);
+    return NVML_SUCCESS;
+}
