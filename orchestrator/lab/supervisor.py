@@ -271,17 +271,20 @@ class Host:
                     raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {tail}")
                 return proc.stdout
             apt("apt-get", "update")
+            in_repo = set(apt("apt-cache", "pkgnames").split())
             persistenced = self.repo_version(apt("apt-cache", "madison", "nvidia-persistenced"), driver)
-            packages = [f"nvidia-driver-{branch}-open={driver}-0lab1", "python3-nvidia-ml-py", "containerd",
-                        "nvidia-container-toolkit"]
+            packages = [f"nvidia-driver-{branch}-open={driver}-0lab1"]
+            # The rest of a GPU container host, as far as the repository has it.
+            packages += [p for p in ("python3-nvidia-ml-py", "containerd", "nvidia-container-toolkit") if p in in_repo]
             if persistenced:
                 packages.append(f"nvidia-persistenced={persistenced}")
-            if self.config.get("nvswitch"):  # HGX boards: fabric manager of exactly the driver's version
-                packages.append(f"nvidia-fabricmanager-{branch}={driver}-0lab1")
+            if self.config.get("nvswitch") and f"nvidia-fabricmanager-{branch}" in in_repo:
+                packages.append(f"nvidia-fabricmanager-{branch}={driver}-0lab1")  # HGX: exactly the driver's version
             apt("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold", *packages)
-            # A GPU container host: containerd with the nvidia runtime as default (the CDI spec needs the loaded
-            # driver: it is generated after the first boot, see first_boot_setup).
-            apt("nvidia-ctk", "runtime", "configure", "--runtime=containerd", "--set-as-default")
+            if (self.root / "usr/bin/nvidia-ctk").exists() and (self.root / "usr/bin/containerd").exists():
+                # containerd with the nvidia runtime as default (the CDI spec needs the loaded driver: it is
+                # generated after the first boot, see first_boot_setup).
+                apt("nvidia-ctk", "runtime", "configure", "--runtime=containerd", "--set-as-default")
             # A well-kept host: versions pinned, daemons enabled (unless this host's drift says otherwise).
             apt("apt-mark", "hold", *[p.split("=", 1)[0] for p in packages if "=" in p])
             wants = self.root / "etc/systemd/system/multi-user.target.wants"
