@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from . import __version__, audit as audit_mod, probe as probe_mod, render
+from . import __version__, audit as audit_mod, plan as plan_mod, probe as probe_mod, render
 from .errors import InputError, OperationError
 from .store import Store
 
@@ -110,6 +110,38 @@ def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, 
             render.print_probe(report, Console(file=fh, width=160, force_terminal=False))
     else:
         render.print_probe(report, terminal())
+    sys.exit(report["summary"]["exit_code"])
+
+
+@cli.command()
+@click.option("--to", "target", required=True, metavar="VERSION", help="Target driver version, e.g. 570.86.15.")
+@click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY",
+              help="Ansible inventory. Default: localhost over the local connection.")
+@click.option("-l", "--limit", metavar="LIMIT", help="Ansible host pattern to restrict the plan to.")
+@click.option("-b", "--baseline", metavar="BASELINE", help="Baseline YAML (blessed versions, failure budget).")
+@click.option("--waves", default=plan_mod.DEFAULT_RAMP, show_default=True, metavar="RAMP",
+              help="Cumulative wave targets: host counts or percentages of the eligible hosts, ending at 100%.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", metavar="FILE", help="Write the plan to FILE instead of stdout.")
+@click.option("--forks", type=click.IntRange(1, 1000), help="Hosts worked on at once (default: all, up to 64).")
+@click.option("--no-preflight", is_flag=True, help="Skip the SSH reachability and host-key pre-flight.")
+def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_preflight) -> None:
+    """Plan canary waves to move the fleet's driver to VERSION (nothing is changed on any host).
+
+    Hosts already on VERSION are skipped; unreachable, unhealthy, driverless hosts and hosts whose baseline does
+    not bless VERSION are excluded, each with its reason.
+
+    Exit codes: 0 plan made, 2 usage or input error, 3 hosts unreachable (excluded; the plan is still made).
+    """
+    opts = plan_mod.PlanOptions(target, waves, inventory_path, limit, baseline, forks, not no_preflight)
+    with Store() as store:
+        report = plan_mod.run(opts, store, sys.argv[1:])
+    if fmt == "json":
+        emit(json.dumps(report, indent=2) + "\n", output)
+    elif output:
+        emit(plan_mod.render_text(report), output)
+    else:
+        plan_mod.print_plan(report, terminal())
     sys.exit(report["summary"]["exit_code"])
 
 

@@ -236,8 +236,8 @@ def xid_catalog() -> dict[int, dict[str, Any]]:
 def classify_override(event: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The event with the baseline's xid.overrides for its code laid over its classification (a copy)."""
     change = overrides.get(str(event["code"]))
-    if not change:
-        return dict(event)
+    if not change or str(event.get("source") or "").startswith("baseline override"):
+        return dict(event)  # no override, or the host's classifier already applied it
     merged = dict(event, **change)
     if "source" not in change:
         merged["source"] = f"baseline override of: {event.get('source') or 'none'}"
@@ -317,6 +317,11 @@ def judge(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAU
     tp = judge_throughput(before["throughput"], after["throughput"], pol)
     status = worst([health.status, tp.status])
     reasons = health.reasons + tp.reasons
+    blind = {k: v for k, v in after.get("errors", {}).items() if k in ("nvml", "xid")}
+    if blind:
+        # Nothing read is not the same as nothing wrong.
+        status = worst([status, "inconclusive"])
+        reasons += [f"could not check {k}: {v}" for k, v in blind.items()]
     measure_error = {k: v for k, v in after.get("errors", {}).items() if k.startswith("throughput")}
     if before["throughput"] and before["throughput"]["samples"] and after["throughput"] is None and measure_error:
         # Measured before, and the measurement broke after: not evidence of health.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,14 @@ class Host:
     def port(self) -> int:
         return int(self.vars.get("ansible_port", 22))
 
+    @property
+    def plain_ssh(self) -> bool:
+        """Reached directly at a literal address: what fleetctl's own SSH pre-flight can check. Templated
+        addresses and jump hosts are left to OpenSSH (with host key checking on)."""
+        values = [str(self.vars.get(k, "")) for k in ("ansible_host", "ansible_port", "ansible_ssh_common_args",
+                                                      "ansible_ssh_extra_args", "ansible_ssh_args")]
+        return not any("{{" in v or re.search(r"(?i)Proxy(Jump|Command)|HostKeyAlias", v) for v in values)
+
 
 @dataclass(frozen=True)
 class Fleet:
@@ -44,6 +53,28 @@ def localhost() -> Fleet:
     host = Host(LOCALHOST, ("all", "ungrouped"), hostvars)
     return Fleet(LOCALHOST, (host,), frozenset({"all", "ungrouped"}),
                  {"all": {"hosts": {LOCALHOST: hostvars}}})
+
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")  # host names and addresses: nothing a shell would read
+HOST_KEY_CHECKING_VARS = ("ansible_host_key_checking", "ansible_ssh_host_key_checking")
+SSH_ARG_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args")
+
+
+def check_host(source: str, name: str, hostvars: dict[str, Any]) -> None:
+    """One line and exit 2 for a host fleetctl must not work on as written."""
+    where = f"{source}: host {name!r}"
+    address = str(hostvars.get("ansible_host", name))
+    if not SAFE_NAME.match(name) or not (SAFE_NAME.match(address) or "{{" in address):
+        raise InputError(f"{where}: host names and ansible_host may hold letters, digits and . _ - : [ ] only")
+    port = hostvars.get("ansible_port", 22)
+    if "{{" not in str(port) and (not str(port).isdigit() or not 0 < int(port) < 65536):
+        raise InputError(f"{where}: ansible_port {port!r} is not a port number")
+    for var in HOST_KEY_CHECKING_VARS:
+        if var in hostvars and str(hostvars[var]).lower() in ("false", "no", "0", "off"):
+            raise InputError(f"{where}: {var}={hostvars[var]} turns host key checking off; fleetctl keeps it on")
+    args = " ".join(str(hostvars.get(v, "") or "") for v in SSH_ARG_VARS)
+    if re.search(r"(?i)StrictHostKeyChecking[= ](no|off|accept-new)\b", args):
+        raise InputError(f"{where}: StrictHostKeyChecking=no in its SSH arguments; fleetctl keeps host key checking on")
 
 
 def load(path: str | None, limit: str | None = None) -> Fleet:
@@ -80,5 +111,6 @@ def load(path: str | None, limit: str | None = None) -> Fleet:
         groups = sorted(h.get_groups(), key=lambda g: (g.depth, g.name))
         hostvars = get_group_vars(groups)
         hostvars.update(h.get_vars())
+        check_host(str(source), h.name, hostvars)
         hosts.append(Host(h.name, tuple(g.name for g in groups), hostvars))
     return Fleet(str(source), tuple(hosts), frozenset(manager.groups), str(source.resolve()))

@@ -45,11 +45,6 @@ def known_hosts_files(host: Host) -> list[Path]:
     return [Path(os.path.expanduser(f)) for f in (files or DEFAULT_KNOWN_HOSTS)]
 
 
-def host_key_checking_disabled(host: Host) -> bool:
-    args = " ".join(str(host.vars.get(v, "") or "") for v in _SSH_ARG_VARS)
-    return bool(re.search(r"(?i)StrictHostKeyChecking[= ]no\b", args))
-
-
 def load_known_hosts(files: list[Path]) -> paramiko.HostKeys:
     keys = paramiko.HostKeys()
     for path in files:
@@ -72,9 +67,8 @@ def _key_types(known: paramiko.hostkeys.SubDict | None) -> list[str]:
 def check(host: Host, timeout: float = 5.0) -> Verdict:
     address, port = host.address, host.port
     lookup = address if port == 22 else f"[{address}]:{port}"
-    verify = not host_key_checking_disabled(host)
     files = known_hosts_files(host)
-    known = load_known_hosts(files).lookup(lookup) if verify else None
+    known = load_known_hosts(files).lookup(lookup)  # checking is never off: inventory.check_host sees to it
     try:
         sock = socket.create_connection((address, port), timeout=timeout)
     except OSError as e:
@@ -91,8 +85,6 @@ def check(host: Host, timeout: float = 5.0) -> Verdict:
         return Verdict(host.name, False, f"SSH handshake with {address}:{port} failed: {e}")
     finally:
         transport.close()
-    if not verify:
-        return Verdict(host.name, True)
     if not known:
         return Verdict(host.name, False, f"host key of {lookup} is not in {', '.join(map(str, files))} (host key checking is on)")
     expected = known.get(offered.get_name())
@@ -104,7 +96,7 @@ def check(host: Host, timeout: float = 5.0) -> Verdict:
 
 def check_all(hosts: list[Host], timeout: float = 5.0) -> dict[str, Verdict]:
     """Verdicts for the SSH hosts among HOSTS; hosts with another connection type are not checked."""
-    ssh_hosts = [h for h in hosts if h.connection in ("ssh", "paramiko", "smart")]
+    ssh_hosts = [h for h in hosts if h.connection in ("ssh", "paramiko", "smart") and h.plain_ssh]
     if not ssh_hosts:
         return {}
     with ThreadPoolExecutor(max_workers=min(64, len(ssh_hosts))) as pool:

@@ -98,14 +98,20 @@ def run(opts: ProbeOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     run_id, run_uuid = store.begin_run("probe", argv, fleet.source, opts.limit, base)
     record = store.run(run_id)
     try:
-        # Each host is judged against ITSELF: its previous recorded probe (with samples, when sampling now).
-        references = {h.name: store.last_probe(h.name, opts.throughput) for h in fleet.hosts}
-        collected = collect(opts, fleet, base, markers(references))
+        # Each host is judged against ITSELF: health against its last probe (whose kernel-log marker we pass on),
+        # throughput against the last samples it gave, the same way, in a probe that passed.
+        latest = {h.name: store.last_probe(h.name) for h in fleet.hosts}
+        collected = collect(opts, fleet, base, markers(latest))
         hosts = []
         for host in fleet.hosts:
             entry = collected[host.name]
+            reference = latest[host.name]
+            now_tp = (entry["probe"] or {}).get("throughput")
+            if reference is not None and now_tp:
+                reference = dict(reference, throughput=store.last_healthy_throughput(
+                    host.name, now_tp["engine"], now_tp["trial_s"]))
             hosts.append({"name": host.name, "groups": [g for g in host.groups if g != "all"], **entry,
-                          "health": verdict(entry, references[host.name], base.policy_for(list(host.groups)))})
+                          "health": verdict(entry, reference, base.policy_for(list(host.groups)))})
         unreachable = sum(1 for h in hosts if not h["reachable"])
         unhealthy = sum(1 for h in hosts if h["reachable"] and h["health"]["status"] != "pass")
         summary = {"hosts": len(hosts), "reachable": len(hosts) - unreachable, "unreachable": unreachable,

@@ -20,6 +20,7 @@ ANSIBLE_ENV = {
     "ANSIBLE_PIPELINING": "True",
     "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=60s",
     "ANSIBLE_HOST_KEY_CHECKING": "True",
+    "ANSIBLE_SSH_HOST_KEY_CHECKING": "True",
     "ANSIBLE_RETRY_FILES_ENABLED": "False",
     "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
     "ANSIBLE_NOCOLOR": "True",

@@ -156,14 +156,22 @@ class Store:
             self.db.execute("UPDATE runs SET finished_at=?, status='done', exit_code=?, summary=? WHERE id=?",
                             (now(), exit_code, json.dumps(summary, sort_keys=True), run_id))
 
-    def last_probe(self, host: str, with_throughput: bool = False) -> dict[str, Any] | None:
-        """HOST's most recent recorded probe result (with throughput samples, if asked), or None."""
+    def last_probe(self, host: str) -> dict[str, Any] | None:
+        """HOST's most recent recorded probe result, whatever its verdict (the kernel-log marker), or None."""
+        row = self.db.execute(
+            "SELECT p.result FROM probe_results p JOIN runs r ON r.id = p.run_id"
+            " WHERE p.host=? AND p.result IS NOT NULL AND r.status='done' ORDER BY p.run_id DESC LIMIT 1",
+            (host,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def last_healthy_throughput(self, host: str, engine: str, trial_s: float) -> dict[str, Any] | None:
+        """HOST's most recent throughput samples from a probe that passed, taken the same way (engine, trial)."""
         for (result,) in self.db.execute(
-                "SELECT p.result FROM probe_results p JOIN runs r ON r.id = p.run_id"
-                " WHERE p.host=? AND p.result IS NOT NULL AND r.status='done' ORDER BY p.run_id DESC", (host,)):
-            doc = json.loads(result)
-            if not with_throughput or (doc.get("throughput") or {}).get("samples"):
-                return doc
+                "SELECT p.result FROM probe_results p JOIN runs r ON r.id = p.run_id WHERE p.host=?"
+                " AND p.result IS NOT NULL AND p.health='pass' AND r.status='done' ORDER BY p.run_id DESC", (host,)):
+            tp = json.loads(result).get("throughput") or {}
+            if tp.get("samples") and tp.get("engine") == engine and tp.get("trial_s") == trial_s:
+                return tp
         return None
 
     def probe_results(self, run_id: int) -> list[sqlite3.Row]:

@@ -8,6 +8,7 @@ Hardware faults (ECC, row remaps, a GPU off the bus, throughput, persistence) go
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -113,7 +114,15 @@ def xid(host: Host, code: int, gpu: int = 0, form: str = "pci") -> str:
     return line
 
 
+def check_version(version: str) -> str:
+    if not re.match(r"^\d{3}\.\d{1,3}(\.\d{1,3})?$", version):
+        raise InputError(f"{version!r} is not a driver version (like 570.86.15)")
+    return version
+
+
 def kmsg(host: Host, line: str) -> str:
+    if any(ord(ch) < 32 for ch in line):
+        raise InputError("a kernel log line is one line of printable text")
     host.kernel_log(line)
     return line
 
@@ -143,7 +152,7 @@ def fall_off_bus(host: Host, gpu: int) -> str:
 def throughput(host: Host, factor: float, driver: str | None = None) -> str:
     if not 0 < factor <= 2:
         raise InputError(f"throughput factor must be in (0, 2], not {factor}")
-    update_conf(host.faults_conf, **{f"throughput__{driver or 'any'}": factor})
+    update_conf(host.faults_conf, **{f"throughput__{check_version(driver) if driver else 'any'}": factor})
     return f"throughput x{factor} on driver {driver or 'any'}"
 
 
@@ -153,7 +162,7 @@ def slow_reboot(host: Host, seconds: float) -> str:
 
 
 def install_failure(host: Host, driver: str) -> str:
-    update_conf(host.faults_conf, install_fail=driver)
+    update_conf(host.faults_conf, install_fail=check_version(driver))
     return f"installing driver {driver} fails"
 
 

@@ -102,3 +102,22 @@ def test_no_inventory_means_localhost_over_the_local_connection():
         inventory.load(None, "gpu-*")
     with pytest.raises(InputError, match="inventory not found"):
         inventory.load("/nonexistent/hosts.ini")
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("n1 ansible_port=abc", "ansible_port 'abc' is not a port number"),
+    ("n1 ansible_host_key_checking=false", "turns host key checking off"),
+    ("n1 ansible_ssh_common_args='-o StrictHostKeyChecking=no'", "StrictHostKeyChecking=no"),
+    ("n1 ansible_host='10.0.0.1;reboot'", "may hold letters, digits"),
+])
+def test_hosts_fleetctl_must_not_work_on_are_input_errors(tmp_path, line, expected):
+    inv = write(tmp_path, "hosts.ini", f"[gpu]\n{line}\n")
+    with pytest.raises(InputError, match=expected):
+        inventory.load(str(inv))
+
+
+def test_templated_addresses_and_jump_hosts_are_left_to_openssh(tmp_path):
+    inv = write(tmp_path, "hosts.ini", "[gpu]\nn1 ansible_host='{{ inventory_hostname }}.mgmt'\n"
+                                       "n2 ansible_ssh_common_args='-o ProxyJump=bastion'\nn3 ansible_host=10.0.0.3\n")
+    fleet = inventory.load(str(inv))
+    assert [h.plain_ssh for h in fleet.hosts] == [False, False, True]

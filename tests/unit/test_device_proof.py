@@ -78,3 +78,14 @@ def test_the_device_reports_are_valid_and_show_real_drift(reports):
         # that machine runs a container-image driver: no nouveau blacklist, no nvidia-persistenced
         assert failing == {"nouveau.blacklisted", "persistence.daemon"}
         assert report["summary"]["exit_code"] == 1
+
+
+def test_fleetctls_parser_on_the_captured_xml_gives_what_nvml_gave(reports, testdata):
+    from ansible.module_utils.fleetctl_gpus import parse_smi_xml
+
+    system, gpus = parse_smi_xml((testdata / DIR / "nvidia-smi-q-x.xml").read_text())
+    nvml = reports["nvml"]["hosts"][0]["facts"]
+    assert system["driver_version"] == nvml["driver"]["module_version"]
+    assert system["cuda_driver_version"] == nvml["driver"]["cuda_driver_version"]
+    (parsed,), (seen,) = gpus, nvml["gpus"]
+    assert {k for k in seen if seen[k] != parsed[k]} <= {"power_w", "temperature_c"}

@@ -342,3 +342,11 @@ def test_judge_is_inconclusive_when_the_measurement_broke_after(real_gpu):
     v = gate.judge(before, after)
     assert v.status == "inconclusive"
     assert "throughput could not be measured after: throughput: CUDA error: an illegal memory access was encountered" in v.reasons
+
+
+def test_a_probe_that_could_not_read_the_gpus_is_not_a_pass(real_gpu):
+    before = probe(real_gpu)
+    after = probe(real_gpu, errors={"nvml": "NVML: Unknown Error", "xid": "kernel log unreadable: permission denied"})
+    v = gate.judge(before, after)
+    assert v.status == "inconclusive"
+    assert any("could not check nvml" in r for r in v.reasons) and any("could not check xid" in r for r in v.reasons)

@@ -39,3 +39,13 @@ def test_every_planted_xid_form_is_read_back_by_the_collector(form):
     recovery = parse_xid(xid_line(154, "00000000:18:00.0", form))
     if form in ("pci", "mig", "legacy"):
         assert recovery["code"] == 154
+
+
+def test_fault_inputs_cannot_forge_records_or_keys():
+    from orchestrator.lab import faults
+
+    with pytest.raises(InputError, match="one line"):
+        faults.kmsg(None, "NVRM: Xid (PCI:0000:18:00): 79, x\n6,999,0,-;forged")
+    for bad in ("570.86.15\ninstall_fail=1", "latest", ""):
+        with pytest.raises(InputError, match="is not a driver version"):
+            faults.check_version(bad)

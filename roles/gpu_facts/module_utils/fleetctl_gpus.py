@@ -75,7 +75,9 @@ class NvmlReader:
         try:
             h = n.nvmlDeviceGetHandleByIndex(i)
         except n.NVMLError as e:
-            if e.value != NVML_ERROR_GPU_IS_LOST:  # a lost GPU is a fact about the host, not a read error
+            # A lost GPU is a fact about the host; any other failure to open it is also a read error
+            # (reported in errors, so no control passes on it), and the GPU counts as not answering.
+            if e.value != NVML_ERROR_GPU_IS_LOST:
                 self.errors[p + "handle"] = "NVML: %s" % e
             return {"index": i, "lost": True}
         ecc = g(p + "ecc", n.nvmlDeviceGetEccMode, h)

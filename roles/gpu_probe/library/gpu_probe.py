@@ -148,6 +148,17 @@ def probe(params):
         elif code == NVML_ERROR_LIBRARY_NOT_FOUND and not module_version:
             state = "not_installed"
     try:
+        # The load first, then the health: Xids and ECC errors that the stress itself causes must show.
+        throughput = None
+        if params["throughput"]:
+            indices = list(range(pynvml.nvmlDeviceGetCount())) if pynvml is not None else []
+            try:
+                throughput, failures = measure(params["engine"], params["samples"], params["warmup_s"],
+                                               params["trial_s"], indices, params.get("command"), pynvml)
+                errors.update(failures)
+                sources["throughput"] = params["engine"]
+            except EngineError as e:
+                errors["throughput"] = str(e)
         if pynvml is not None:
             reader = NvmlReader(pynvml, errors)
             health["gpus"] = reader.gpus()
@@ -166,16 +177,6 @@ def probe(params):
         except KernelLogUnreadable as e:
             errors["xid"] = "kernel log unreadable: %s" % e
 
-        throughput = None
-        if params["throughput"]:
-            indices = [g["index"] for g in health["gpus"] if not g.get("lost")]
-            try:
-                throughput, failures = measure(params["engine"], params["samples"], params["warmup_s"],
-                                               params["trial_s"], indices, params.get("command"), pynvml)
-                errors.update(failures)
-                sources["throughput"] = params["engine"]
-            except EngineError as e:
-                errors["throughput"] = str(e)
     finally:
         if pynvml is not None:
             pynvml.nvmlShutdown()

@@ -1,0 +1,341 @@
+"""fleetctl plan: which hosts move to a target driver version, in which canary waves, with which failure budget.
+
+The facts come from the audit's collection (playbooks/audit.yml, one gpu_facts call per host, the same schema
+check and policy evaluation as `fleetctl audit`); the plan is a pure function of those host entries, the baseline,
+the target and the ramp (`build`), so it is tested without any host.
+
+Ramp: a comma list of CUMULATIVE targets, each a host count ("1") or a percentage of the eligible hosts ("10%",
+rounded up). Each wave brings the total up to its target, and takes at least one more host while any remain; waves
+left empty are dropped. The last entry must be 100%: a plan that leaves eligible hosts behind is an input error.
+
+Order: a host's group is its most specific inventory group (the last of its groups: the one whose baseline policy
+wins); groups keep the inventory's order, hosts within a group are in natural name order. The i-th host of a group of
+n sits at i/n of the way through the sequence (ties: inventory group order). So the first hosts are one of every
+group (the canary is the first group's first host, then wave 2 reaches the other SKUs early), and a small group is
+spread over the ramp instead of being used up in the first waves.
+
+Eligibility, first reason wins: unreachable; facts not collected; the baseline does not bless the target for the
+host's groups; no driver installed (nothing to move from, nor to roll back to); unhealthy (a critical fail or error
+in driver.loaded, driver.version_match or any gpu.* control); then hosts already running the target are skipped.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from . import __version__, audit, baseline as baseline_mod, inventory, policy, runner, schemas
+from .errors import InputError
+from .store import Store
+
+EXIT_OK, EXIT_UNREACHABLE = 0, 3
+DEFAULT_RAMP = "1,10%,50%,100%"
+DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # DESIGN.md "Wave budget": later waves fail at >= 2 hosts or 10%
+VERSION_RE = re.compile(r"^\d{3}\.\d{1,3}(\.\d{1,3})?$")
+HEALTH_CONTROLS = ("driver.loaded", "driver.version_match")  # and every gpu.* control
+_STEP_RE = re.compile(r"^(?:(?P<count>\d+)|(?P<percent>\d+(?:\.\d+)?)%)$")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    target: str
+    waves: str = DEFAULT_RAMP
+    inventory: str | None = None
+    limit: str | None = None
+    baseline: str | None = None
+    forks: int | None = None
+    preflight: bool = True
+
+
+@dataclass(frozen=True)
+class Step:
+    """One cumulative ramp target: a host count, or a percentage of the eligible hosts."""
+    value: Fraction
+    percent: bool
+
+    def __str__(self) -> str:
+        number = str(self.value.numerator) if self.value.denominator == 1 else f"{float(self.value):g}"
+        return number + ("%" if self.percent else "")
+
+    def target(self, eligible: int) -> int:
+        return math.ceil(self.value * eligible / 100) if self.percent else int(self.value)
+
+
+# ---- input ---------------------------------------------------------------------------------------
+
+def parse_target(version: str) -> str:
+    if not VERSION_RE.match(version or ""):
+        raise InputError(f"--to {version!r}: not a driver version (expected e.g. 570.86.15: branch.minor[.patch])")
+    return version
+
+
+def parse_ramp(spec: str) -> tuple[Step, ...]:
+    """'1,10%,50%,100%' -> Steps; every problem is one InputError line naming the entry."""
+    where = f"--waves {spec!r}"
+    if not spec or not spec.strip():
+        raise InputError(f"{where}: empty ramp (give cumulative wave targets such as {DEFAULT_RAMP})")
+    steps: list[Step] = []
+    for n, text in enumerate(spec.split(","), 1):
+        text = text.strip()
+        match = _STEP_RE.match(text)
+        if not match:
+            raise InputError(f"{where}: entry {n} {text!r} is neither a host count (e.g. 1) nor a percentage (e.g. 10%)")
+        step = (Step(Fraction(match["count"]), False) if match["count"] is not None
+                else Step(Fraction(match["percent"]), True))
+        if step.value == 0:
+            raise InputError(f"{where}: entry {n} {text!r}: a wave target must be above zero")
+        if step.percent and step.value > 100:
+            raise InputError(f"{where}: entry {n} {text!r} is over 100%")
+        earlier = next((s for s in reversed(steps) if s.percent == step.percent), None)
+        if earlier is not None and step.value <= earlier.value:
+            raise InputError(f"{where}: entry {n} {text!r} is not above the earlier {str(earlier)!r} "
+                             f"(targets are cumulative: each must reach further)")
+        steps.append(step)
+    last = steps[-1]
+    if not (last.percent and last.value == 100):
+        raise InputError(f"{where}: the last entry is {str(last)!r}; it must be 100% "
+                         f"(targets are cumulative: the last wave completes the fleet)")
+    return tuple(steps)
+
+
+def wave_sizes(ramp: tuple[Step, ...], eligible: int) -> list[int]:
+    """Hosts per wave for ELIGIBLE hosts: each wave brings the total to its target, at least one more host."""
+    sizes, done = [], 0
+    for step in ramp:
+        if done >= eligible:
+            break
+        total = min(eligible, max(step.target(eligible), done + 1))
+        sizes.append(total - done)
+        done = total
+    return sizes
+
+
+# ---- ordering ------------------------------------------------------------------------------------
+
+def primary_group(groups: list[str] | tuple[str, ...]) -> str:
+    """The most specific inventory group (parents come first): the one whose baseline policy wins."""
+    named = [g for g in groups if g != "all"]
+    return named[-1] if named else "all"
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def order(hosts: list[dict[str, Any]], group_order: list[str]) -> list[dict[str, Any]]:
+    """Spread the groups over the sequence: host i of a group of n at position i/n (see the module docstring)."""
+    rank = {g: i for i, g in enumerate(group_order)}
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for h in hosts:
+        by_group.setdefault(primary_group(h["groups"]), []).append(h)
+    keyed = []
+    for group, members in by_group.items():
+        members.sort(key=lambda h: natural_key(h["name"]))
+        keyed += [((Fraction(i, len(members)), rank.get(group, len(rank)), group), h) for i, h in enumerate(members)]
+    return [h for _, h in sorted(keyed, key=lambda kh: kh[0])]
+
+
+# ---- eligibility ---------------------------------------------------------------------------------
+
+def blessing_problem(base: baseline_mod.Baseline, groups: list[str], target: str) -> str | None:
+    """None when the host's policy allows TARGET; else the reason, naming the group whose rule forbids it."""
+    chain = ["all"] + [g for g in groups if g != "all"]
+    rules = base.policy_for(groups).get("driver", {})
+    branch = target.split(".")[0]
+    for key, allowed, ok in (("versions", rules.get("versions"), target in rules.get("versions", [target])),
+                             ("branches", rules.get("branches"), branch in rules.get("branches", [branch]))):
+        if not ok:
+            group = next(g for g in reversed(chain) if key in base.groups.get(g, {}).get("driver", {}))
+            return f"baseline does not bless {target} for group {group} (driver.{key}: {', '.join(allowed)})"
+    return None
+
+
+def health_problems(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Critical fails (or unverifiable controls) that make a host unsafe to touch: driver state and GPU health."""
+    return [f for f in findings if f["status"] in ("fail", "error") and f["severity"] == "critical"
+            and (f["control"].startswith("gpu.") or f["control"] in HEALTH_CONTROLS)]
+
+
+def classify(entry: dict[str, Any], base: baseline_mod.Baseline, target: str) -> tuple[str, str | None, str]:
+    """(verdict, code, reason or from_version): ('wave', None, from) | ('skipped', code, why) | ('excluded', code, why)."""
+    if not entry["reachable"]:
+        return "excluded", "unreachable", f"unreachable: {entry['error']}"
+    if entry["facts"] is None:
+        return "excluded", "no_facts", entry["error"] or "no facts collected"
+    problem = blessing_problem(base, entry["groups"], target)
+    if problem:
+        return "excluded", "not_blessed", problem
+    facts = entry["facts"]
+    if facts["driver"]["state"] == "not_installed":
+        return "excluded", "no_driver", "no NVIDIA driver installed: no version to move from or to roll back to"
+    bad = health_problems(entry["findings"])
+    if bad:
+        more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+        word = "unhealthy" if bad[0]["status"] == "fail" else "health not verifiable"
+        return "excluded", "unhealthy", f"{word}: {bad[0]['control']}: {bad[0]['message']}{more}"
+    running = policy.running_version(facts)
+    if running is None:  # only where the baseline lowered driver.loaded below critical
+        return "excluded", "unhealthy", "unhealthy: no nvidia kernel module loaded: no running version to move from"
+    if running == target:
+        return "skipped", "on_target", f"already running {target}"
+    return "wave", None, running
+
+
+# ---- failure budget ------------------------------------------------------------------------------
+
+def budget(index: int, size: int, policies: list[dict[str, Any]]) -> dict[str, Any]:
+    """The canary fails on any failed host; a later wave at >= max(budget_hosts, budget_percent of it) failed hosts,
+    never more than the wave's size; with several policies in one wave, the strictest wins."""
+    if index == 1:
+        return {"canary": True, "fail_at": 1, "budget_hosts": None, "budget_percent": None,
+                "rule": "canary: any failed host fails the wave"}
+    options = set()
+    for pol in policies:
+        c = pol.get("campaign", {})
+        options.add((c.get("budget_hosts", DEFAULT_BUDGET_HOSTS), c.get("budget_percent", DEFAULT_BUDGET_PERCENT)))
+    best = None
+    for hosts, percent in sorted(options):
+        fail_at = min(size, max(hosts, math.ceil(Fraction(str(percent)) * size / 100)))
+        if best is None or fail_at < best[0]:
+            best = (fail_at, hosts, percent)
+    fail_at, hosts, percent = best
+    return {"canary": False, "fail_at": fail_at, "budget_hosts": hosts, "budget_percent": percent,
+            "rule": f"fails at >= max({hosts} hosts, {percent:g}% of {size}) = {fail_at} failed host"
+                    + ("s" if fail_at != 1 else "")}
+
+
+# ---- the plan ------------------------------------------------------------------------------------
+
+def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]],
+          base: baseline_mod.Baseline) -> dict[str, Any]:
+    """Waves, skipped and excluded hosts from audit-style host entries (name, groups, reachable, error, facts,
+    findings), in inventory order."""
+    group_order: list[str] = []
+    for e in entries:
+        if primary_group(e["groups"]) not in group_order:
+            group_order.append(primary_group(e["groups"]))
+    eligible, skipped, excluded = [], [], []
+    for e in entries:
+        verdict, code, detail = classify(e, base, target)
+        if verdict == "wave":
+            change = "upgrade" if policy.version_tuple(target) > policy.version_tuple(detail) else "downgrade"
+            eligible.append({"name": e["name"], "groups": list(e["groups"]), "from_version": detail, "change": change})
+        else:
+            (skipped if verdict == "skipped" else excluded).append(
+                {"name": e["name"], "groups": list(e["groups"]), "code": code, "reason": detail})
+    sequence = order(eligible, group_order)
+    waves, start = [], 0
+    for index, size in enumerate(wave_sizes(ramp, len(sequence)), 1):
+        hosts = sequence[start:start + size]
+        start += size
+        waves.append({"index": index, "size": size, "cumulative": start,
+                      "budget": budget(index, size, [base.policy_for(h["groups"]) for h in hosts]), "hosts": hosts})
+    return {"target": target, "ramp": [str(s) for s in ramp], "group_order": group_order, "waves": waves,
+            "skipped": skipped, "excluded": excluded}
+
+
+def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
+    """Collect facts as the audit does, build the plan, record it as a run of kind 'plan'.
+
+    Input errors (InputError) are raised before anything is recorded."""
+    started = time.monotonic()
+    target = parse_target(opts.target)
+    ramp = parse_ramp(opts.waves)
+    fleet = inventory.load(opts.inventory, opts.limit)
+    base = baseline_mod.load(opts.baseline)
+    base.check_groups(set(fleet.groups))
+    run_id, run_uuid = store.begin_run("plan", argv, fleet.source, opts.limit, base)
+    record = store.run(run_id)
+    try:
+        outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": audit.xid_overrides(fleet, base)},
+                                       opts.forks, opts.preflight)
+        hosts = [audit.evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
+        plan = build(target, ramp, hosts, base)
+        unreachable = sum(1 for h in hosts if not h["reachable"])
+        summary = {"hosts": len(hosts), "eligible": sum(w["size"] for w in plan["waves"]), "waves": len(plan["waves"]),
+                   "skipped": len(plan["skipped"]), "excluded": len(plan["excluded"]), "unreachable": unreachable,
+                   "exit_code": EXIT_UNREACHABLE if unreachable else EXIT_OK,
+                   "duration_s": round(time.monotonic() - started, 3)}
+        # The run's summary column carries the plan itself (what `upgrade` acts on); facts and findings go where
+        # an audit's go.
+        store.finish_run(run_id, summary["exit_code"], {**summary, "plan": plan}, hosts)
+    except BaseException as e:
+        store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
+        raise
+    report = {
+        "schema_version": 1,
+        "tool": {"name": "fleetctl", "version": __version__},
+        "run": {"id": run_id, "uuid": run_uuid, "kind": "plan", "started_at": record["started_at"],
+                "finished_at": store.run(run_id)["finished_at"], "operator": record["operator"],
+                "control_node": record["control_node"], "inventory": fleet.source, "limit": opts.limit,
+                "baseline": {"name": base.name, "path": str(base.path), "digest": base.digest}},
+        "summary": summary,
+        **plan,
+    }
+    schemas.check("campaign-plan", report, "fleetctl's own plan (a bug: please report it)")
+    return report
+
+
+# ---- human output --------------------------------------------------------------------------------
+
+def table(report: dict[str, Any]) -> Table:
+    t = Table(title=f"fleetctl plan to {report['target']}", title_justify="left")
+    for name, kw in (("Wave", {"no_wrap": True}), ("Hosts", {"justify": "right"}), ("Total", {"justify": "right"}),
+                     ("Fails at", {"justify": "right"}), ("Hosts (from version)", {"overflow": "fold"})):
+        t.add_column(name, **kw)
+    for w in report["waves"]:
+        label = Text(f"{w['index']}") + (Text(" canary", style="bold") if w["budget"]["canary"] else Text(""))
+        by_version: dict[str, list[str]] = {}
+        for h in w["hosts"]:
+            by_version.setdefault(h["from_version"], []).append(h["name"])
+        names = "; ".join(f"{', '.join(hosts)} (from {version})" for version, hosts in by_version.items())
+        t.add_row(label, str(w["size"]), str(w["cumulative"]), str(w["budget"]["fail_at"]), names)
+    if not report["waves"]:
+        t.add_row("-", "0", "0", "-", Text("no host to move", style="dim"))
+    return t
+
+
+def left_out_table(report: dict[str, Any]) -> Table | None:
+    rows = [("skipped", h) for h in report["skipped"]] + [("excluded", h) for h in report["excluded"]]
+    if not rows:
+        return None
+    t = Table(title="not in the plan", title_justify="left")
+    for name in ("Host", "Status", "Reason"):
+        t.add_column(name, overflow="fold")
+    for status, h in rows:
+        style = "dim" if status == "skipped" else ("bold magenta" if h["code"] == "unreachable" else "yellow")
+        t.add_row(h["name"], Text(f"{status} ({h['code']})", style=style), h["reason"])
+    return t
+
+
+def summary_line(report: dict[str, Any]) -> Text:
+    s = report["summary"]
+    sizes = ", ".join(str(w["size"]) for w in report["waves"])
+    text = (f"plan to {report['target']}: {s['hosts']} host{'s' if s['hosts'] != 1 else ''}: {s['eligible']} in "
+            f"{s['waves']} wave{'s' if s['waves'] != 1 else ''}" + (f" ({sizes})" if sizes else "")
+            + f", {s['skipped']} already on target, {s['excluded']} excluded"
+            + (f" ({s['unreachable']} unreachable)" if s["unreachable"] else "")
+            + f"; ramp {','.join(report['ramp'])}; baseline {report['run']['baseline']['name']}"
+            + f"; exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}")
+    return Text(text, style="bold green" if s["exit_code"] == EXIT_OK else "bold magenta")
+
+
+def print_plan(report: dict[str, Any], console: Console) -> None:
+    parts = [table(report), left_out_table(report), summary_line(report)]
+    console.print(Group(*[p for p in parts if p is not None]))
+
+
+def render_text(report: dict[str, Any], width: int = 160) -> str:
+    """The table as plain text (for -o FILE)."""
+    buf = io.StringIO()
+    print_plan(report, Console(file=buf, width=width, force_terminal=False))
+    return buf.getvalue()

@@ -1,0 +1,384 @@
+"""`fleetctl plan`: ramp parsing, wave building, skip/exclude reasons, budgets, the schema, and the CLI on localhost.
+
+Host entries are built the way the plan builds them (audit.evaluate_host on a gpu_facts result), from the facts a
+real H100 host returned (tests/testdata/h100-580.159.04-audit), changed one fact at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import audit, baseline as baseline_mod, plan, schemas
+from orchestrator.errors import InputError
+from orchestrator.inventory import Host
+from orchestrator.runner import HostOutcome
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT = baseline_mod.load(None)
+
+
+def fleetctl(*args, home, timeout=180):
+    env = dict(os.environ, FLEETCTL_HOME=str(home), COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=REPO)
+
+
+def runs(home):
+    db = home / "history.sqlite3"
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as c:
+        c.row_factory = sqlite3.Row
+        return c.execute("SELECT * FROM runs ORDER BY id").fetchall()
+
+
+# ---- ramp ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("eligible,sizes", [
+    (0, []), (1, [1]), (2, [1, 1]), (7, [1, 1, 2, 3]), (40, [1, 3, 16, 20]), (100, [1, 9, 40, 50]),
+])
+def test_default_ramp_is_cumulative(eligible, sizes):
+    ramp = plan.parse_ramp(plan.DEFAULT_RAMP)
+    assert [str(s) for s in ramp] == ["1", "10%", "50%", "100%"]
+    got = plan.wave_sizes(ramp, eligible)
+    assert got == sizes and sum(got) == eligible and all(s >= 1 for s in got)
+
+
+@pytest.mark.parametrize("spec,eligible,sizes", [
+    ("1,5,100%", 20, [1, 4, 15]),
+    ("1,5,100%", 3, [1, 2]),            # the count reaches past the fleet: capped, later waves empty and dropped
+    ("2,10,100%", 30, [2, 8, 20]),
+    ("5,10%,100%", 20, [5, 1, 14]),     # 10% of 20 is behind the 5 already moved: one more host
+    ("10%,100%", 30, [3, 27]),          # exact arithmetic: 10% of 30 is 3, not ceil(3.0000000000000004)
+    ("12.5%,100%", 8, [1, 7]),
+    (" 1 , 25% ,100%", 4, [1, 1, 2]),  # 25% of 4 is the 1 already moved: one more host
+    ("100%", 5, [5]),
+])
+def test_absolute_counts_and_percentages(spec, eligible, sizes):
+    assert plan.wave_sizes(plan.parse_ramp(spec), eligible) == sizes
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("", "empty ramp"),
+    (" ", "empty ramp"),
+    ("0,100%", "entry 1 '0': a wave target must be above zero"),
+    ("1,0%,100%", "entry 2 '0%': a wave target must be above zero"),
+    ("1,150%", "entry 2 '150%' is over 100%"),
+    ("1,50%,10%,100%", "entry 3 '10%' is not above the earlier '50%'"),
+    ("5,2,100%", "entry 2 '2' is not above the earlier '5'"),
+    ("1,100%,100%", "entry 3 '100%' is not above the earlier '100%'"),
+    ("1,10%,50%", "the last entry is '50%'; it must be 100%"),
+    ("1,10", "the last entry is '10'; it must be 100%"),
+    ("1,,100%", "entry 2 '' is neither a host count"),
+    ("-1,100%", "entry 1 '-1' is neither"),
+    ("1.5,100%", "entry 1 '1.5' is neither"),
+    ("ten%,100%", "entry 1 'ten%' is neither"),
+])
+def test_bad_ramps_are_one_line_input_errors(spec, expected):
+    with pytest.raises(InputError) as e:
+        plan.parse_ramp(spec)
+    message = str(e.value)
+    assert message.startswith(f"--waves {spec!r}: ") and expected in message and "\n" not in message
+
+
+@pytest.mark.parametrize("version,ok", [
+    ("570.86.15", True), ("580.159.04", True), ("550.54", True), ("570", False), ("570.86.15.1", False),
+    ("v570.86.15", False), ("latest", False), ("5700.1.1", False), ("570.1234.1", False), ("", False),
+])
+def test_target_version(version, ok):
+    if ok:
+        assert plan.parse_target(version) == version
+    else:
+        with pytest.raises(InputError, match=r"^--to .*: not a driver version"):
+            plan.parse_target(version)
+
+
+# ---- host entries from real facts ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def device_facts(testdata):
+    report = json.loads((testdata / "h100-580.159.04-audit" / "audit-nvml.json").read_text())
+    return report["hosts"][0]["facts"]
+
+
+def on(facts, version):
+    """The same host, running VERSION (module and userspace)."""
+    f = copy.deepcopy(facts)
+    f["driver"].update(module_version=version, userspace_version=version, branch=version.split(".")[0])
+    return f
+
+
+def entry(name, groups, facts=None, base=DEFAULT, status="ok", message=""):
+    """What the plan builds from one host: audit.evaluate_host on the gpu_facts result."""
+    outcome = HostOutcome(name, status, message, {"gpu_facts": {"facts": facts}} if status == "ok" else {})
+    return audit.evaluate_host(Host(name, ("all", *groups)), outcome, base)
+
+
+def names(waves):
+    return [[h["name"] for h in w["hosts"]] for w in waves]
+
+
+def test_round_robin_across_groups_canary_first(device_facts):
+    facts = on(device_facts, "550.163.01")
+    entries = ([entry(f"h100-{i}", ["gpu", "h100"], facts) for i in (10, 2, 1, 3, 4, 5, 6, 7, 8, 9)]
+               + [entry(f"l40s-{i}", ["gpu", "l40s"], facts) for i in (1, 2)]
+               + [entry("a100-1", ["gpu", "a100"], facts)])
+    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), entries, DEFAULT)
+    assert p["group_order"] == ["h100", "l40s", "a100"]  # inventory order, not alphabetical
+    assert names(p["waves"]) == [
+        ["h100-1"],                                                             # canary: first group, first name
+        ["l40s-1"],                                                             # 10% of 13 -> 2: one of each SKU next
+        ["a100-1", "h100-2", "h100-3", "h100-4", "h100-5"],                     # 50% -> 7
+        ["h100-6", "l40s-2", "h100-7", "h100-8", "h100-9", "h100-10"],          # the small group's 2nd host mid-way
+    ]
+    first = p["waves"][0]
+    assert first["budget"]["canary"] and first["budget"]["fail_at"] == 1 and first["cumulative"] == 1
+    assert p["waves"][-1]["cumulative"] == 13
+    host = first["hosts"][0]
+    assert host == {"name": "h100-1", "groups": ["gpu", "h100"], "from_version": "550.163.01", "change": "upgrade"}
+    assert p["skipped"] == [] and p["excluded"] == []
+
+
+def test_order_spreads_a_small_group_over_the_ramp():
+    hosts = [{"name": f"big-{i:02d}", "groups": ["big"]} for i in range(20)] + \
+            [{"name": f"small-{i}", "groups": ["small"]} for i in range(2)]
+    seq = [h["name"] for h in plan.order(hosts, ["big", "small"])]
+    assert seq[:3] == ["big-00", "small-0", "big-01"]
+    assert seq.index("small-1") == 12  # i/n = 1/2: after big-10, half-way through
+    ungrouped = [{"name": "b", "groups": []}, {"name": "a", "groups": ["ungrouped"]}]
+    assert [h["name"] for h in plan.order(ungrouped, ["all", "ungrouped"])] == ["b", "a"]
+
+
+def test_one_host_one_wave(device_facts):
+    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), [entry("solo", [], on(device_facts, "550.163.01"))],
+                   DEFAULT)
+    assert names(p["waves"]) == [["solo"]] and p["waves"][0]["budget"]["canary"]
+
+
+# (code, reason fragment, change to the facts); the host is otherwise the real H100 on 550.163.01
+EXCLUSIONS = [
+    ("unhealthy", "unhealthy: driver.loaded: the driver is installed but the nvidia kernel module is not loaded",
+     lambda f: (f["driver"].update(state="not_loaded", module_version=None, module_flavor=None), f.update(gpus=[]))),
+    ("unhealthy", "unhealthy: driver.version_match: Driver/library version mismatch: module 550.163.01 is loaded",
+     lambda f: f["driver"].update(state="version_mismatch", userspace_version="570.86.15")),
+    ("unhealthy", "unhealthy: gpu.count: 1 GPUs answer, 1 expected (1 on the PCI bus); GPU 1 lost",
+     lambda f: f["gpus"].append({"index": 1, "lost": True})),
+    ("unhealthy", "unhealthy: gpu.ecc_errors: uncorrectable ECC errors since the last reset on GPU 0",
+     lambda f: f["gpus"][0]["ecc"].update(uncorrected_volatile=2, uncorrected_aggregate=2)),
+    ("unhealthy", "unhealthy: gpu.xid: 1 Xid event(s) at or above high: 79 (GPU has fallen off the bus)",
+     lambda f: f["xid"]["events"].append({
+         "code": 79, "pci_bus_id": "00000000:00:06.0", "gpu_instance": None, "pid": None, "process": None,
+         "message": "GPU has fallen off the bus.", "recovery_action": None, "seq": 400, "uptime_s": 60.0,
+         "raw": "NVRM: Xid (PCI:0000:00:06): 79, GPU has fallen off the bus.", "name": "GPU has fallen off the bus",
+         "class": "critical", "severity": "critical", "action": "drain and reset", "source": "NVIDIA"})),
+    ("unhealthy", "health not verifiable: gpu.count: could not read the facts this control needs",
+     lambda f: f.update(errors={"gpus[0].ecc": "NVML: Unknown Error"})),
+    ("no_driver", "no NVIDIA driver installed: no version to move from or to roll back to",
+     lambda f: (f["driver"].update(state="not_installed", module_version=None, module_flavor=None,
+                                   userspace_version=None, nvml_version=None, cuda_driver_version=None, branch=None),
+                f.update(gpus=[]))),
+]
+
+
+@pytest.mark.parametrize("code,reason,change", EXCLUSIONS, ids=[r.split(":")[1].strip() if ":" in r else c
+                                                                for c, r, _ in EXCLUSIONS])
+def test_unhealthy_and_driverless_hosts_are_excluded_with_the_reason(device_facts, code, reason, change):
+    bad = on(device_facts, "550.163.01")
+    change(bad)
+    assert schemas.first_error("host-facts", bad) is None
+    entries = [entry("good", ["h100"], on(device_facts, "550.163.01")), entry("bad", ["h100"], bad)]
+    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), entries, DEFAULT)
+    assert names(p["waves"]) == [["good"]]
+    (excluded,) = p["excluded"]
+    assert (excluded["name"], excluded["code"]) == ("bad", code)
+    assert excluded["reason"].startswith(reason), excluded["reason"]
+
+
+def test_warnings_and_non_health_drift_do_not_exclude(device_facts):
+    f = on(device_facts, "550.163.01")  # as captured: nouveau not blacklisted, persistenced down (real drift)
+    f["gpus"][0]["pcie"]["width"] = 8  # gpu.pcie fails, but at medium severity
+    f["gpus"][0]["ecc"]["uncorrected_aggregate"] = 3  # gpu.ecc_errors warns
+    e = entry("h", ["h100"], f)
+    assert {x["control"] for x in e["findings"] if x["status"] == "fail"} >= {"gpu.pcie", "nouveau.blacklisted"}
+    p = plan.build("570.86.15", plan.parse_ramp("100%"), [e], DEFAULT)
+    assert names(p["waves"]) == [["h"]]
+
+
+def test_a_baseline_severity_override_decides_what_is_critical(device_facts):
+    f = on(device_facts, "550.163.01")
+    f["gpus"][0]["ecc"].update(uncorrected_volatile=1, uncorrected_aggregate=1)
+    lenient = baseline_mod.Baseline(Path("lenient.yml"), "lenient", "sha256:" + "0" * 64,
+                                    {"all": {"severity": {"gpu.ecc_errors": "high"}}})
+    p = plan.build("570.86.15", plan.parse_ramp("100%"), [entry("h", [], f, lenient)], lenient)
+    assert names(p["waves"]) == [["h"]]
+    # a module that is not loaded stays out even where the baseline lowered driver.loaded: nothing to move from
+    unloaded = on(device_facts, "550.163.01")
+    unloaded["driver"].update(state="not_loaded", module_version=None, module_flavor=None)
+    unloaded["gpus"] = []
+    lenient.groups["all"]["severity"]["driver.loaded"] = "low"
+    p = plan.build("570.86.15", plan.parse_ramp("100%"), [entry("h", [], unloaded, lenient)], lenient)
+    assert p["waves"] == [] and p["excluded"][0]["reason"].startswith("unhealthy: no nvidia kernel module loaded")
+
+
+def test_skipped_unreachable_no_facts_and_downgrade(device_facts):
+    entries = [
+        entry("current", ["h100"], on(device_facts, "570.86.15")),
+        entry("gone", ["h100"], status="unreachable", message="pre-flight: connection refused"),
+        entry("garbage", ["h100"], status="failed", message="MODULE FAILURE"),
+        entry("newer", ["h100"], device_facts),
+        entry("older", ["h100"], on(device_facts, "550.163.01")),
+    ]
+    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), entries, DEFAULT)
+    assert p["skipped"] == [{"name": "current", "groups": ["h100"], "code": "on_target",
+                             "reason": "already running 570.86.15"}]
+    reasons = {h["name"]: (h["code"], h["reason"]) for h in p["excluded"]}
+    assert reasons == {"gone": ("unreachable", "unreachable: pre-flight: connection refused"),
+                       "garbage": ("no_facts", "fact collection failed: MODULE FAILURE")}
+    moved = {h["name"]: (h["from_version"], h["change"]) for w in p["waves"] for h in w["hosts"]}
+    assert moved == {"newer": ("580.159.04", "downgrade"), "older": ("550.163.01", "upgrade")}
+
+
+def test_hosts_whose_baseline_does_not_bless_the_target_are_excluded(device_facts, tmp_path):
+    # the driver rules of inventory/baseline.example.yml (its other rules would hold this 1-GPU host unhealthy)
+    path = tmp_path / "matrix.yml"
+    path.write_text("schema_version: 1\ngroups:\n  all: {driver: {branches: ['550', '570']}}\n"
+                    "  h100: {driver: {versions: ['570.86.15', '570.124.06']}}\n  l40s: {driver: {branches: ['550']}}\n")
+    base = baseline_mod.load(path)
+    facts = on(device_facts, "550.163.01")
+    entries = [entry("h100-1", ["gpu", "h100"], facts, base), entry("l40s-1", ["gpu", "l40s"], facts, base)]
+    p = plan.build("570.86.15", plan.parse_ramp("100%"), entries, base)
+    assert names(p["waves"]) == [["h100-1"]]
+    (l40s,) = p["excluded"]
+    assert (l40s["code"], l40s["reason"]) == (
+        "not_blessed", "baseline does not bless 570.86.15 for group l40s (driver.branches: 550)")
+    p = plan.build("570.133.20", plan.parse_ramp("100%"), entries, base)
+    assert p["waves"] == []
+    assert [h["reason"] for h in p["excluded"]] == [
+        "baseline does not bless 570.133.20 for group h100 (driver.versions: 570.86.15, 570.124.06)",
+        "baseline does not bless 570.133.20 for group l40s (driver.branches: 550)"]
+    assert plan.build("535.247.01", plan.parse_ramp("100%"), entries[:1], base)["excluded"][0]["reason"] == \
+        "baseline does not bless 535.247.01 for group h100 (driver.versions: 570.86.15, 570.124.06)"
+    assert plan.blessing_problem(DEFAULT, ["h100"], "535.247.01") is None
+    assert plan.blessing_problem(DEFAULT, [], "590.10.01") == \
+        "baseline does not bless 590.10.01 for group all (driver.branches: 535, 550, 570, 580)"
+
+
+# ---- failure budget ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size,fail_at", [(1, 1), (2, 2), (5, 2), (19, 2), (20, 2), (21, 3), (50, 5), (100, 10)])
+def test_default_budget_of_later_waves(size, fail_at):
+    b = plan.budget(2, size, [DEFAULT.policy_for([])])
+    assert (b["canary"], b["fail_at"], b["budget_hosts"], b["budget_percent"]) == (False, fail_at, 2, 10)
+    assert b["rule"].endswith(f"= {fail_at} failed host" + ("s" if fail_at != 1 else ""))
+
+
+def test_canary_fails_on_any_host_whatever_its_size():
+    assert plan.budget(1, 5, [{"campaign": {"budget_hosts": 4}}])["fail_at"] == 1
+
+
+def test_budget_from_the_baseline_the_strictest_group_wins(tmp_path):
+    path = tmp_path / "b.yml"
+    path.write_text("schema_version: 1\ngroups:\n  all:\n    campaign: {budget_hosts: 3, budget_percent: 20}\n"
+                    "  h100:\n    campaign: {budget_percent: 5.5}\n")
+    base = baseline_mod.load(path)
+    assert plan.budget(2, 40, [base.policy_for([])])["fail_at"] == 8                       # max(3, 20% of 40)
+    assert plan.budget(2, 40, [base.policy_for(["h100"])])["fail_at"] == 3                 # max(3, ceil(2.2))
+    mixed = plan.budget(2, 100, [base.policy_for([]), base.policy_for(["h100"])])
+    assert (mixed["fail_at"], mixed["budget_hosts"], mixed["budget_percent"]) == (6, 3, 5.5)
+    path.write_text("schema_version: 1\ngroups:\n  all:\n    campaign: {budget_hosts: 0}\n")
+    with pytest.raises(InputError, match=r"\$\.groups\.all\.campaign\.budget_hosts: 0 is less than the minimum of 1"):
+        baseline_mod.load(path)
+    path.write_text("schema_version: 1\ngroups:\n  all:\n    campaign: {max_failures: 2}\n")
+    with pytest.raises(InputError, match=r"\$\.groups\.all\.campaign: Additional properties"):
+        baseline_mod.load(path)
+
+
+# ---- schema --------------------------------------------------------------------------------------
+
+def test_a_built_plan_is_valid_against_the_schema(device_facts):
+    facts = on(device_facts, "550.163.01")
+    entries = [entry(f"h-{i}", ["gpu", "h100" if i % 3 else "l40s"], facts) for i in range(12)]
+    entries += [entry("gone", ["gpu", "h100"], status="unreachable", message="no route"),
+                entry("current", ["gpu", "h100"], on(device_facts, "570.86.15"))]
+    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), entries, DEFAULT)
+    report = {
+        "schema_version": 1, "tool": {"name": "fleetctl", "version": "0"},
+        "run": {"id": 1, "uuid": "7b0c6f4e-1d1e-4a43-9a0e-2f6f0f1c2d3e", "kind": "plan",
+                "started_at": "2026-01-01T00:00:00.000Z", "finished_at": "2026-01-01T00:00:04.000Z",
+                "operator": "ops", "control_node": "cn", "inventory": "hosts.ini", "limit": None,
+                "baseline": {"name": DEFAULT.name, "path": str(DEFAULT.path), "digest": DEFAULT.digest}},
+        "summary": {"hosts": 14, "eligible": 12, "waves": len(p["waves"]), "skipped": 1, "excluded": 1,
+                    "unreachable": 1, "exit_code": 3, "duration_s": 4.0},
+        **p,
+    }
+    assert schemas.first_error("campaign-plan", report) is None
+    assert [w["size"] for w in p["waves"]] == [1, 1, 4, 6]
+    for broken in ({"target": "570"}, {"ramp": []}, {"waves": [dict(p["waves"][0], hosts=[])]},
+                   {"summary": dict(report["summary"], exit_code=1)},
+                   {"excluded": [{"name": "x", "groups": [], "code": "bored", "reason": "r"}]}):
+        assert schemas.first_error("campaign-plan", {**report, **broken}) is not None, broken
+
+
+# ---- the command line, on this machine (no NVIDIA driver) ---------------------------------------
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("fleetctl-plan-home")
+
+
+def test_plan_of_localhost_excludes_it_for_having_no_driver(home, tmp_path):
+    out = tmp_path / "plan.json"
+    proc = fleetctl("plan", "--to", "570.86.15", "--format", "json", "-o", str(out), home=home)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    report = json.loads(out.read_text())
+    assert schemas.first_error("campaign-plan", report) is None
+    assert report["waves"] == [] and report["skipped"] == []
+    assert report["excluded"] == [{"name": "localhost", "groups": ["ungrouped"], "code": "no_driver",
+                                   "reason": "no NVIDIA driver installed: no version to move from or to roll back to"}]
+    assert report["summary"]["exit_code"] == 0 and report["ramp"] == ["1", "10%", "50%", "100%"]
+    row = next(r for r in runs(home) if r["id"] == report["run"]["id"])
+    assert (row["kind"], row["status"], row["exit_code"]) == ("plan", "done", 0)
+    assert row["baseline_digest"] == report["run"]["baseline"]["digest"]
+    assert json.loads(row["summary"])["plan"]["excluded"] == report["excluded"]
+    with sqlite3.connect(home / "history.sqlite3") as c:  # the facts the plan was made from, as an audit keeps them
+        facts = json.loads(c.execute("SELECT facts FROM host_results WHERE run_id=?", (row["id"],)).fetchone()[0])
+    assert facts["driver"]["state"] == "not_installed"
+
+
+def test_table_and_an_unreachable_host_exit_3(home, tmp_path):
+    inv = tmp_path / "hosts.ini"
+    inv.write_text(f"[gpu]\nlocal ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+                   "ghost ansible_host=127.0.0.1 ansible_port=1\n")
+    proc = fleetctl("plan", "--to", "570.86.15", "-i", str(inv), "--waves", "1,100%", home=home)
+    assert proc.returncode == 3, proc.stderr
+    assert "fleetctl plan to 570.86.15" in proc.stdout and "no host to move" in proc.stdout
+    assert "excluded (unreachable)" in proc.stdout and "excluded (no_driver)" in proc.stdout
+    assert "2 hosts: 0 in 0 waves, 0 already on target, 2 excluded (1 unreachable); ramp 1,100%" in proc.stdout
+    assert "exit 3" in proc.stdout
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["plan", "--to", "latest"], "--to 'latest': not a driver version"),
+    (["plan", "--to", "570.86.15", "--waves", "1,10%,50%"], "it must be 100%"),
+    (["plan", "--to", "570.86.15", "--waves", "0,100%"], "a wave target must be above zero"),
+    (["plan", "--to", "570.86.15", "--waves", "50%,10%,100%"], "is not above the earlier '50%'"),
+    (["plan"], "Missing option '--to'"),
+    (["plan", "--to", "570.86.15", "--format", "yaml"], "'yaml' is not one of 'table', 'json'"),
+    (["plan", "--to", "570.86.15", "-i", "/nonexistent/hosts.ini"], "/nonexistent/hosts.ini: inventory not found"),
+])
+def test_bad_input_is_one_line_exit_2_and_records_nothing(home, args, expected):
+    before = [tuple(r) for r in runs(home)]
+    proc = fleetctl(*args, home=home, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("fleetctl: error: ") and expected in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert [tuple(r) for r in runs(home)] == before
