@@ -88,7 +88,8 @@ def parse_ramp(spec: str) -> tuple[Step, ...]:
         text = text.strip()
         match = _STEP_RE.match(text)
         if not match:
-            raise InputError(f"{where}: entry {n} {text!r} is neither a host count (e.g. 1) nor a percentage (e.g. 10%)")
+            raise InputError(f"{where}: entry {n} {text!r} is neither a host count (e.g. 1) "
+                             f"nor a percentage (e.g. 10%)")
         step = (Step(Fraction(match["count"]), False) if match["count"] is not None
                 else Step(Fraction(match["percent"]), True))
         if step.value == 0:
@@ -166,7 +167,7 @@ def health_problems(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def classify(entry: dict[str, Any], base: baseline_mod.Baseline, target: str) -> tuple[str, str | None, str]:
-    """(verdict, code, reason or from_version): ('wave', None, from) | ('skipped', code, why) | ('excluded', code, why)."""
+    """(verdict, code, detail): ('wave', None, from_version) | ('skipped', code, why) | ('excluded', code, why)."""
     if not entry["reachable"]:
         return "excluded", "unreachable", f"unreachable: {entry['error']}"
     if entry["facts"] is None:

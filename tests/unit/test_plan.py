@@ -250,7 +250,8 @@ def test_hosts_whose_baseline_does_not_bless_the_target_are_excluded(device_fact
     # the driver rules of inventory/baseline.example.yml (its other rules would hold this 1-GPU host unhealthy)
     path = tmp_path / "matrix.yml"
     path.write_text("schema_version: 1\ngroups:\n  all: {driver: {branches: ['550', '570']}}\n"
-                    "  h100: {driver: {versions: ['570.86.15', '570.124.06']}}\n  l40s: {driver: {branches: ['550']}}\n")
+                    "  h100: {driver: {versions: ['570.86.15', '570.124.06']}}\n"
+                    "  l40s: {driver: {branches: ['550']}}\n")
     base = baseline_mod.load(path)
     facts = on(device_facts, "550.163.01")
     entries = [entry("h100-1", ["gpu", "h100"], facts, base), entry("l40s-1", ["gpu", "l40s"], facts, base)]
