@@ -17,6 +17,42 @@ from .store import Store
 EXIT_USAGE = 2
 
 
+EXIT_INTERNAL = 70  # a fleetctl bug: never confused with "findings" (1) by a script
+
+
+def writable(output: str | None) -> None:
+    """Refuse an -o FILE that cannot be written before anything runs or is recorded."""
+    if output:
+        parent = Path(output).resolve().parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK) or Path(output).is_dir():
+            raise InputError(f"{output}: cannot write the report there")
+
+
+def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
+    """JSON, or a table through PRINTER(report, console), to OUTPUT or stdout."""
+    if fmt == "json":
+        emit(json.dumps(report, indent=2) + "\n", output)
+    elif output:
+        with open(output, "w") as fh:
+            printer(report, Console(file=fh, width=160, force_terminal=False))
+    else:
+        printer(report, terminal())
+
+
+def stored_argv() -> list[str]:
+    """The command line as the history keeps it: a canary command may carry tokens, so only its program stays."""
+    argv = sys.argv[1:]
+    out = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--command":
+            arg = arg.split()[0] + " [arguments not recorded]" if arg.split() else arg
+        elif arg.startswith("--command="):
+            value = arg.split("=", 1)[1]
+            arg = "--command=" + (value.split()[0] + " [arguments not recorded]" if value.split() else "")
+        out.append(arg)
+    return out
+
+
 def emit(text: str, output: str | None) -> None:
     if output:
         try:
@@ -58,15 +94,10 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
     Exit codes: 0 compliant, 1 findings at or above --fail-on, 2 usage or input error, 3 hosts unreachable.
     """
     opts = audit_mod.AuditOptions(inventory_path, limit, baseline, fail_on, forks, not no_preflight)
+    writable(output)
     with Store() as store:
-        report = audit_mod.run(opts, store, sys.argv[1:])
-    if fmt == "json":
-        emit(json.dumps(report, indent=2, sort_keys=False) + "\n", output)
-    elif output:
-        with open(output, "w") as fh:
-            render.print_audit(report, Console(file=fh, width=160, force_terminal=False), show_all)
-    else:
-        render.print_audit(report, terminal(), show_all)
+        report = audit_mod.run(opts, store, stored_argv())
+    write_report(report, fmt, output, lambda r, console: render.print_audit(r, console, show_all))
     sys.exit(report["summary"]["exit_code"])
 
 
@@ -99,17 +130,15 @@ def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, 
     """
     if engine == "command" and not canary:
         raise click.UsageError("--engine command needs --command CMD")
+    if canary and ("{{" in canary or "{%" in canary):
+        # Ansible would evaluate it as a template on this machine before the host ever ran it.
+        raise click.UsageError("--command may not contain '{{' or '{%'")
+    writable(output)
     opts = probe_mod.ProbeOptions(inventory_path, limit, baseline, throughput, engine, canary, samples, warmup_s,
                                   trial_s, forks, not no_preflight)
     with Store() as store:
-        report = probe_mod.run(opts, store, sys.argv[1:])
-    if fmt == "json":
-        emit(json.dumps(report, indent=2) + "\n", output)
-    elif output:
-        with open(output, "w") as fh:
-            render.print_probe(report, Console(file=fh, width=160, force_terminal=False))
-    else:
-        render.print_probe(report, terminal())
+        report = probe_mod.run(opts, store, stored_argv())
+    write_report(report, fmt, output, render.print_probe)
     sys.exit(report["summary"]["exit_code"])
 
 
@@ -134,8 +163,9 @@ def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_
     Exit codes: 0 plan made, 2 usage or input error, 3 hosts unreachable (excluded; the plan is still made).
     """
     opts = plan_mod.PlanOptions(target, waves, inventory_path, limit, baseline, forks, not no_preflight)
+    writable(output)
     with Store() as store:
-        report = plan_mod.run(opts, store, sys.argv[1:])
+        report = plan_mod.run(opts, store, stored_argv())
     if fmt == "json":
         emit(json.dumps(report, indent=2) + "\n", output)
     elif output:
@@ -159,6 +189,14 @@ def main() -> None:
     except (InputError, OperationError) as e:
         click.echo(f"fleetctl: error: {e}", err=True)
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("fleetctl: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # a bug: one line for the operator, the traceback with FLEETCTL_DEBUG=1
+        if os.environ.get("FLEETCTL_DEBUG"):
+            raise
+        click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {e}", err=True)
+        sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

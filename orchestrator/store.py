@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .errors import OperationError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -93,15 +94,18 @@ def operator() -> str:
 class Store:
     def __init__(self, path: Path | None = None):
         self.path = path or home() / "history.sqlite3"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+        except (OSError, sqlite3.Error) as e:
+            raise OperationError(f"{self.path}: cannot open the history: {e}") from None
         self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("PRAGMA foreign_keys=ON")
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path} was written by a newer fleetctl (schema {version})")
+            raise OperationError(f"{self.path} was written by a newer fleetctl (history schema {version})")
         self.db.executescript(SCHEMA)
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 

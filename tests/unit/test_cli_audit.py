@@ -126,3 +126,23 @@ def test_a_host_returning_garbage_is_an_error_finding_and_the_rest_carries_on(tm
         assert (finding["control"], finding["status"]) == ("facts.collected", "error")
         assert hosts[name]["facts"] is None and hosts[name]["reachable"]
     assert "cannot trust" in hosts["lying"]["error"] and "$" in hosts["lying"]["error"]
+
+
+@pytest.mark.parametrize("args,env,expected,code", [
+    (["audit", "-o", "/nonexistent/dir/out.txt"], {}, "/nonexistent/dir/out.txt: cannot write the report there", 2),
+    (["probe", "--engine", "command", "--command", "echo {{ lookup('pipe', 'id') }}"], {}, "may not contain", 2),
+    (["audit"], {"FLEETCTL_HOME": "/proc/nope"}, "cannot open the history", 1),
+])
+def test_refused_before_anything_runs_or_is_recorded(tmp_path, args, env, expected, code):
+    home = tmp_path / "home"
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "FLEETCTL_HOME": str(home), **env}, cwd=REPO)
+    assert proc.returncode == code and expected in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (home / "history.sqlite3").exists()
+
+
+def test_a_canary_commands_arguments_stay_out_of_the_history(tmp_path, monkeypatch):
+    from orchestrator import cli
+
+    monkeypatch.setattr(sys, "argv", ["fleetctl", "probe", "--engine", "command", "--command", "train.sh --token s3cr3t"])
+    assert cli.stored_argv() == ["probe", "--engine", "command", "--command", "train.sh [arguments not recorded]"]
