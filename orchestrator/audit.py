@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import __version__, baseline as baseline_mod, inventory, policy, runner, schemas
+from . import baseline as baseline_mod, inventory, policy, runner, runs, schemas
 from .store import Store
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 3
@@ -77,31 +77,14 @@ def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
 def run(opts: AuditOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     """Audit the fleet and record it. Input errors (InputError) are raised before anything is recorded."""
     started = time.monotonic()
-    fleet = inventory.load(opts.inventory, opts.limit)
-    base = baseline_mod.load(opts.baseline)
-    base.check_groups(set(fleet.groups))
-    run_id, run_uuid = store.begin_run("audit", argv, fleet.source, opts.limit, base)
-    record = store.run(run_id)
-    try:
+    fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
+    with runs.recorded(store, "audit", argv, fleet, base, opts.limit) as run_:
         outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
                                        opts.forks, opts.preflight)
         hosts = [evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
         summary = summarize(hosts, opts.fail_on)
         summary["duration_s"] = round(time.monotonic() - started, 3)
-        store.finish_run(run_id, summary["exit_code"], summary, hosts)
-    except BaseException as e:
-        store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
-        raise
-    report = {
-        "schema_version": 1,
-        "tool": {"name": "fleetctl", "version": __version__},
-        "run": {"id": run_id, "uuid": run_uuid, "kind": "audit", "started_at": record["started_at"],
-                "finished_at": store.run(run_id)["finished_at"], "operator": record["operator"],
-                "control_node": record["control_node"],
-                "inventory": fleet.source, "limit": opts.limit,
-                "baseline": {"name": base.name, "path": str(base.path), "digest": base.digest}},
-        "summary": summary,
-        "hosts": hosts,
-    }
+        store.finish_run(run_.id, summary["exit_code"], summary, hosts)
+    report = {**runs.header(store, run_), "summary": summary, "hosts": hosts}
     schemas.check("audit-report", report, "fleetctl's own audit report (a bug: please report it)")
     return report

@@ -33,7 +33,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__, audit, baseline as baseline_mod, inventory, policy, runner, schemas
+from . import audit, baseline as baseline_mod, policy, runner, runs, schemas
 from .errors import InputError
 from .store import Store
 
@@ -251,12 +251,8 @@ def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     target = parse_target(opts.target)
     ramp = parse_ramp(opts.waves)
-    fleet = inventory.load(opts.inventory, opts.limit)
-    base = baseline_mod.load(opts.baseline)
-    base.check_groups(set(fleet.groups))
-    run_id, run_uuid = store.begin_run("plan", argv, fleet.source, opts.limit, base)
-    record = store.run(run_id)
-    try:
+    fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
+    with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as run_:
         outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": audit.xid_overrides(fleet, base)},
                                        opts.forks, opts.preflight)
         hosts = [audit.evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
@@ -268,20 +264,8 @@ def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
                    "duration_s": round(time.monotonic() - started, 3)}
         # The run's summary column carries the plan itself (what `upgrade` acts on); facts and findings go where
         # an audit's go.
-        store.finish_run(run_id, summary["exit_code"], {**summary, "plan": plan}, hosts)
-    except BaseException as e:
-        store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
-        raise
-    report = {
-        "schema_version": 1,
-        "tool": {"name": "fleetctl", "version": __version__},
-        "run": {"id": run_id, "uuid": run_uuid, "kind": "plan", "started_at": record["started_at"],
-                "finished_at": store.run(run_id)["finished_at"], "operator": record["operator"],
-                "control_node": record["control_node"], "inventory": fleet.source, "limit": opts.limit,
-                "baseline": {"name": base.name, "path": str(base.path), "digest": base.digest}},
-        "summary": summary,
-        **plan,
-    }
+        store.finish_run(run_.id, summary["exit_code"], {**summary, "plan": plan}, hosts)
+    report = {**runs.header(store, run_), "summary": summary, **plan}
     schemas.check("campaign-plan", report, "fleetctl's own plan (a bug: please report it)")
     return report
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from . import __version__, baseline as baseline_mod, gate, inventory, resources, runner, schemas
+from . import baseline as baseline_mod, gate, inventory, resources, runner, runs, schemas
 from .audit import EXIT_OK, EXIT_UNREACHABLE, xid_overrides
 from .store import Store
 
@@ -92,12 +92,8 @@ def verdict(entry: dict[str, Any], reference: dict[str, Any] | None, policy: dic
 
 def run(opts: ProbeOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     started = time.monotonic()
-    fleet = inventory.load(opts.inventory, opts.limit)
-    base = baseline_mod.load(opts.baseline)
-    base.check_groups(set(fleet.groups))
-    run_id, run_uuid = store.begin_run("probe", argv, fleet.source, opts.limit, base)
-    record = store.run(run_id)
-    try:
+    fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
+    with runs.recorded(store, "probe", argv, fleet, base, opts.limit) as run_:
         # Each host is judged against ITSELF: health against its last probe (whose kernel-log marker we pass on),
         # throughput against the last samples it gave, the same way, in a probe that passed.
         latest = {h.name: store.last_probe(h.name) for h in fleet.hosts}
@@ -118,19 +114,7 @@ def run(opts: ProbeOptions, store: Store, argv: list[str]) -> dict[str, Any]:
                    "healthy": len(hosts) - unreachable - unhealthy, "unhealthy": unhealthy,
                    "exit_code": EXIT_UNREACHABLE if unreachable else (EXIT_UNHEALTHY if unhealthy else EXIT_OK),
                    "duration_s": round(time.monotonic() - started, 3)}
-        store.finish_probe(run_id, summary["exit_code"], summary, hosts)
-    except BaseException as e:
-        store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
-        raise
-    report = {
-        "schema_version": 1,
-        "tool": {"name": "fleetctl", "version": __version__},
-        "run": {"id": run_id, "uuid": run_uuid, "kind": "probe", "started_at": record["started_at"],
-                "finished_at": store.run(run_id)["finished_at"], "operator": record["operator"],
-                "control_node": record["control_node"], "inventory": fleet.source, "limit": opts.limit,
-                "baseline": {"name": base.name, "path": str(base.path), "digest": base.digest}},
-        "summary": summary,
-        "hosts": hosts,
-    }
+        store.finish_probe(run_.id, summary["exit_code"], summary, hosts)
+    report = {**runs.header(store, run_), "summary": summary, "hosts": hosts}
     schemas.check("probe-report", report, "fleetctl's own probe report (a bug: please report it)")
     return report

@@ -91,7 +91,7 @@ def start_sshd(workdir: Path) -> tuple[SshServer, subprocess.Popen]:
     port = free_port()
     config = workdir / "sshd_config"
     config.write_text("\n".join([
-        f"ListenAddress 127.0.0.1",
+        "ListenAddress 127.0.0.1",
         f"Port {port}",
         f"HostKey {host_key}",
         f"PidFile {workdir / 'sshd.pid'}",

@@ -71,7 +71,6 @@ probe:
   type: dict
 """
 
-import os
 import socket
 import time
 

@@ -1,0 +1,55 @@
+"""What every recorded command shares: load the fleet and the baseline, open a run in the history, close it as
+failed if anything goes wrong, and head its report with who ran what against which baseline."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from . import __version__, baseline as baseline_mod, inventory
+from .store import Store
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    uuid: str
+    kind: str
+    fleet: inventory.Fleet
+    base: baseline_mod.Baseline
+    limit: str | None
+
+
+def prepare(inventory_path: str | None, limit: str | None,
+            baseline_path: str | None) -> tuple[inventory.Fleet, baseline_mod.Baseline]:
+    """(fleet, baseline), checked: input errors are raised here, before anything is recorded."""
+    fleet = inventory.load(inventory_path, limit)
+    base = baseline_mod.load(baseline_path)
+    base.check_groups(set(fleet.groups))
+    return fleet, base
+
+
+@contextmanager
+def recorded(store: Store, kind: str, argv: list[str], fleet: inventory.Fleet, base: baseline_mod.Baseline,
+             limit: str | None) -> Iterator[Run]:
+    """A run in the history for the block's duration; marked failed (and re-raised) if the block raises."""
+    run_id, run_uuid = store.begin_run(kind, argv, fleet.source, limit, base)
+    try:
+        yield Run(run_id, run_uuid, kind, fleet, base, limit)
+    except BaseException as e:
+        store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
+        raise
+
+
+def header(store: Store, run: Run) -> dict[str, Any]:
+    """schema_version, tool and run: the part every report shares."""
+    row = store.run(run.id)
+    return {
+        "schema_version": 1,
+        "tool": {"name": "fleetctl", "version": __version__},
+        "run": {"id": run.id, "uuid": run.uuid, "kind": run.kind, "started_at": row["started_at"],
+                "finished_at": row["finished_at"], "operator": row["operator"], "control_node": row["control_node"],
+                "inventory": run.fleet.source, "limit": run.limit,
+                "baseline": {"name": run.base.name, "path": str(run.base.path), "digest": run.base.digest}},
+    }
