@@ -84,7 +84,7 @@ def live_gpus(facts: dict[str, Any]) -> list[dict[str, Any]]:
 
 # ---- driver ------------------------------------------------------------------------------------
 
-@control("driver.installed", "NVIDIA driver installed", "critical", ("driver",),
+@control("driver.installed", "NVIDIA driver installed", "critical", ("driver.module_version", "driver.userspace_version"),
          "install the blessed driver: fleetctl upgrade --to VERSION, or your distro's nvidia-driver package")
 def driver_installed(facts, policy):
     d = facts["driver"]
@@ -95,7 +95,7 @@ def driver_installed(facts, policy):
                   userspace_version=d["userspace_version"], packages=[p["name"] for p in d["packages"] if p["role"] == "driver"])
 
 
-@control("driver.loaded", "Kernel module loaded", "critical", ("driver",),
+@control("driver.loaded", "Kernel module loaded", "critical", ("driver.module_version",),
          "load it (modprobe nvidia) or reboot; check dmesg for why it did not load")
 def driver_loaded(facts, policy):
     state = facts["driver"]["state"]
@@ -107,7 +107,8 @@ def driver_loaded(facts, policy):
     return passed(f"nvidia module {facts['driver']['module_version']} loaded")
 
 
-@control("driver.version_match", "Loaded module matches userspace driver", "critical", ("driver",),
+@control("driver.version_match", "Loaded module matches userspace driver", "critical",
+         ("driver.module_version", "driver.userspace_version"),
          "reboot (or unload and reload the nvidia modules) so the running module matches the installed userspace")
 def driver_version_match(facts, policy):
     d = facts["driver"]
@@ -120,7 +121,7 @@ def driver_version_match(facts, policy):
     return passed(f"module and userspace agree ({d['module_version']})")
 
 
-@control("driver.version_allowed", "Driver version blessed", "high", ("driver",),
+@control("driver.version_allowed", "Driver version blessed", "high", ("driver.module_version",),
          "move the host to a blessed version: fleetctl upgrade --to VERSION")
 def driver_version_allowed(facts, policy):
     rules = policy.get("driver", {})
@@ -170,7 +171,8 @@ def driver_held(facts, policy):
     return passed(f"all {len(pkgs)} driver packages held", held=[p["name"] for p in pkgs])
 
 
-@control("driver.cuda_support", "Driver supports the workloads' CUDA", "high", ("driver",),
+@control("driver.cuda_support", "Driver supports the workloads' CUDA", "high",
+         ("driver.module_version", "driver.cuda_driver_version"),
          "move to a driver branch whose CUDA version covers every workload image")
 def driver_cuda_support(facts, policy):
     wanted = policy.get("workloads", {}).get("cuda")
@@ -344,7 +346,7 @@ def fabricmanager_version(facts, policy):
     package = fm["package_version"]
     if package is None:
         return failed("NVSwitch system without nvidia-fabricmanager: GPUs will not initialize (CUDA error 802)")
-    if version and not package.startswith(version):
+    if version and package.split("-", 1)[0] != version:
         return failed(f"fabric manager {package} does not match driver {version}", package=package, driver=version)
     if not fm["running"]:
         return failed("nv-fabricmanager is not running", package=package)
@@ -516,6 +518,8 @@ def gpu_recovery_action(facts, policy):
 # ---- evaluation --------------------------------------------------------------------------------
 
 def _fact_error(facts: dict[str, Any], needs: tuple[str, ...]) -> str | None:
+    if "gpus" in needs:
+        needs = needs + ("nvml",)  # NVML failing as a whole leaves every GPU fact unread
     for key, message in facts.get("errors", {}).items():
         if any(key == n or key.startswith(n + ".") or key.startswith(n + "[") for n in needs):
             return f"{key}: {message}"

@@ -207,3 +207,22 @@ def test_a_loaded_driver_that_sees_no_gpu_fails_the_count(healthy):
     healthy["gpus"] = []
     finding = {x["control"]: x for x in policy.evaluate(healthy, STRICT)}["gpu.count"]
     assert finding["status"] == "fail" and finding["evidence"] == {"visible": 0, "expected": 1, "on_pci_bus": 1, "lost": []}
+
+
+def test_a_minor_driver_read_error_does_not_blind_every_driver_control(healthy):
+    healthy["errors"] = {"driver.packages": "rpm exited 1: rpmdb open failed"}
+    got = statuses(healthy)
+    assert {c for c, s in got.items() if s == "error"} == {"driver.held"}
+
+
+def test_fabric_manager_version_must_match_exactly_not_by_prefix(healthy):
+    healthy["driver"].update(module_version="570.86.15", userspace_version="570.86.15", branch="570")
+    healthy["fabric_manager"].update(nvswitch_present=True, package_version="570.86.150-1", running=True)
+    assert statuses(healthy, {**STRICT, "driver": {}, "container_runtime": {}})["fabricmanager.version"] == "fail"
+
+
+def test_nvml_failing_as_a_whole_makes_the_gpu_controls_error(healthy):
+    healthy["errors"] = {"nvml": "NVML: Unknown Error"}
+    healthy["gpus"] = []
+    got = statuses(healthy)
+    assert got["gpu.count"] == "error" and got["driver.loaded"] == "pass"
