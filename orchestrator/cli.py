@@ -112,7 +112,7 @@ cli.add_command(lab)
 @click.option("-l", "--limit", metavar="LIMIT", help="Ansible host pattern to restrict the run to.")
 @click.option("-b", "--baseline", metavar="BASELINE", help="Baseline YAML (gate thresholds, Xid overrides).")
 @click.option("--throughput", is_flag=True, help="Take throughput samples too (warm-up, then N sustained trials).")
-@click.option("--engine", type=click.Choice(["builtin", "command", "lab"]),
+@click.option("--engine", type=click.Choice(["builtin", "command"]),
               help="Throughput engine (default: the host's gpu_probe_engine inventory variable, else builtin).")
 @click.option("--command", "canary", metavar="CMD", help="Canary workload for --engine command (prints JSON metrics).")
 @click.option("--samples", type=click.IntRange(1, 1000), default=10, show_default=True)

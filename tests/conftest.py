@@ -11,6 +11,9 @@ TESTDATA = Path(__file__).resolve().parent / "testdata"
 
 # The module imports its helpers as ansible.module_utils.fleetctl_gpus / fleetctl_kernel_log (role module_utils).
 _MODULE_UTILS = str(ROLE / "module_utils")
+_PROBE_UTILS = str(REPO / "roles" / "gpu_probe" / "module_utils")  # fleetctl_throughput (the others are links)
+if _PROBE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_PROBE_UTILS)
 if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
 

@@ -255,8 +255,8 @@ def write_inventory(lab: Lab) -> Path:
                 f"ansible_ssh_private_key_file={lab.client_key}",
                 f"ansible_ssh_common_args={shlex.quote(ssh_args)}",
                 "ansible_python_interpreter=/usr/bin/python3"]))
-    # The lab's GPUs are emulated: their throughput comes from the lab's benchmark, not from torch.
-    lines += ["", "[all:vars]", "gpu_probe_engine=lab"]
+    # The lab's GPUs are emulated: their throughput comes from the lab's benchmark, run as a canary command.
+    lines += ["", "[all:vars]", "gpu_probe_engine=command", "gpu_probe_command=nvidia-lab-bench"]
     lab.inventory.write_text("\n".join(lines) + "\n")
     return lab.inventory
 

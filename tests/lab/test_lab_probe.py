@@ -37,7 +37,8 @@ def test_first_probe_then_noise_alone_passes(lab):
     code, hosts = probe(lab)
     assert code == 0 and all(h["health"]["status"] == "pass" for h in hosts.values())
     first = hosts["h100-01"]["probe"]
-    assert first["sources"]["gpus"] == "nvml" and first["throughput"]["engine"] == "lab"
+    assert first["sources"]["gpus"] == "nvml" and first["throughput"]["engine"] == "command"
+    assert first["throughput"]["device"] == "command: nvidia-lab-bench"
     assert {s["metric"] for s in first["throughput"]["samples"]} == {"gemm_tflops", "bandwidth_gbs"}
     assert len(first["throughput"]["samples"]) == 2 * 2 * 10  # 2 GPUs x 2 metrics x 10 samples
     code, hosts = probe(lab)  # against the first: the same hardware, new noise

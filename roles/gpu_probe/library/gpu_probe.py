@@ -42,9 +42,9 @@ options:
     type: bool
     default: false
   engine:
-    description: builtin (torch GEMM and copy), command (an operator's canary workload), or lab (nvidia-lab-bench).
+    description: builtin (torch GEMM and copy) or command (an operator's canary workload; the lab runs nvidia-lab-bench).
     type: str
-    choices: [builtin, command, lab]
+    choices: [builtin, command]
     default: builtin
   command:
     description: The canary command for the command engine; its last stdout line is JSON {"metrics": {...}}.
@@ -200,7 +200,7 @@ def main():
             xid_overrides=dict(type="dict", default={}),
             nvml_event_wait_ms=dict(type="int", default=200),
             throughput=dict(type="bool", default=False),
-            engine=dict(type="str", default="builtin", choices=["builtin", "command", "lab"]),
+            engine=dict(type="str", default="builtin", choices=["builtin", "command"]),
             command=dict(type="str"),
             samples=dict(type="int", default=10),
             warmup_s=dict(type="float", default=20.0),

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-# Throughput samples for fleetctl's probe: the builtin engine (torch), an operator's command, the lab benchmark.
+# Throughput samples for fleetctl's probe: the builtin engine (torch), or an operator's canary command.
 # Protocol (DESIGN.md, measured on H100/H200): warm up >= 10 s, sustained trials >= 0.5 s on random data,
 # N samples per metric, each with the clocks, temperature, power and clock-event reasons seen right after it.
 from __future__ import absolute_import, division, print_function
@@ -7,6 +7,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import os
 import shlex
 import subprocess
 import threading
@@ -131,57 +132,71 @@ def builtin(samples, warmup_s, trial_s, gpu_indices, pynvml=None):
 
 
 def parse_command_output(text):
-    """The last JSON object line of a canary's stdout: {"metrics": {NAME: {"value", "unit", "higher_is_better"}}}."""
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            metrics = doc.get("metrics") if isinstance(doc, dict) else None
-            if isinstance(metrics, dict) and metrics:
-                return metrics
-    raise EngineError("the command printed no JSON line with a 'metrics' object")
-
-
-def command(cmd, samples, timeout_s=600):
-    """An operator's canary workload, run once to warm up, then SAMPLES times; each run is one sample per metric."""
-    rows, spec = [], {}
-    argv = shlex.split(cmd)
-    for run in range(samples + 1):
+    """A canary's JSON: the whole stdout, else its last line that parses. It carries "metrics" (NAME: {value, unit,
+    higher_is_better}: one sample per run) or "metrics" (NAME: {unit, higher_is_better}) plus "samples" (a series it
+    measured itself: [{"gpu": i, NAME: value, ...}] or [{"gpu": i, "metric": NAME, "value": v}])."""
+    candidates = [text] + [line for line in reversed(text.strip().splitlines()) if line.strip().startswith("{")]
+    for candidate in candidates:
         try:
-            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise EngineError("%s: %s" % (cmd, e))
-        if proc.returncode != 0:
-            raise EngineError("%s exited %d: %s" % (cmd, proc.returncode, proc.stderr.decode("utf-8", "replace")[-300:]))
-        metrics = parse_command_output(proc.stdout.decode("utf-8", "replace"))
-        if run == 0:
-            continue  # warm-up
-        for name, m in sorted(metrics.items()):
-            value = m.get("value") if isinstance(m, dict) else m
-            spec[name] = {"unit": str(m.get("unit", "")) if isinstance(m, dict) else "",
-                          "higher_is_better": bool(m.get("higher_is_better", True)) if isinstance(m, dict) else True}
-            rows.append({"gpu": None, "metric": name, "value": float(value) if isinstance(value, (int, float)) else None})
-    return rows, spec, "command: %s" % cmd
+            doc = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("metrics"), dict) and doc["metrics"]:
+            return doc
+    raise EngineError("the command printed no JSON object with a 'metrics' object")
 
 
-def lab(samples, trial_s, bench="nvidia-lab-bench"):
-    """The fleetctl lab's emulated benchmark (same metrics as builtin)."""
-    try:
-        proc = subprocess.run([bench, "--samples", str(samples), "--seconds", str(trial_s)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
-    except OSError as e:
-        raise EngineError("%s: %s" % (bench, e))
-    if proc.returncode != 0:
-        raise EngineError("%s exited %d: %s" % (bench, proc.returncode, proc.stderr.decode("utf-8", "replace")[-300:]))
-    doc = json.loads(proc.stdout.decode("utf-8"))
+def _spec(metrics):
+    return dict((name, {"unit": str(m.get("unit", "")) if isinstance(m, dict) else "",
+                        "higher_is_better": bool(m.get("higher_is_better", True)) if isinstance(m, dict) else True})
+                for name, m in metrics.items())
+
+
+def _number(value):
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _series_rows(doc):
+    """Rows of a canary that measured a series itself, in either sample shape."""
     rows = []
-    for s in doc.get("samples", []):
-        for metric in METRICS:
-            rows.append({"gpu": s["gpu"], "metric": metric, "value": s.get(metric)})
-    return rows, dict(METRICS), "%s (driver %s, %s)" % (bench, doc.get("driver_version"), doc.get("sku"))
+    for s in doc.get("samples") or []:
+        gpu = s.get("gpu") if isinstance(s.get("gpu"), int) else None
+        if "metric" in s:
+            rows.append({"gpu": gpu, "metric": str(s["metric"]), "value": _number(s.get("value"))})
+        else:
+            rows += [{"gpu": gpu, "metric": name, "value": _number(s.get(name))} for name in doc["metrics"] if name in s]
+    return rows
+
+
+def command(cmd, samples, warmup_s=0.0, trial_s=0.0, timeout_s=600):
+    """An operator's canary workload. It gets the protocol in FLEETCTL_PROBE_SAMPLES / _WARMUP_S / _TRIAL_S.
+    A canary that prints a series ("samples") is run once; one that prints a single value per metric is run once
+    to warm up, then SAMPLES times, each run one sample per metric."""
+    argv = shlex.split(cmd)
+    env = dict(os.environ, FLEETCTL_PROBE_SAMPLES=str(samples), FLEETCTL_PROBE_WARMUP_S=str(warmup_s),
+               FLEETCTL_PROBE_TRIAL_S=str(trial_s))
+
+    def run_once():
+        try:
+            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout_s, env=env)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise EngineError("%s: %s" % (argv[0], e))
+        if proc.returncode != 0:
+            raise EngineError("%s exited %d: %s" % (argv[0], proc.returncode,
+                                                    proc.stderr.decode("utf-8", "replace")[-300:]))
+        return parse_command_output(proc.stdout.decode("utf-8", "replace"))
+
+    device = "command: %s" % os.path.basename(argv[0])  # its arguments may hold secrets: not reported
+    first = run_once()
+    if first.get("samples"):
+        return _series_rows(first), _spec(first["metrics"]), device
+    rows, spec = [], {}
+    for _ in range(samples):  # the first run was the warm-up
+        doc = run_once()
+        spec.update(_spec(doc["metrics"]))
+        rows += [{"gpu": None, "metric": name, "value": _number(m.get("value") if isinstance(m, dict) else m)}
+                 for name, m in sorted(doc["metrics"].items())]
+    return rows, spec, device
 
 
 def measure(engine, samples, warmup_s, trial_s, gpu_indices, cmd=None, pynvml=None):
@@ -195,9 +210,7 @@ def measure(engine, samples, warmup_s, trial_s, gpu_indices, cmd=None, pynvml=No
     elif engine == "command":
         if not cmd:
             raise EngineError("the command engine needs a command")
-        rows, spec, device = command(cmd, samples)
-    elif engine == "lab":
-        rows, spec, device = lab(samples, trial_s)
+        rows, spec, device = command(cmd, samples, warmup_s, trial_s)
     else:
         raise EngineError("unknown engine %r" % engine)
     return {"engine": engine, "device": device, "warmup_s": warmup_s, "trial_s": trial_s,
