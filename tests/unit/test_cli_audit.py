@@ -16,22 +16,7 @@ import pytest
 
 from orchestrator import __version__, schemas
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def fleetctl(*args, home, timeout=180):
-    env = dict(os.environ, FLEETCTL_HOME=str(home), COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=REPO)
-
-
-def runs(home):
-    db = home / "history.sqlite3"
-    if not db.exists():
-        return []
-    with sqlite3.connect(db) as c:
-        c.row_factory = sqlite3.Row
-        return c.execute("SELECT * FROM runs ORDER BY id").fetchall()
+from tests.cli_helpers import REPO, fleetctl, runs
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,23 +19,9 @@ from orchestrator.errors import InputError
 from orchestrator.inventory import Host
 from orchestrator.runner import HostOutcome
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli_helpers import fleetctl, runs
+
 DEFAULT = baseline_mod.load(None)
-
-
-def fleetctl(*args, home, timeout=180):
-    env = dict(os.environ, FLEETCTL_HOME=str(home), COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=REPO)
-
-
-def runs(home):
-    db = home / "history.sqlite3"
-    if not db.exists():
-        return []
-    with sqlite3.connect(db) as c:
-        c.row_factory = sqlite3.Row
-        return c.execute("SELECT * FROM runs ORDER BY id").fetchall()
 
 
 # ---- ramp ----------------------------------------------------------------------------------------

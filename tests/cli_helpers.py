@@ -1,0 +1,26 @@
+"""Running fleetctl as a user would (a subprocess), with its own history, and reading that history back."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fleetctl(*args, home, timeout=180):
+    env = dict(os.environ, FLEETCTL_HOME=str(home), COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=REPO)
+
+
+def runs(home):
+    db = home / "history.sqlite3"
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as c:
+        c.row_factory = sqlite3.Row
+        return c.execute("SELECT * FROM runs ORDER BY id").fetchall()
