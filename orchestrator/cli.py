@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from . import __version__, audit as audit_mod, plan as plan_mod, probe as probe_mod, render
+from . import __version__, audit as audit_mod, plan as plan_mod, probe as probe_mod, render, upgrade as upgrade_mod
 from .errors import InputError, OperationError
 from .store import Store
 
@@ -173,6 +173,114 @@ def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_
     else:
         plan_mod.print_plan(report, terminal())
     sys.exit(report["summary"]["exit_code"])
+
+
+@cli.command()
+@click.option("--to", "target", required=True, metavar="VERSION", help="Target driver version, e.g. 570.86.15.")
+@click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY",
+              help="Ansible inventory. Default: localhost over the local connection.")
+@click.option("-l", "--limit", metavar="LIMIT", help="Ansible host pattern to restrict the campaign to.")
+@click.option("-b", "--baseline", metavar="BASELINE", help="Baseline YAML (blessed versions, budget, gate).")
+@click.option("--waves", default=plan_mod.DEFAULT_RAMP, show_default=True, metavar="RAMP",
+              help="Cumulative wave targets: host counts or percentages of the eligible hosts, ending at 100%.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
+@click.option("--dry-run", is_flag=True, help="Print what would be done, change nothing.")
+@click.option("--soak", "soak", default="300", show_default=True, metavar="DURATION",
+              help="Wait between waves (e.g. 300, 10m).")
+@click.option("--window", metavar="DURATION", help="Maintenance window length: no wave starts after it (exit 5).")
+@click.option("--rollback-scope", type=click.Choice(upgrade_mod.ROLLBACK_SCOPES), default="campaign",
+              show_default=True, help="On a failed wave roll back every changed host, or the wave's only.")
+@click.option("--drain-preset", type=click.Choice(sorted(upgrade_mod.hooks.PRESETS)),
+              help="Drain/undrain with Slurm (scontrol) or Kubernetes (kubectl drain/uncordon).")
+@click.option("--drain", metavar="CMD", help="Drain command template run on this machine: {host} {node} {campaign}.")
+@click.option("--undrain", metavar="CMD", help="Undrain command template.")
+@click.option("--idle-timeout", type=click.IntRange(0, 86400), default=300, show_default=True,
+              help="Seconds to wait for GPUs to be free after the drain.")
+@click.option("--samples", type=click.IntRange(5, 1000), default=10, show_default=True,
+              help="Throughput samples per probe (>= 5: the gate's test needs them).")
+@click.option("--warmup", "warmup_s", type=click.FloatRange(0, 600), default=20.0, show_default=True)
+@click.option("--trial", "trial_s", type=click.FloatRange(0.01, 60), default=1.0, show_default=True)
+@click.option("--forks", type=click.IntRange(1, 1000), help="Hosts of a wave worked on at once (default: all, up to 64).")
+@click.option("--no-preflight", is_flag=True, help="Skip the SSH pre-flight of the planning audit.")
+def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, window, rollback_scope,
+            drain_preset, drain, undrain, idle_timeout, samples, warmup_s, trial_s, forks, no_preflight) -> None:
+    """Move the fleet's driver to VERSION in canary waves, gated by GPU probes, rolled back on failure.
+
+    Exit codes: 0 done, 1 done but some hosts failed (each rolled back), 2 usage or input error,
+    4 rolled back, 5 halted for a person (inconclusive gate, window closed) or aborted.
+    """
+    opts = upgrade_mod.UpgradeOptions(
+        target, waves, inventory_path, limit, baseline, forks, not no_preflight,
+        upgrade_mod.parse_duration(soak, "--soak", allow_zero=True),
+        upgrade_mod.parse_duration(window, "--window") if window else None, rollback_scope, drain_preset, drain,
+        undrain, idle_timeout_s=idle_timeout, samples=samples, warmup_s=warmup_s, trial_s=trial_s)
+    if not dry_run and not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError("--yes is needed to upgrade without a terminal (or use --dry-run)")
+        click.confirm(f"Upgrade the fleet's driver to {target}?", abort=True)
+    with Store() as store:
+        cid, code, text = upgrade_mod.start(opts, store, stored_argv(), dry_run, terminal())
+    click.echo(text, nl=False)
+    sys.exit(code)
+
+
+@cli.group()
+def campaign() -> None:
+    """Upgrade campaigns in the history: list, show, resume, abort."""
+
+
+@campaign.command("list")
+def campaign_list() -> None:
+    """Every campaign, newest last."""
+    with Store() as store:
+        upgrade_mod.list_table(store, terminal())
+
+
+@campaign.command("show")
+@click.argument("campaign_id", type=int)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def campaign_show(campaign_id, fmt) -> None:
+    """One campaign: hosts, steps (with attempts and times), reasons."""
+    with Store() as store:
+        doc = upgrade_mod.document(store, campaign_id)
+    if fmt == "json":
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        upgrade_mod.show_table(doc, terminal())
+
+
+@campaign.command("resume")
+@click.argument("campaign_id", type=int)
+@click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY", help="Default: the campaign's own.")
+@click.option("-b", "--baseline", metavar="BASELINE", help="Default: the campaign's own (unchanged).")
+@click.option("--window", metavar="DURATION", help="A new maintenance window from now.")
+def campaign_resume(campaign_id, inventory_path, baseline, window) -> None:
+    """Continue a campaign after a crash, or after a halt (held hosts are accepted and undrained)."""
+    window_s = upgrade_mod.parse_duration(window, "--window") if window else None
+    with Store() as store:
+        code, text = upgrade_mod.resume(store, campaign_id, inventory_path, baseline, window_s, terminal())
+    click.echo(text, nl=False)
+    sys.exit(code)
+
+
+@campaign.command("abort")
+@click.argument("campaign_id", type=int)
+def campaign_abort(campaign_id) -> None:
+    """Stop a campaign before its next wave (hosts stay where they are: roll back with fleetctl rollback)."""
+    with Store() as store:
+        click.echo(upgrade_mod.abort(store, campaign_id), nl=False)
+
+
+@cli.command()
+@click.argument("campaign_id", type=int)
+@click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY", help="Default: the campaign's own.")
+@click.option("-b", "--baseline", metavar="BASELINE", help="Default: the campaign's own (unchanged).")
+def rollback(campaign_id, inventory_path, baseline) -> None:
+    """Roll every host a campaign changed back to the exact packages recorded before it (exit 4 when done)."""
+    with Store() as store:
+        code, text = upgrade_mod.rollback(store, campaign_id, inventory_path, baseline, terminal())
+    click.echo(text, nl=False)
+    sys.exit(code)
 
 
 def main() -> None:

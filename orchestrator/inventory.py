@@ -47,6 +47,14 @@ class Fleet:
     groups: frozenset[str]
     runner_inventory: Any  # what ansible-runner takes: a path or an inline inventory dict
 
+    def only(self, names: list[str] | set[str]) -> Fleet:
+        """The same fleet restricted to NAMES (inventory order kept)."""
+        return Fleet(self.source, tuple(h for h in self.hosts if h.name in set(names)), self.groups,
+                     self.runner_inventory)
+
+    def host(self, name: str) -> Host:
+        return next(h for h in self.hosts if h.name == name)
+
 
 def localhost() -> Fleet:
     hostvars = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}

@@ -1,0 +1,162 @@
+"""Drive a campaign from its journal. Everything the engine decides is read back from the history first, so
+`run` after a crash (a resume) continues exactly where the record stops."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from .. import baseline as baseline_mod, inventory
+from ..errors import OperationError
+from ..store import now
+from . import steps, transitions
+from .journal import Journal
+
+
+def parse_time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def later(seconds: float) -> str:
+    return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
+
+
+class Engine:
+    def __init__(self, journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod.Baseline):
+        self.journal, self.cid = journal, cid
+        row = journal.campaign(cid)
+        self.options: dict[str, Any] = json.loads(row["options"])
+        self.plan: dict[str, Any] = json.loads(row["plan"])
+        missing = sorted({h["host"] for h in journal.hosts(cid)} - {h.name for h in fleet.hosts})
+        if missing:
+            raise OperationError(f"campaign {cid}: host {missing[0]} is not in the inventory any more "
+                                 f"(give the inventory the campaign was started with)")
+        self.ctx = steps.Context(journal, cid, row["target"], fleet, base, self.options)
+
+    # ---- the campaign table ------------------------------------------------------------------------------
+    def run(self) -> str:
+        """Work until the campaign is done, rolled back, aborted or halted for a person; returns that state."""
+        self.journal.claim(self.cid)
+        while True:
+            c = self.journal.campaign(self.cid)
+            if c["state"] == "running":
+                self.run_wave(c)
+            elif c["state"] == "soaking":
+                self.soak(c)
+            elif c["state"] == "rolling_back":
+                self.advance(self.hosts_in_rollback())
+                self.journal.transition(self.cid, "rollback_finished", summary=self.tally())
+            else:
+                return c["state"]
+
+    def run_wave(self, c) -> None:
+        wave = c["wave"]
+        members = [h["host"] for h in self.journal.hosts(self.cid) if h["wave"] == wave]
+        untouched = all(h["state"] == "precheck" for h in self.journal.hosts(self.cid) if h["wave"] == wave) \
+            and not any(self.journal.steps(self.cid, h) for h in members)
+        if untouched and c["abort_requested"]:
+            self.journal.transition(self.cid, "abort_requested", reason="aborted by the operator", wave=wave)
+            return
+        if untouched and self.window_closed():
+            self.journal.transition(self.cid, "window_closed", wave=wave,
+                                    reason=f"the maintenance window closed at {self.options['window_end']} "
+                                           f"before wave {wave}")
+            return
+        self.advance(members)
+        rows = {h["host"]: h for h in self.journal.hosts(self.cid) if h["wave"] == wave}
+        failed = [h for h, r in rows.items() if r["state"] in transitions.FAILED]
+        budget = self.plan["waves"][wave - 1]["budget"]
+        if failed and len(failed) >= budget["fail_at"]:
+            scope = [r for r in self.journal.hosts(self.cid)
+                     if self.options["rollback_scope"] == "campaign" or r["wave"] == wave]
+            moves = {r["host"]: transitions.ROLLBACK_START for r in scope
+                     if r["changed"] and r["state"] not in ("rolled_back", "rollback_failed")}
+            moves.update({r["host"]: "not_started" for r in self.journal.hosts(self.cid) if r["wave"] > wave})
+            reasons = "; ".join(f"{h}: {rows[h]['reason']}" for h in failed)
+            self.journal.transition(self.cid, "wave_failed", hosts=moves, wave=wave,
+                                    reason=f"wave {wave} failed ({len(failed)} of {len(rows)} hosts, "
+                                           f"{budget['rule']}): {reasons}")
+            return
+        lone = [h for h in failed if rows[h]["state"] == "failed" and rows[h]["changed"]]
+        if lone:  # within budget: only the failed hosts go back, the campaign goes on
+            self.journal.set_hosts(self.cid, lone, transitions.ROLLBACK_START, "host_rollback",
+                                   reason="failed within the wave's budget")
+            self.advance(lone)
+            return self.run_wave(self.journal.campaign(self.cid))
+        held = [h for h, r in rows.items() if r["state"] == "held"]
+        if held:
+            self.journal.transition(self.cid, "host_held", wave=wave,
+                                    reason="inconclusive gate, measured twice: "
+                                           + "; ".join(f"{h}: {rows[h]['reason']}" for h in held))
+        elif wave == len(self.plan["waves"]):
+            self.journal.transition(self.cid, "last_wave_passed", wave=wave, summary=self.tally())
+        else:
+            self.journal.transition(self.cid, "wave_passed", wave=wave + 1, soak_until=later(self.options["soak_s"]),
+                                    failed=failed)
+
+    def soak(self, c) -> None:
+        deadline = parse_time(c["soak_until"]) if c["soak_until"] else datetime.now(timezone.utc)
+        while datetime.now(timezone.utc) < deadline:
+            if self.journal.campaign(self.cid)["abort_requested"]:
+                self.journal.transition(self.cid, "abort_requested", reason="aborted by the operator")
+                return
+            time.sleep(min(1.0, max(0.0, (deadline - datetime.now(timezone.utc)).total_seconds())))
+        if self.window_closed():
+            self.journal.transition(self.cid, "window_closed",
+                                    reason=f"the maintenance window closed at {self.options['window_end']} "
+                                           f"before wave {c['wave']}")
+        else:
+            self.journal.transition(self.cid, "soaked", wave=c["wave"])
+
+    def window_closed(self) -> bool:
+        end = self.options.get("window_end")
+        return bool(end) and datetime.now(timezone.utc) >= parse_time(end)
+
+    # ---- the host table ----------------------------------------------------------------------------------
+    def advance(self, names: list[str]) -> None:
+        """Move NAMES through the host table until each is in a terminal state: one step at a time, for every
+        host in the earliest state (a batch: one playbook run)."""
+        scope = set(names)
+        while True:
+            rows = [r for r in self.journal.hosts(self.cid)
+                    if r["host"] in scope and not transitions.is_terminal(r["state"])]
+            if not rows:
+                return
+            state = min((r["state"] for r in rows), key=transitions.ORDER.__getitem__)
+            batch = [r["host"] for r in rows if r["state"] == state]
+            step = transitions.HOST_ROWS[state].step
+            self.ctx.befores = {r["host"]: json.loads(r["before"]) for r in self.journal.hosts(self.cid)
+                                if r["before"]}
+            self.journal.begin_step(self.cid, batch, step)
+            results = steps.STEPS[step](self.ctx, batch)
+            for host in batch:
+                o = results[host]
+                self.journal.finish_step(self.cid, host, step, o.outcome, o.reason, o.detail, o.before)
+
+    def hosts_in_rollback(self) -> list[str]:
+        return [r["host"] for r in self.journal.hosts(self.cid) if r["state"].startswith("rollback_")]
+
+    def tally(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.journal.hosts(self.cid):
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        return counts
+
+
+def request_rollback(journal: Journal, cid: int, reason: str) -> None:
+    """fleetctl rollback: every host the campaign changed goes back (its locks are taken again first)."""
+    rows = journal.hosts(cid)
+    moves = {r["host"]: transitions.ROLLBACK_START for r in rows
+             if r["changed"] and r["state"] not in ("rolled_back", "rollback_failed")}
+    journal.lock(cid, sorted(moves))
+    journal.transition(cid, "rollback_requested", reason=reason, hosts=moves)
+
+
+def accept_held(journal: Journal, cid: int) -> None:
+    """fleetctl campaign resume of a halted campaign: the operator accepts held hosts (they are undrained)."""
+    held = [r["host"] for r in journal.hosts(cid) if r["state"] == "held"]
+    journal.transition(cid, "resumed", reason=None, hosts={h: "undrain" for h in held},
+                       accepted=held, at=now())

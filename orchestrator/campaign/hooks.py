@@ -1,0 +1,87 @@
+"""Drain and undrain: commands run on the control node, where the scheduler's credentials are.
+
+A hook is a command template. It is split into words first and the placeholders are filled in per word
+afterwards, so a host name can never become shell syntax: {host} (inventory name), {node} (the host's
+`fleetctl_node_name` inventory variable, else its inventory name), {campaign} (the campaign id).
+Presets: slurm (scontrol drain / resume) and kubernetes (kubectl drain / uncordon).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputError
+
+PRESETS = {
+    "none": (None, None),
+    "slurm": ('scontrol update nodename={node} state=drain reason="fleetctl campaign {campaign}"',
+              "scontrol update nodename={node} state=resume"),
+    "kubernetes": ("kubectl drain {node} --ignore-daemonsets --delete-emptydir-data --timeout=600s",
+                   "kubectl uncordon {node}"),
+}
+PLACEHOLDERS = ("host", "node", "campaign")
+
+
+@dataclass(frozen=True)
+class Hooks:
+    drain: str | None = None
+    undrain: str | None = None
+    timeout_s: float = 900.0
+
+
+def resolve(preset: str | None, drain: str | None, undrain: str | None, timeout_s: float = 900.0) -> Hooks:
+    """--drain-preset and/or explicit templates (explicit wins), checked now: a bad template is an input error."""
+    if preset and preset not in PRESETS:
+        raise InputError(f"--drain-preset {preset!r}: unknown (choose from {', '.join(PRESETS)})")
+    d, u = PRESETS[preset or "none"]
+    hooks = Hooks(drain or d, undrain or u, timeout_s)
+    for flag, template in (("--drain", hooks.drain), ("--undrain", hooks.undrain)):
+        if template is not None:
+            argv(template, {"host": "h", "node": "h", "campaign": "1"}, flag)
+    return hooks
+
+
+def argv(template: str, values: dict[str, str], where: str = "hook") -> list[str]:
+    try:
+        words = shlex.split(template)
+    except ValueError as e:
+        raise InputError(f"{where} {template!r}: {e}") from None
+    if not words:
+        raise InputError(f"{where}: empty command")
+    try:
+        return [w.format(**values) for w in words]
+    except (KeyError, IndexError, ValueError) as e:
+        raise InputError(f"{where} {template!r}: unknown placeholder {e} (use {{host}}, {{node}}, {{campaign}})") \
+            from None
+
+
+def run(template: str | None, hosts: dict[str, str], campaign: int, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """host -> {ok, reason, detail}: TEMPLATE for every host at once (HOSTS: inventory name -> node name)."""
+    if template is None:
+        return {h: {"ok": True, "reason": None, "detail": {"hook": None}} for h in hosts}
+
+    def one(host: str) -> tuple[str, dict[str, Any]]:
+        command = argv(template, {"host": host, "node": hosts[host], "campaign": str(campaign)})
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            return host, {"ok": False, "reason": f"hook {command[0]}: command not found", "detail": {"argv": command}}
+        except subprocess.TimeoutExpired:
+            return host, {"ok": False, "reason": f"hook {command[0]}: no answer in {timeout_s:g}s",
+                          "detail": {"argv": command}}
+        detail = {"argv": command, "rc": proc.returncode, "seconds": round(time.monotonic() - started, 3),
+                  "output": (proc.stdout + proc.stderr)[-1000:]}
+        if proc.returncode != 0:
+            last = (proc.stderr or proc.stdout).strip().splitlines()
+            return host, {"ok": False, "reason": f"hook {command[0]} exited {proc.returncode}: "
+                                                 f"{last[-1] if last else 'no output'}", "detail": detail}
+        return host, {"ok": True, "reason": None, "detail": detail}
+
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts)) or 1) as pool:
+        return dict(pool.map(one, hosts))

@@ -1,0 +1,292 @@
+"""The campaign's write-ahead record, in the history's SQLite file.
+
+Every transition is committed before it is acted on: a step is written `started` (and the host marked changed,
+for a step that changes packages) before its playbook runs; its outcome and the host's next state are written
+in one transaction after. A crash in between leaves the host in the state that names the unfinished step, so a
+resume runs it again on the same history row (attempts + 1): steps are idempotent on the host (exact package
+state, reboot keyed on the boot id), and no finished step is ever run again (one row per host and step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import OperationError
+from ..store import Store, now
+from . import transitions
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS campaigns (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    target TEXT NOT NULL,
+    state TEXT NOT NULL,               -- transitions.CAMPAIGN_TABLE states
+    wave INTEGER NOT NULL,             -- the wave being worked on (1-based)
+    options TEXT NOT NULL,             -- JSON: probe protocol, hooks, soak, window, rollback scope, forks
+    plan TEXT NOT NULL,                -- JSON: campaign-plan.schema.json
+    reason TEXT,                       -- why it halted, rolled back or was aborted
+    abort_requested INTEGER NOT NULL DEFAULT 0,
+    soak_until TEXT,
+    driver TEXT,                       -- JSON {node, pid, start}: the process driving it now
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS campaign_hosts (
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    host TEXT NOT NULL,
+    wave INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    changed INTEGER NOT NULL DEFAULT 0, -- a package-changing step began: a rollback concerns this host
+    reason TEXT,
+    before TEXT,                       -- JSON: what precheck recorded (packages, boot id, GPUs, version)
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (campaign_id, host)
+);
+CREATE TABLE IF NOT EXISTS campaign_steps (
+    id INTEGER PRIMARY KEY,
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    host TEXT NOT NULL,
+    step TEXT NOT NULL,
+    status TEXT NOT NULL,              -- started | ok | fail | inconclusive | skip
+    attempts INTEGER NOT NULL,
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    reason TEXT,
+    detail TEXT,
+    UNIQUE (campaign_id, host, step)
+);
+CREATE TABLE IF NOT EXISTS campaign_events (
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    seq INTEGER NOT NULL,
+    at TEXT NOT NULL,
+    event TEXT NOT NULL,
+    host TEXT,
+    data TEXT NOT NULL,
+    PRIMARY KEY (campaign_id, seq)
+);
+CREATE TABLE IF NOT EXISTS host_locks (
+    host TEXT PRIMARY KEY,
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    since TEXT NOT NULL
+);
+"""
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of PID (field 22 of /proc/PID/stat): a pid and its start name one process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def this_process() -> dict[str, Any]:
+    return {"node": socket.getfqdn(), "pid": os.getpid(), "start": process_start(os.getpid())}
+
+
+class Journal:
+    def __init__(self, store: Store, listener=None):
+        self.store = store
+        self.db = store.db
+        self.db.executescript(SCHEMA)
+        self.listener = listener  # called with every event (progress display, JSONL log)
+        self._pending: list[dict[str, Any]] = []
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            yield self.db
+
+    # ---- events ---------------------------------------------------------------------------------------
+    def _event(self, db: sqlite3.Connection, campaign_id: int, event: str, host: str | None = None,
+               **data: Any) -> dict[str, Any]:
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM campaign_events WHERE campaign_id=?",
+                         (campaign_id,)).fetchone()[0]
+        record = {"campaign": campaign_id, "seq": seq, "at": now(), "event": event, "host": host, **data}
+        db.execute("INSERT INTO campaign_events (campaign_id, seq, at, event, host, data) VALUES (?, ?, ?, ?, ?, ?)",
+                   (campaign_id, seq, record["at"], event, host, json.dumps(data, sort_keys=True)))
+        self._pending.append(record)
+        return record
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for record in pending:
+            if self.listener:
+                self.listener(record)
+
+    # ---- campaigns -------------------------------------------------------------------------------------
+    def create(self, run_id: int, plan: dict[str, Any], options: dict[str, Any]) -> tuple[int, list[str]]:
+        """A new campaign with every planned host pending, and the host locks; hosts locked by another
+        campaign are left out of it (returned)."""
+        self._pending = []
+        with self.tx() as db:
+            stamp = now()
+            cur = db.execute(
+                "INSERT INTO campaigns (run_id, target, state, wave, options, plan, driver, created_at, updated_at)"
+                " VALUES (?, ?, 'running', 1, ?, ?, ?, ?, ?)",
+                (run_id, plan["target"], json.dumps(options, sort_keys=True), json.dumps(plan, sort_keys=True),
+                 json.dumps(this_process()), stamp, stamp))
+            cid = cur.lastrowid
+            locked = []
+            position = 0
+            for wave in plan["waves"]:
+                for h in wave["hosts"]:
+                    owner = db.execute("SELECT campaign_id FROM host_locks WHERE host=?", (h["name"],)).fetchone()
+                    if owner is not None:
+                        locked.append(f"{h['name']} (campaign {owner[0]})")
+                        continue
+                    db.execute("INSERT INTO host_locks (host, campaign_id, since) VALUES (?, ?, ?)",
+                               (h["name"], cid, stamp))
+                    position += 1
+                    db.execute("INSERT INTO campaign_hosts (campaign_id, host, wave, position, state, updated_at)"
+                               " VALUES (?, ?, ?, ?, 'precheck', ?)", (cid, h["name"], wave["index"], position, stamp))
+            self._event(db, cid, "campaign_started", target=plan["target"],
+                        waves=[[h["name"] for h in w["hosts"]] for w in plan["waves"]], locked_elsewhere=locked)
+        self._flush()
+        return cid, locked
+
+    def campaign(self, cid: int) -> sqlite3.Row:
+        row = self.db.execute("SELECT * FROM campaigns WHERE id=?", (cid,)).fetchone()
+        if row is None:
+            raise LookupError(cid)
+        return row
+
+    def campaigns(self) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM campaigns ORDER BY id").fetchall()
+
+    def claim(self, cid: int) -> None:
+        """Become the process driving campaign CID; refused while another live process does."""
+        with self.tx() as db:
+            row = db.execute("SELECT driver FROM campaigns WHERE id=?", (cid,)).fetchone()
+            driver = json.loads(row[0]) if row and row[0] else None
+            me = this_process()
+            if driver and driver != me and driver["node"] == me["node"] \
+                    and process_start(driver["pid"]) == driver["start"]:
+                raise OperationError(f"campaign {cid} is being driven by pid {driver['pid']} on this machine")
+            db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(me), cid))
+
+    def transition(self, cid: int, event: str, reason: str | None = None, wave: int | None = None,
+                   soak_until: str | None = None, hosts: dict[str, str] | None = None, **data: Any) -> str:
+        """Campaign-level transition per transitions.CAMPAIGN_TABLE, committed with its event, the next wave or
+        soak deadline and any host moves it implies (HOSTS: name -> state), all in one transaction."""
+        with self.tx() as db:
+            state = db.execute("SELECT state FROM campaigns WHERE id=?", (cid,)).fetchone()[0]
+            new = transitions.campaign_next(state, event)
+            db.execute("UPDATE campaigns SET state=?, reason=COALESCE(?, reason), wave=COALESCE(?, wave),"
+                       " soak_until=?, updated_at=? WHERE id=?", (new, reason, wave, soak_until, now(), cid))
+            for host, host_state in (hosts or {}).items():
+                db.execute("UPDATE campaign_hosts SET state=?, updated_at=? WHERE campaign_id=? AND host=?",
+                           (host_state, now(), cid, host))
+            if new in transitions.CAMPAIGN_TERMINAL:
+                db.execute("DELETE FROM host_locks WHERE campaign_id=?", (cid,))
+            self._event(db, cid, event, state_from=state, state=new, reason=reason, wave=wave,
+                        hosts=hosts or None, **data)
+        self._flush()
+        return new
+
+    def lock(self, cid: int, hosts: list[str]) -> None:
+        """Take HOSTS' locks for campaign CID again (a manual rollback); refused if another campaign holds one."""
+        with self.tx() as db:
+            for host in hosts:
+                owner = db.execute("SELECT campaign_id FROM host_locks WHERE host=?", (host,)).fetchone()
+                if owner is not None and owner[0] != cid:
+                    raise OperationError(f"{host} is locked by campaign {owner[0]}")
+                db.execute("INSERT OR IGNORE INTO host_locks (host, campaign_id, since) VALUES (?, ?, ?)",
+                           (host, cid, now()))
+
+    def update_options(self, cid: int, **changes: Any) -> None:
+        with self.tx() as db:
+            options = json.loads(db.execute("SELECT options FROM campaigns WHERE id=?", (cid,)).fetchone()[0])
+            options.update(changes)
+            db.execute("UPDATE campaigns SET options=? WHERE id=?", (json.dumps(options, sort_keys=True), cid))
+
+    def request_abort(self, cid: int) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE campaigns SET abort_requested=1 WHERE id=?", (cid,))
+            self._event(db, cid, "abort_requested_by_operator")
+        self._flush()
+
+    # ---- hosts and steps -------------------------------------------------------------------------------
+    def hosts(self, cid: int) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM campaign_hosts WHERE campaign_id=? ORDER BY position", (cid,)).fetchall()
+
+    def steps(self, cid: int, host: str | None = None) -> list[sqlite3.Row]:
+        if host is None:
+            return self.db.execute("SELECT * FROM campaign_steps WHERE campaign_id=? ORDER BY id", (cid,)).fetchall()
+        return self.db.execute("SELECT * FROM campaign_steps WHERE campaign_id=? AND host=? ORDER BY id",
+                               (cid, host)).fetchall()
+
+    def step_detail(self, cid: int, host: str, step: str) -> dict[str, Any] | None:
+        row = self.db.execute("SELECT detail FROM campaign_steps WHERE campaign_id=? AND host=? AND step=?",
+                              (cid, host, step)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
+    def begin_step(self, cid: int, hosts: list[str], step: str) -> None:
+        """Write ahead: STEP is about to run on HOSTS."""
+        with self.tx() as db:
+            stamp = now()
+            for host in hosts:
+                state = db.execute("SELECT state FROM campaign_hosts WHERE campaign_id=? AND host=?",
+                                   (cid, host)).fetchone()[0]
+                if transitions.HOST_ROWS[state].step != step:
+                    raise RuntimeError(f"{host}: state {state} does not run {step}")
+                row = db.execute("SELECT status, attempts FROM campaign_steps WHERE campaign_id=? AND host=? AND step=?",
+                                 (cid, host, step)).fetchone()
+                if row is None:
+                    db.execute("INSERT INTO campaign_steps (campaign_id, host, step, status, attempts, started_at)"
+                               " VALUES (?, ?, ?, 'started', 1, ?)", (cid, host, step, stamp))
+                elif row[0] == "started":  # interrupted by a crash: the same step, resumed
+                    db.execute("UPDATE campaign_steps SET attempts=attempts+1 WHERE campaign_id=? AND host=? AND step=?",
+                               (cid, host, step))
+                else:
+                    raise RuntimeError(f"{host}: step {step} already finished ({row[0]}); it is never run twice")
+                if step in transitions.CHANGES_HOST:
+                    db.execute("UPDATE campaign_hosts SET changed=1 WHERE campaign_id=? AND host=?", (cid, host))
+                self._event(db, cid, "step_started", host, step=step, resumed=row is not None)
+        self._flush()
+
+    def finish_step(self, cid: int, host: str, step: str, outcome: str, reason: str | None,
+                    detail: dict[str, Any] | None, before: dict[str, Any] | None = None) -> str:
+        """The step's outcome and the host's next state, in one transaction. Returns the next state."""
+        with self.tx() as db:
+            state = db.execute("SELECT state FROM campaign_hosts WHERE campaign_id=? AND host=?",
+                               (cid, host)).fetchone()[0]
+            new = transitions.HOST_ROWS[state].next(outcome)
+            db.execute("UPDATE campaign_steps SET status=?, finished_at=?, reason=?, detail=?"
+                       " WHERE campaign_id=? AND host=? AND step=?",
+                       (outcome, now(), reason, json.dumps(detail, sort_keys=True) if detail is not None else None,
+                        cid, host, step))
+            db.execute("UPDATE campaign_hosts SET state=?, reason=CASE WHEN ? IN ('ok', 'skip') THEN reason ELSE ? END,"
+                       " before=COALESCE(?, before), updated_at=? WHERE campaign_id=? AND host=?",
+                       (new, outcome, reason, json.dumps(before, sort_keys=True) if before else None, now(), cid, host))
+            self._event(db, cid, "step_finished", host, step=step, outcome=outcome, reason=reason, state=new)
+        self._flush()
+        return new
+
+    def set_hosts(self, cid: int, hosts: list[str], state: str, event: str, reason: str | None = None) -> None:
+        """Move HOSTS to STATE outside the host table (start of a rollback, wave cancelled, operator accepted)."""
+        if not hosts:
+            return
+        with self.tx() as db:
+            for host in hosts:
+                db.execute("UPDATE campaign_hosts SET state=?, updated_at=? WHERE campaign_id=? AND host=?",
+                           (state, now(), cid, host))
+                self._event(db, cid, event, host, state=state, reason=reason)
+        self._flush()
+
+    def events(self, cid: int) -> list[dict[str, Any]]:
+        return [{"campaign": cid, "seq": r["seq"], "at": r["at"], "event": r["event"], "host": r["host"],
+                 **json.loads(r["data"])}
+                for r in self.db.execute("SELECT * FROM campaign_events WHERE campaign_id=? ORDER BY seq", (cid,))]
+
+    def locks(self) -> dict[str, int]:
+        return {r["host"]: r["campaign_id"] for r in self.db.execute("SELECT * FROM host_locks")}

@@ -1,0 +1,255 @@
+"""The steps of the host table: each runs once for a batch of hosts (one playbook run, or one hook per host) and
+returns every host's outcome: ok | fail | inconclusive | skip, a reason, and what to keep in the history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import audit, baseline as baseline_mod, gate, inventory, plan, policy, probe, runner
+from . import hooks, packages
+from .journal import Journal
+
+
+@dataclass
+class Outcome:
+    outcome: str  # ok | fail | inconclusive | skip
+    reason: str | None = None
+    detail: dict[str, Any] | None = None
+    before: dict[str, Any] | None = None  # precheck only: what the host was before the campaign touched it
+
+
+@dataclass
+class Context:
+    journal: Journal
+    campaign: int
+    target: str
+    fleet: inventory.Fleet
+    base: baseline_mod.Baseline
+    options: dict[str, Any]
+    befores: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> recorded "before"
+
+    def probe_options(self, throughput: bool) -> probe.ProbeOptions:
+        o = self.options["probe"]
+        return probe.ProbeOptions(throughput=throughput, samples=o["samples"], warmup_s=o["warmup_s"],
+                                  trial_s=o["trial_s"], forks=self.options.get("forks"), preflight=False)
+
+    def policy(self, host: str) -> dict[str, Any]:
+        return self.base.policy_for(list(self.fleet.host(host).groups))
+
+
+def unreachable_or_failed(outcome: runner.HostOutcome) -> Outcome | None:
+    if outcome.status == "unreachable":
+        return Outcome("fail", f"unreachable: {outcome.message}")
+    if outcome.status == "failed":
+        return Outcome("fail", outcome.message)
+    return None
+
+
+def playbook(ctx: Context, name: str, hosts: list[str], extravars: dict[str, Any],
+             check_ssh: bool = True) -> dict[str, runner.HostOutcome]:
+    return runner.run_on_fleet(name, ctx.fleet.only(hosts), extravars, ctx.options.get("forks"), check_ssh)
+
+
+def facts_of(ctx: Context, hosts: list[str]) -> dict[str, dict[str, Any]]:
+    """Audit-style host entries (facts, findings) collected with the audit's playbook."""
+    sub = ctx.fleet.only(hosts)
+    outcomes = runner.run_on_fleet("audit.yml", sub, {"fleetctl_xid_overrides": audit.xid_overrides(sub, ctx.base)},
+                                   ctx.options.get("forks"))
+    return {h.name: audit.evaluate_host(h, outcomes[h.name], ctx.base) for h in sub.hosts}
+
+
+# ---- the upgrade ---------------------------------------------------------------------------------------
+
+def precheck(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    """Reachable, healthy, blessed, not on the target yet: and what it is now, recorded (the rollback's goal)."""
+    out = {}
+    for name, entry in facts_of(ctx, hosts).items():
+        verdict, code, detail = plan.classify(entry, ctx.base, ctx.target)
+        if verdict == "skipped":
+            out[name] = Outcome("skip", detail)
+        elif verdict == "excluded":
+            out[name] = Outcome("fail", f"pre-check: {detail}")
+        else:
+            facts = entry["facts"]
+            before = {"version": detail, "boot_id": facts["host"]["boot_id"],
+                      "gpus": len(policy.live_gpus(facts)),
+                      "packages": packages.driver_versioned(facts["driver"]["packages"], detail),
+                      "held": facts["driver"]["held"]}
+            if not before["packages"]:
+                out[name] = Outcome("fail", f"pre-check: no installed package carries driver {detail}: "
+                                            "fleetctl only changes package-managed drivers")
+            else:
+                out[name] = Outcome("ok", None, {"from": detail, "packages": before["packages"]}, before)
+    return out
+
+
+def _probe(ctx: Context, hosts: list[str], throughput: bool) -> dict[str, dict[str, Any]]:
+    return probe.collect(ctx.probe_options(throughput), ctx.fleet.only(hosts), ctx.base)
+
+
+def probe_before(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    """Health and the throughput samples every later probe of this host is judged against."""
+    out = {}
+    for name, entry in _probe(ctx, hosts, True).items():
+        if entry["probe"] is None:
+            out[name] = Outcome("fail", entry["error"] or "no probe result")
+            continue
+        v = gate.judge_health(entry["probe"], entry["probe"], gate.gate_policy(ctx.policy(name)),
+                              ctx.policy(name).get("gpus", {}).get("count"))
+        detail = {"probe": entry["probe"], "verdict": v.status, "reasons": v.reasons}
+        out[name] = Outcome("ok" if v.status == "pass" else "fail",
+                            None if v.status == "pass" else "unhealthy before the change: " + "; ".join(v.reasons),
+                            detail)
+    return out
+
+
+def _gate(ctx: Context, hosts: list[str], reference_step: str) -> dict[str, Outcome]:
+    out = {}
+    for name, entry in _probe(ctx, hosts, True).items():
+        if entry["probe"] is None:
+            out[name] = Outcome("fail", f"probe: {entry['error'] or 'no probe result'}")
+            continue
+        before = ctx.journal.step_detail(ctx.campaign, name, reference_step)["probe"]
+        pol = ctx.policy(name)
+        v = gate.judge(before, entry["probe"], gate.gate_policy(pol), pol.get("gpus", {}).get("count"))
+        detail = {"probe": entry["probe"], "verdict": v.status, "reasons": v.reasons, "figures": v.as_dict()}
+        outcome = {"pass": "ok", "fail": "fail", "inconclusive": "inconclusive"}[v.status]
+        out[name] = Outcome(outcome, None if outcome == "ok" else f"gate {v.status}: " + "; ".join(v.reasons), detail)
+    return out
+
+
+def probe_after(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    return _gate(ctx, hosts, "probe_before")
+
+
+def _hook(ctx: Context, hosts: list[str], template: str | None) -> dict[str, Outcome]:
+    nodes = {h: str(ctx.fleet.host(h).vars.get("fleetctl_node_name", h)) for h in hosts}
+    results = hooks.run(template, nodes, ctx.campaign, ctx.options["hooks"]["timeout_s"])
+    return {h: Outcome("ok" if r["ok"] else "fail", r["reason"], r["detail"]) for h, r in results.items()}
+
+
+def drain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    return _hook(ctx, hosts, ctx.options["hooks"]["drain"])
+
+
+def undrain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    return _hook(ctx, hosts, ctx.options["hooks"]["undrain"])
+
+
+def wait_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    """No process may hold a GPU before the driver is touched: wait, then fail the host cleanly."""
+    idle = ctx.options["idle"]
+    outcomes = playbook(ctx, "gpu_idle.yml", hosts, {"fleetctl_idle_timeout_s": idle["timeout_s"],
+                                                     "fleetctl_idle_poll_s": idle["poll_s"]})
+    out = {}
+    for name, o in outcomes.items():
+        if o.status == "failed":
+            users = (o.results.get("gpu_users") or {}).get("users") or []
+            if users:
+                shown = ", ".join(f"{u['name']} (pid {u['pid']})" for u in users[:5])
+                out[name] = Outcome("fail", f"the driver is in use after {idle['timeout_s']}s: {shown}",
+                                    {"users": users})
+                continue
+        out[name] = unreachable_or_failed(o) or Outcome("ok", None, {"users": []})
+    return out
+
+
+def _install(ctx: Context, hosts: list[str], wanted: Callable[[str], dict[str, str]]) -> dict[str, Outcome]:
+    requests = {h: wanted(h) for h in hosts}
+    outcomes = playbook(ctx, "driver_install.yml", hosts, {"fleetctl_packages": requests})
+    out = {}
+    for name, o in outcomes.items():
+        res = o.results.get("nvidia_driver_packages") or {}
+        detail = {"requested": requests[name], "installed": res.get("installed"), "removed": res.get("removed"),
+                  "after": res.get("after"), "boot_id": res.get("boot_id")}
+        failed = unreachable_or_failed(o)
+        if failed:
+            failed.reason = f"install {packages.describe(requests[name])}: {failed.reason}"
+            failed.detail = detail
+            out[name] = failed
+        else:
+            out[name] = Outcome("ok", None, detail)
+    return out
+
+
+def install(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    def wanted(host: str) -> dict[str, str]:
+        before = ctx.befores[host]
+        return packages.target_set(before["packages"], before["version"], ctx.target)
+    return _install(ctx, hosts, wanted)
+
+
+def _activate(ctx: Context, hosts: list[str], install_step: str,
+              version_of: Callable[[str], str]) -> dict[str, Outcome]:
+    boot_ids = {h: (ctx.journal.step_detail(ctx.campaign, h, install_step) or {}).get("boot_id") or "" for h in hosts}
+    # No SSH pre-flight: after an interrupted run the host may be rebooting; the play waits for it.
+    outcomes = playbook(ctx, "driver_activate.yml", hosts,
+                        {"fleetctl_boot_ids": boot_ids, "fleetctl_versions": {h: version_of(h) for h in hosts}},
+                        check_ssh=False)
+    out = {}
+    for name, o in outcomes.items():
+        rebooted = "ansible.builtin.reboot" in o.results and not o.results["ansible.builtin.reboot"].get("skipped")
+        out[name] = unreachable_or_failed(o) or Outcome("ok", None, {"rebooted": rebooted})
+    return out
+
+
+def activate(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    return _activate(ctx, hosts, "install", lambda h: ctx.target)
+
+
+def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str]) -> dict[str, Outcome]:
+    """The running module and the userspace are VERSION, NVML answers, every GPU is back, packages held."""
+    out = {}
+    for name, entry in facts_of(ctx, hosts).items():
+        if entry["facts"] is None:
+            out[name] = Outcome("fail", entry["error"] or "no facts")
+            continue
+        want, facts = version_of(name), entry["facts"]
+        d = facts["driver"]
+        problems = []
+        running = policy.running_version(facts)
+        if d["state"] != "loaded" or running != want:
+            problems.append(f"driver {d['state'].replace('_', ' ')}, module {d['module_version']}, "
+                            f"userspace {d['userspace_version']} (want {want})")
+        gpus = policy.live_gpus(facts)
+        expected = ctx.befores[name].get("gpus")
+        if expected is not None and len(gpus) < expected:
+            problems.append(f"{len(gpus)} of {expected} GPUs answer NVML")
+        if d["held"] is False:
+            problems.append("driver packages are not held")
+        detail = {"running": running, "state": d["state"], "gpus": len(gpus), "held": d["held"]}
+        out[name] = Outcome("fail", "verify: " + "; ".join(problems), detail) if problems else Outcome("ok", None, detail)
+    return out
+
+
+def verify(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    return _verify(ctx, hosts, lambda h: ctx.target)
+
+
+# ---- the rollback: back to exactly what precheck recorded ---------------------------------------------
+
+def rollback_install(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    return _install(ctx, hosts, lambda h: ctx.befores[h]["packages"])
+
+
+def rollback_activate(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    return _activate(ctx, hosts, "rollback_install", lambda h: ctx.befores[h]["version"])
+
+
+def rollback_verify(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    return _verify(ctx, hosts, lambda h: ctx.befores[h]["version"])
+
+
+def rollback_probe(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    return _gate(ctx, hosts, "probe_before")
+
+
+STEPS: dict[str, Callable[[Context, list[str]], dict[str, Outcome]]] = {
+    "precheck": precheck, "probe_before": probe_before, "drain": drain, "wait_idle": wait_idle,
+    "install": install, "activate": activate, "verify": verify, "probe_after": probe_after,
+    "probe_again": probe_after, "undrain": undrain, "release": undrain,
+    "rollback_drain": drain, "rollback_wait_idle": wait_idle, "rollback_install": rollback_install,
+    "rollback_activate": rollback_activate, "rollback_verify": rollback_verify, "rollback_probe": rollback_probe,
+    "rollback_undrain": undrain,
+}

@@ -1,0 +1,316 @@
+"""fleetctl upgrade, campaign list|show|resume|abort, rollback: the commands around the campaign engine."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from . import audit, baseline as baseline_mod, inventory, plan, runner, runs
+from .campaign import hooks, packages, progress, transitions
+from .campaign.engine import Engine, accept_held, later, request_rollback
+from .campaign.journal import Journal, process_start
+from .errors import InputError, OperationError
+from .store import Store
+
+EXIT_HOSTS_FAILED = 1
+ROLLBACK_SCOPES = ("campaign", "wave")
+
+
+@dataclass(frozen=True)
+class UpgradeOptions:
+    target: str
+    waves: str = plan.DEFAULT_RAMP
+    inventory: str | None = None
+    limit: str | None = None
+    baseline: str | None = None
+    forks: int | None = None
+    preflight: bool = True
+    soak_s: float = 300.0
+    window_s: float | None = None
+    rollback_scope: str = "campaign"
+    drain_preset: str | None = None
+    drain: str | None = None
+    undrain: str | None = None
+    hook_timeout_s: float = 900.0
+    idle_timeout_s: int = 300
+    idle_poll_s: int = 10
+    samples: int = 10
+    warmup_s: float = 20.0
+    trial_s: float = 1.0
+
+
+def parse_duration(text: str, flag: str, allow_zero: bool = False) -> float:
+    """'90m', '2h', '45s', '3600' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: not a duration (e.g. 90m, 2h, 3600)") from None
+    if value < 0 or (value == 0 and not allow_zero) or value != value:
+        raise InputError(f"{flag} {text!r}: must be above zero")
+    return value
+
+
+def campaign_options(opts: UpgradeOptions) -> dict[str, Any]:
+    h = hooks.resolve(opts.drain_preset, opts.drain, opts.undrain, opts.hook_timeout_s)
+    if opts.rollback_scope not in ROLLBACK_SCOPES:
+        raise InputError(f"--rollback-scope {opts.rollback_scope!r}: choose campaign or wave")
+    return {"forks": opts.forks, "soak_s": opts.soak_s, "rollback_scope": opts.rollback_scope,
+            "window_end": later(opts.window_s) if opts.window_s else None,
+            "hooks": {"drain": h.drain, "undrain": h.undrain, "timeout_s": h.timeout_s},
+            "idle": {"timeout_s": opts.idle_timeout_s, "poll_s": opts.idle_poll_s},
+            "probe": {"samples": opts.samples, "warmup_s": opts.warmup_s, "trial_s": opts.trial_s}}
+
+
+def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline, ramp,
+              locks: dict[str, int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The plan (as `fleetctl plan` makes it), hosts locked by another campaign excluded."""
+    outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": audit.xid_overrides(fleet, base)},
+                                   opts.forks, opts.preflight)
+    entries = [audit.evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
+    free = [e for e in entries if e["name"] not in locks]
+    made = plan.build(plan.parse_target(opts.target), ramp, free, base)
+    made["excluded"] += [{"name": e["name"], "groups": e["groups"], "code": "in_campaign",
+                          "reason": f"in campaign {locks[e['name']]} (host lock)"}
+                         for e in entries if e["name"] in locks]
+    return made, entries
+
+
+def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: dict[str, Any]) -> str:
+    facts = {e["name"]: e["facts"] for e in entries}
+    lines = [f"dry run: nothing will be changed. Campaign to {made['target']}, "
+             f"{sum(w['size'] for w in made['waves'])} hosts in {len(made['waves'])} waves"]
+    for w in made["waves"]:
+        lines.append(f"wave {w['index']} ({w['budget']['rule']}):")
+        for h in w["hosts"]:
+            before = packages.driver_versioned(facts[h["name"]]["driver"]["packages"], h["from_version"])
+            lines.append(f"  {h['name']}: {h['from_version']} -> {made['target']}: drain"
+                         f" ({options['hooks']['drain'] or 'no hook'}), wait for idle GPUs, install "
+                         f"{packages.describe(packages.target_set(before, h['from_version'], made['target']))}"
+                         f" (held; rollback to {packages.describe(before)}), reboot, verify, probe and gate, undrain")
+        if w["index"] < len(made["waves"]):
+            lines.append(f"  soak {options['soak_s']:g}s")
+    for h in made["skipped"] + made["excluded"]:
+        lines.append(f"not in the campaign: {h['name']}: {h['reason']}")
+    return "\n".join(lines) + "\n"
+
+
+def listener_for(journal: Journal, cid: int, console: Console | None):
+    """The JSONL log always; a live view on a terminal, plain lines otherwise."""
+    log = progress.EventLog(cid, journal.events(cid))
+    if console is not None and console.is_terminal:
+        c = journal.campaign(cid)
+        view = progress.LiveView(console, [dict(r) for r in journal.hosts(cid)],
+                                 f"fleetctl campaign {cid} to {c['target']}")
+        return progress.Fanout(log.write, view), view
+    return progress.Fanout(log.write, progress.PlainLines()), None
+
+
+def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod.Baseline,
+          console: Console | None) -> str:
+    engine = Engine(journal, cid, fleet, base)
+    listener, view = listener_for(journal, cid, console)
+    journal.listener = listener
+    if view is None:
+        return engine.run()
+    with view:
+        return engine.run()
+
+
+def exit_code(journal: Journal, cid: int) -> int:
+    c = journal.campaign(cid)
+    code = transitions.CAMPAIGN_EXIT[c["state"]]
+    if c["state"] == "done" and any(r["state"] in transitions.FAILED for r in journal.hosts(cid)):
+        return EXIT_HOSTS_FAILED
+    return code
+
+
+def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
+          console: Console | None) -> tuple[int | None, int, str]:
+    """(campaign id or None, exit code, text for the operator)."""
+    ramp = plan.parse_ramp(opts.waves)
+    plan.parse_target(opts.target)
+    options = campaign_options(opts)
+    fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
+    journal = Journal(store)
+    with runs.recorded(store, "campaign" if not dry_run else "plan", argv, fleet, base, opts.limit) as run_:
+        made, entries = make_plan(opts, fleet, base, ramp, journal.locks())
+        hosts = sum(w["size"] for w in made["waves"])
+        summary = {"hosts": len(entries), "eligible": hosts, "waves": len(made["waves"]), "dry_run": dry_run,
+                   "exit_code": 0}
+        store.finish_run(run_.id, 0, {**summary, "plan": made}, entries)
+    if dry_run:
+        return None, 0, dry_run_text(made, entries, options)
+    if not hosts:
+        return None, 0, "nothing to upgrade: " + "; ".join(
+            f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
+    cid, _ = journal.create(run_.id, made, options)
+    state = drive(journal, cid, fleet, base, console)
+    return cid, exit_code(journal, cid), summary_text(journal, cid)
+
+
+def load_for(store: Store, journal: Journal, cid: int, inventory_path: str | None,
+             baseline_path: str | None) -> tuple[inventory.Fleet, baseline_mod.Baseline]:
+    """The fleet and baseline a campaign was started with (or the ones given), checked."""
+    c = campaign_row(journal, cid)
+    run = store.run(c["run_id"])
+    source = inventory_path or (run["inventory"] if run["inventory"] != "localhost" else None)
+    fleet, base = runs.prepare(source, None, baseline_path or run["baseline_path"])
+    if baseline_path is None and base.digest != run["baseline_digest"]:
+        raise InputError(f"{base.path}: the baseline changed since campaign {cid} started "
+                         f"({run['baseline_digest'][:19]} then, {base.digest[:19]} now); give -b to use it anyway")
+    return fleet, base
+
+
+def campaign_row(journal: Journal, cid: int):
+    try:
+        return journal.campaign(cid)
+    except LookupError:
+        raise InputError(f"no campaign {cid} in the history") from None
+
+
+def alive(driver: str | None) -> bool:
+    if not driver:
+        return False
+    d = json.loads(driver)
+    return process_start(d["pid"]) == d["start"]
+
+
+def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
+           window_s: float | None, console: Console | None) -> tuple[int, str]:
+    journal = Journal(store)
+    c = campaign_row(journal, cid)
+    if c["state"] in transitions.CAMPAIGN_TERMINAL:
+        raise InputError(f"campaign {cid} is {c['state']}: nothing to resume")
+    fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
+    if window_s:
+        journal.update_options(cid, window_end=later(window_s))
+    if c["state"] == "halted":
+        accept_held(journal, cid)
+    drive(journal, cid, fleet, base, console)
+    return exit_code(journal, cid), summary_text(journal, cid)
+
+
+def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
+             console: Console | None) -> tuple[int, str]:
+    journal = Journal(store)
+    c = campaign_row(journal, cid)
+    if ("%s" % c["state"], "rollback_requested") not in transitions.CAMPAIGN_TABLE:
+        raise InputError(f"campaign {cid} is {c['state']}: "
+                         + ("resume it first" if c["state"] in ("running", "soaking", "rolling_back")
+                            else "nothing to roll back"))
+    if alive(c["driver"]):
+        raise OperationError(f"campaign {cid} is being driven by another fleetctl")
+    fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
+    request_rollback(journal, cid, "manual rollback (fleetctl rollback)")
+    drive(journal, cid, fleet, base, console)
+    return exit_code(journal, cid), summary_text(journal, cid)
+
+
+def abort(store: Store, cid: int) -> str:
+    journal = Journal(store)
+    c = campaign_row(journal, cid)
+    if c["state"] in transitions.CAMPAIGN_TERMINAL:
+        raise InputError(f"campaign {cid} is already {c['state']}")
+    if c["state"] == "rolling_back":
+        raise InputError(f"campaign {cid} is rolling back: let it finish (fleetctl campaign resume {cid})")
+    if alive(c["driver"]) and c["state"] != "halted":
+        journal.request_abort(cid)
+        return f"campaign {cid}: abort requested; it stops before its next wave\n"
+    midway = [f"{r['host']} ({r['state']})" for r in journal.hosts(cid)
+              if not transitions.is_terminal(r["state"]) and r["state"] != "precheck"]
+    if midway:
+        raise InputError(f"campaign {cid} stopped with hosts mid-way: {', '.join(midway)}; "
+                         f"resume it (fleetctl campaign resume {cid}) or roll it back after")
+    journal.transition(cid, "abort_requested", reason="aborted by the operator",
+                       hosts={r["host"]: "not_started" for r in journal.hosts(cid) if r["state"] == "precheck"})
+    return f"campaign {cid}: aborted\n"
+
+
+# ---- reading campaigns ----------------------------------------------------------------------------------
+
+def document(store: Store, cid: int) -> dict[str, Any]:
+    """Everything the history holds about a campaign, as one JSON document."""
+    journal = Journal(store)
+    c = campaign_row(journal, cid)
+    run = store.run(c["run_id"])
+    hosts = []
+    for r in journal.hosts(cid):
+        steps = []
+        for s in journal.steps(cid, r["host"]):
+            seconds = None
+            if s["finished_at"]:
+                seconds = round((datetime.fromisoformat(s["finished_at"].replace("Z", "+00:00"))
+                                 - datetime.fromisoformat(s["started_at"].replace("Z", "+00:00"))).total_seconds(), 3)
+            detail = json.loads(s["detail"]) if s["detail"] else None
+            if detail and "probe" in detail:  # the samples stay in the history; the document keeps the verdict
+                detail = {k: v for k, v in detail.items() if k != "probe"}
+            steps.append({"step": s["step"], "status": s["status"], "attempts": s["attempts"],
+                          "started_at": s["started_at"], "finished_at": s["finished_at"], "seconds": seconds,
+                          "reason": s["reason"], "detail": detail})
+        before = json.loads(r["before"]) if r["before"] else None
+        hosts.append({"name": r["host"], "wave": r["wave"], "state": r["state"], "changed": bool(r["changed"]),
+                      "reason": r["reason"], "from_version": before["version"] if before else None,
+                      "before_packages": before["packages"] if before else None, "steps": steps})
+    return {"schema_version": 1, "campaign": {
+        "id": cid, "target": c["target"], "state": c["state"], "wave": c["wave"], "reason": c["reason"],
+        "created_at": c["created_at"], "updated_at": c["updated_at"], "operator": run["operator"],
+        "control_node": run["control_node"], "inventory": run["inventory"], "baseline_digest": run["baseline_digest"],
+        "options": json.loads(c["options"]), "exit_code": exit_code(journal, cid)},
+        "plan": json.loads(c["plan"]), "hosts": hosts, "events": len(journal.events(cid)),
+        "event_log": str(progress.log_path(cid))}
+
+
+def summary_text(journal: Journal, cid: int) -> str:
+    c = journal.campaign(cid)
+    counts: dict[str, int] = {}
+    for r in journal.hosts(cid):
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    text = f"campaign {cid} to {c['target']}: {c['state']} ({states}); exit {exit_code(journal, cid)}"
+    if c["reason"] and c["state"] != "done":
+        text += f"\nreason: {c['reason']}"
+    return text + f"\nevent log: {progress.log_path(cid)}\n"
+
+
+def list_table(store: Store, console: Console) -> None:
+    journal = Journal(store)
+    t = Table(title="fleetctl campaigns", title_justify="left")
+    for col in ("ID", "Target", "State", "Wave", "Hosts", "Started", "Operator", "Reason"):
+        t.add_column(col, overflow="fold")
+    for c in journal.campaigns():
+        rows = journal.hosts(c["id"])
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        run = store.run(c["run_id"])
+        style = progress.STATE_STYLE.get(c["state"], "cyan")
+        t.add_row(str(c["id"]), c["target"], Text(c["state"], style=style),
+                  f"{c['wave']}/{len(json.loads(c['plan'])['waves'])}",
+                  ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), c["created_at"][:19],
+                  run["operator"], (c["reason"] or "")[:100])
+    console.print(t)
+
+
+def show_table(doc: dict[str, Any], console: Console) -> None:
+    c = doc["campaign"]
+    t = Table(title=f"campaign {c['id']} to {c['target']}: {c['state']}", title_justify="left")
+    for col in ("Wave", "Host", "From", "State", "Steps", "Reason"):
+        t.add_column(col, overflow="fold")
+    for h in doc["hosts"]:
+        steps = " ".join(f"{s['step']}:{s['status']}" + (f"x{s['attempts']}" if s["attempts"] > 1 else "")
+                         for s in h["steps"])
+        t.add_row(str(h["wave"]), h["name"], h["from_version"] or "", Text(h["state"],
+                  style=progress.STATE_STYLE.get(h["state"], "cyan")), steps, h["reason"] or "")
+    console.print(t)
+    if c["reason"]:
+        console.print(f"reason: {c['reason']}")
+    console.print(f"exit {c['exit_code']}; event log: {doc['event_log']}")

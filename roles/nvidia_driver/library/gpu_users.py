@@ -1,0 +1,106 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Which processes still hold a GPU: open /dev/nvidia* handles (every process, /proc/PID/fd) and NVML's
+compute and graphics process lists. Read-only; the caller waits and retries (the GPU Operator's most common
+stuck state is "driver is in use": a driver must never be swapped under a running job)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: gpu_users
+short_description: Processes holding NVIDIA GPUs (device handles and NVML process lists)
+options:
+  ignore:
+    description: Process names that may hold the GPU during a driver change (the driver's own daemons).
+    type: list
+    elements: str
+    default: [nvidia-persistenced, nv-fabricmanager]
+author: fleetctl
+"""
+
+RETURN = r"""
+users: {description: "[{pid, name, via}] of processes holding a GPU", type: list, returned: always}
+nvml: {description: "ok, or why NVML's process lists could not be read", type: str, returned: always}
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def process_name(pid):
+    try:
+        with open("/proc/%s/comm" % pid) as f:
+            return f.read().strip()
+    except (IOError, OSError):
+        return "?"
+
+
+def device_holders():
+    """pid -> name of every process with an open /dev/nvidia* file."""
+    holders = {}
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        fd_dir = "/proc/%s/fd" % pid
+        try:
+            fds = os.listdir(fd_dir)
+        except (IOError, OSError):
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except (IOError, OSError):
+                continue
+            if target.startswith("/dev/nvidia"):
+                holders[int(pid)] = process_name(pid)
+                break
+    return holders
+
+
+def nvml_users():
+    """(pid -> name, status) from NVML's compute and graphics process lists of every GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}, "pynvml not installed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # NVMLError: driver not loaded, mismatch ...
+        return {}, "NVML: %s" % e
+    users = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for fn in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+                try:
+                    for proc in fn(handle):
+                        users[int(proc.pid)] = process_name(proc.pid)
+                except pynvml.NVMLError as e:
+                    if "Not Supported" not in str(e) and "GPU is lost" not in str(e):
+                        return users, "NVML: %s" % e
+    finally:
+        pynvml.nvmlShutdown()
+    return users, "ok"
+
+
+def main():
+    module = AnsibleModule(argument_spec=dict(ignore=dict(type="list", elements="str",
+                                                          default=["nvidia-persistenced", "nv-fabricmanager"])),
+                           supports_check_mode=True)
+    ignore = set(module.params["ignore"])
+    found = {}
+    for pid, name in device_holders().items():
+        found.setdefault(pid, {"pid": pid, "name": name, "via": []})["via"].append("/dev/nvidia*")
+    nvml, status = nvml_users()
+    for pid, name in nvml.items():
+        found.setdefault(pid, {"pid": pid, "name": name, "via": []})["via"].append("nvml")
+    users = [u for _, u in sorted(found.items()) if u["name"] not in ignore]
+    module.exit_json(changed=False, users=users, nvml=status)
+
+
+if __name__ == "__main__":
+    main()
