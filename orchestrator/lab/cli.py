@@ -157,10 +157,11 @@ def _report(host: faults.Host, what: str) -> None:
 @click.argument("code", type=click.IntRange(1, 999))
 @click.option("--gpu", type=int, default=0, show_default=True)
 @click.option("--form", type=click.Choice(faults.XID_FORMS), default="pci", show_default=True)
+@click.option("--at-boot", "at_boot", metavar="VERSION", help="Instead: at every boot with driver VERSION.")
 @click.pass_obj
-def inject_xid(host, code, gpu, form) -> None:
+def inject_xid(host, code, gpu, form, at_boot) -> None:
     """An Xid with CODE on GPU, in one of the kernel log forms."""
-    _report(host, faults.xid(host, code, gpu, form))
+    _report(host, faults.at_boot(host, at_boot, "xid", code, gpu) if at_boot else faults.xid(host, code, gpu, form))
 
 
 @inject.command("kmsg")
@@ -194,10 +195,11 @@ def inject_remap(host, gpu, uncorrectable, pending, failure) -> None:
 
 @inject.command("fall-off-bus")
 @click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--at-boot", "at_boot", metavar="VERSION", help="Instead: at the next boot with driver VERSION.")
 @click.pass_obj
-def inject_fall_off_bus(host, gpu) -> None:
+def inject_fall_off_bus(host, gpu, at_boot) -> None:
     """A GPU falls off the bus (Xid 79): the driver sees one GPU fewer."""
-    _report(host, faults.fall_off_bus(host, gpu))
+    _report(host, faults.at_boot(host, at_boot, "lost", 79, gpu) if at_boot else faults.fall_off_bus(host, gpu))
 
 
 @inject.command("throughput")

@@ -156,6 +156,18 @@ def throughput(host: Host, factor: float, driver: str | None = None) -> str:
     return f"throughput x{factor} on driver {driver or 'any'}"
 
 
+def at_boot(host: Host, driver: str, kind: str, code: int, gpu: int) -> str:
+    """Hardware that breaks when DRIVER loads: at every boot with it, the GPU logs Xid CODE (kind xid) or falls
+    off the bus (kind lost: it stays lost, as a GPU that fell off does until a cold reset)."""
+    host.gpu_key(gpu, "pci")
+    version = check_version(driver)
+    if kind == "xid":
+        update_conf(host.faults_conf, **{f"boot_xid__{version}": f"{code}:{gpu}"})
+        return f"Xid {code} on GPU {gpu} at every boot with driver {version}"
+    update_conf(host.faults_conf, **{f"boot_lost__{version}": gpu})
+    return f"GPU {gpu} falls off the bus at the next boot with driver {version}"
+
+
 def slow_reboot(host: Host, seconds: float) -> str:
     update_conf(host.faults_conf, slow_reboot=seconds)
     return f"reboots take {seconds}s longer"

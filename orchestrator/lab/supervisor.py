@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from .conf import read_conf
+from .faults import xid_line
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_ENV = {"PATH": HOST_PATH, "LANG": "C.UTF-8", "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
@@ -311,10 +312,29 @@ class Host:
         self.boot_id = str(uuid.uuid4())
         write_in_place(self.kernel / "boot_id", self.boot_id + "\n")
         write_in_place(self.kernel / "booted_at", f"{time.time():.3f}\n")
+        extra = self.boot_faults(hw, module)
         self.write_modules(module, nouveau)
         self.write_pci(hw)
         write_in_place(self.kernel / "kmsg", "".join(
-            f"{prio},{seq},{usec},-;{msg}\n" for seq, (prio, usec, msg) in enumerate(boot_log(hw, module, nouveau))))
+            f"{prio},{seq},{usec},-;{msg}\n"
+            for seq, (prio, usec, msg) in enumerate(boot_log(hw, module, nouveau) + extra)))
+
+    def boot_faults(self, hw: dict[str, str], module: tuple[str, str] | None) -> list[tuple[int, int, str]]:
+        """Faults planted for boots with the loaded driver version (lab inject xid/fall-off-bus --at-boot)."""
+        faults = read_conf(self.hw / "faults.conf")
+        if module is None:
+            return []
+        lines = []
+        xid = faults.get(f"boot_xid.{module[0]}")
+        if xid:
+            code, gpu = xid.split(":")
+            lines.append((3, 3100000, xid_line(int(code), hw[f"gpu.{gpu}.pci"])))
+        lost = faults.get(f"boot_lost.{module[0]}")
+        if lost and hw.get(f"gpu.{lost}.lost") != "1":
+            hw[f"gpu.{lost}.lost"] = "1"
+            write_in_place(self.hw / "gpus.conf", "".join(f"{k}={v}\n" for k, v in hw.items()))
+            lines.append((3, 3200000, xid_line(79, hw[f"gpu.{lost}.pci"])))
+        return lines
 
     def module(self) -> tuple[str, str] | None:
         """(version, flavor) of the driver's kernel module in the host root, or None."""

@@ -1,0 +1,286 @@
+"""fleetctl upgrade on lab fleets, end to end through the CLI (issue 5's tests 1-6).
+
+Each test has its own lab (hosts start on 550.163.01 with two GPUs each) and history. Probes are short
+(10 samples of 0.02 s, no warm-up): the lab's benchmark has the noise of sustained trials on real GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.lab.conftest import REPO_ROOT, fleetctl_lab
+
+pytestmark = pytest.mark.lab
+
+FROM, TO = "550.163.01", "570.86.15"
+FAST = ("--yes", "--soak", "0", "--warmup", "0", "--trial", "0.02", "--samples", "10", "--idle-timeout", "20")
+UPGRADE_STEPS = ["precheck", "probe_before", "drain", "wait_idle", "install", "activate", "verify", "probe_after",
+                 "undrain"]
+ROLLBACK_STEPS = ["rollback_drain", "rollback_wait_idle", "rollback_install", "rollback_activate", "rollback_verify",
+                  "rollback_probe", "rollback_undrain"]
+
+
+def upgrade(lab, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return lab.fleetctl("upgrade", "--to", TO, "-i", lab.inventory, *FAST, *args, timeout=timeout)
+
+
+def show(lab, cid: int = 1) -> dict:
+    proc = lab.fleetctl("campaign", "show", str(cid), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def driver_state(lab, host: str) -> dict:
+    """What is on the host: installed NVIDIA driver packages (version, held) and the loaded module."""
+    out = lab.ssh(host, "dpkg-query -W -f='${Package} ${Version} ${Status}\\n' 'nvidia-driver-*' "
+                        "'nvidia-persistenced' 'nvidia-fabricmanager-*' 2>/dev/null; echo module $(cat /sys/module/nvidia/version 2>/dev/null)",
+                  check=False).stdout
+    pkgs, module = {}, None
+    for line in out.splitlines():
+        words = line.split()
+        if words and words[0] == "module":
+            module = words[1] if len(words) > 1 else None
+        elif len(words) >= 5 and words[-1] == "installed":
+            pkgs[words[0]] = (words[1], words[2] == "hold")
+    return {"packages": pkgs, "module": module}
+
+
+def assert_on(lab, host: str, version: str) -> None:
+    """Exactly one driver version on HOST: every driver package at it and held, and the module running it."""
+    s = driver_state(lab, host)
+    drivers = {n: v for n, v in s["packages"].items() if n.startswith("nvidia-driver-")}
+    assert len(drivers) == 1, (host, s)
+    assert all(v.startswith(version + "-") and held for v, held in s["packages"].values()), (host, s)
+    assert s["module"] == version, (host, s)
+
+
+def hosts_of(doc: dict) -> dict[str, dict]:
+    return {h["name"]: h for h in doc["hosts"]}
+
+
+def steps_of(host: dict) -> list[str]:
+    return [s["step"] for s in host["steps"]]
+
+
+def write_baseline(path: Path, budget_hosts: int) -> str:
+    path.write_text("schema_version: 1\nname: lab-upgrade\ngroups:\n  all:\n"
+                    "    driver: {branches: ['550', '570'], held: true}\n"
+                    f"    campaign: {{budget_hosts: {budget_hosts}, budget_percent: 10}}\n")
+    return str(path)
+
+
+# ---- 1. 550 -> 570 across 8 hosts in 3 waves --------------------------------------------------------------
+
+def test_upgrade_8_hosts_in_3_waves(tmp_path):
+    with fleetctl_lab(tmp_path, (f"8xh100-sxm/2@{FROM}",)) as lab:
+        started = time.monotonic()
+        proc = upgrade(lab, "--waves", "1,50%,100%")
+        wall = time.monotonic() - started
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+        doc = show(lab)
+        assert doc["campaign"]["state"] == "done"
+        assert [w["size"] for w in doc["plan"]["waves"]] == [1, 3, 4]
+        for host in doc["hosts"]:
+            assert host["state"] == "done" and steps_of(host) == UPGRADE_STEPS, host
+            assert all(s["status"] == "ok" and s["attempts"] == 1 for s in host["steps"])
+            assert_on(lab, host["name"], TO)
+        # Waves in order: no host of wave N+1 started before every host of wave N was done.
+        ends = {w: max(s["finished_at"] for h in doc["hosts"] if h["wave"] == w for s in h["steps"]) for w in (1, 2, 3)}
+        starts = {w: min(s["started_at"] for h in doc["hosts"] if h["wave"] == w for s in h["steps"]) for w in (1, 2, 3)}
+        assert ends[1] < starts[2] and ends[2] < starts[3]
+        # Plain lines without a terminal, one per event, and the JSONL log holds every event of the history.
+        assert "h100-01: install started" in proc.stdout and "last wave passed -> done" in proc.stdout
+        log = [json.loads(line) for line in Path(doc["event_log"]).read_text().splitlines()]
+        assert [e["seq"] for e in log] == list(range(1, doc["events"] + 1))
+        audit = lab.fleetctl("audit", "-i", lab.inventory)
+        assert audit.returncode == 0, audit.stdout[-3000:]
+        # Step timings for the closing note (printed with -s).
+        seconds: dict[str, float] = {}
+        for host in doc["hosts"]:
+            for s in host["steps"]:
+                seconds[s["step"]] = seconds.get(s["step"], 0) + s["seconds"]
+        print(f"\ntest 1 wall {wall:.1f}s; step seconds summed over hosts: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
+
+
+# ---- 2. Xid 79 on a wave-2 host after its reboot: every changed host back to 550 -------------------------
+
+def test_xid_after_reboot_rolls_back_every_changed_host(tmp_path):
+    with fleetctl_lab(tmp_path, (f"4xh100-sxm/2@{FROM}",)) as lab:
+        lab.inject("h100-02", "xid", "79", "--at-boot", TO)  # wave 2's first host: its GPU 0 fails under 570
+        proc = upgrade(lab, "--waves", "1,3,100%", "-b", write_baseline(tmp_path / "b.yml", 1))
+        assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr
+        doc = show(lab)
+        hosts = hosts_of(doc)
+        assert doc["campaign"]["state"] == "rolled_back"
+        assert "Xid 79" in hosts["h100-02"]["reason"] or "79" in doc["campaign"]["reason"]
+        changed = {n for n, h in hosts.items() if h["changed"]}
+        assert changed == {"h100-01", "h100-02", "h100-03"}  # canary + wave 2
+        for name in changed:
+            assert hosts[name]["state"] == "rolled_back", hosts[name]
+            assert steps_of(hosts[name])[-len(ROLLBACK_STEPS):] == ROLLBACK_STEPS
+        assert hosts["h100-04"]["state"] == "not_started" and hosts["h100-04"]["steps"] == []
+        for name in hosts:
+            assert_on(lab, name, FROM)
+        assert "wave 2 failed" in doc["campaign"]["reason"] and "h100-02" in doc["campaign"]["reason"]
+
+
+# ---- 3. throughput x0.92 on 570: the canary fails, only it is touched --------------------------------------
+
+def test_throughput_regression_fails_the_canary(tmp_path):
+    with fleetctl_lab(tmp_path, (f"3xh100-sxm/2@{FROM}",)) as lab:
+        for host in ("h100-01", "h100-02", "h100-03"):
+            lab.inject(host, "throughput", "0.92", "--driver", TO)
+        proc = upgrade(lab, "--waves", "1,100%")
+        assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr
+        doc = show(lab)
+        hosts = hosts_of(doc)
+        canary = hosts["h100-01"]
+        assert canary["state"] == "rolled_back"
+        gate = next(s for s in canary["steps"] if s["step"] == "probe_after")
+        assert gate["status"] == "fail" and "gate fail" in gate["reason"] and "gemm_tflops" in gate["reason"]
+        for name in ("h100-02", "h100-03"):
+            assert hosts[name]["state"] == "not_started" and hosts[name]["steps"] == []
+        for name in hosts:
+            assert_on(lab, name, FROM)
+        assert "canary" in doc["campaign"]["reason"]
+
+
+# ---- 4. noise only: 5 campaigns in a row, no rollback ---------------------------------------------------
+
+def test_noise_alone_never_rolls_back(tmp_path):
+    with fleetctl_lab(tmp_path, (f"3xh100-sxm/2@{FROM}",)) as lab:
+        versions = [TO, FROM, TO, FROM, TO]
+        for n, version in enumerate(versions, 1):
+            proc = lab.fleetctl("upgrade", "--to", version, "-i", lab.inventory, *FAST, "--waves", "100%",
+                                timeout=900)
+            assert proc.returncode == 0, (n, proc.stdout[-3000:] + proc.stderr)
+            assert show(lab, n)["campaign"]["state"] == "done"
+        for name in ("h100-01", "h100-02", "h100-03"):
+            assert_on(lab, name, TO)
+
+
+# ---- 5. kill -9 at several points: resume finishes, each step once ------------------------------------
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def crash_at(lab, args: list[str], step: str, delay: float, cid: int = 1) -> None:
+    """Run fleetctl ARGS and kill -9 it and everything it started (a control-node crash) DELAY seconds after
+    STEP starts."""
+    log = Path(lab.env["FLEETCTL_HOME"]) / "campaigns" / f"{cid}.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=lab.env, cwd=REPO_ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    seen = len(log.read_text().splitlines()) if log.exists() else 0
+    try:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"fleetctl ended (exit {proc.returncode}) before {step} started"
+            lines = log.read_text().splitlines()[seen:] if log.exists() else []
+            if any(json.loads(line).get("event") == "step_started" and json.loads(line).get("step") == step
+                   for line in lines):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"{step} never started")
+        time.sleep(delay)
+    finally:
+        for pid in reversed(descendants(proc.pid)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+
+def test_kill_9_at_every_kind_of_step_then_resume(tmp_path):
+    with fleetctl_lab(tmp_path, (f"3xh100-sxm/2@{FROM}",)) as lab:
+        resume = ["campaign", "resume", "1"]
+        crash_at(lab, ["upgrade", "--to", TO, "-i", lab.inventory, *FAST, "--waves", "1,100%"], "install", 1.0)
+        crash_at(lab, resume, "activate", 5.0)        # the host is rebooting
+        crash_at(lab, resume, "probe_after", 1.0)
+        crash_at(lab, resume, "install", 1.5)         # wave 2
+        proc = lab.fleetctl("campaign", "resume", "1", timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+        doc = show(lab)
+        for host in doc["hosts"]:
+            assert host["state"] == "done", host
+            assert steps_of(host) == UPGRADE_STEPS  # each step once (the history keeps one row per step)
+            assert all(s["status"] == "ok" for s in host["steps"])
+            assert_on(lab, host["name"], TO)
+        canary = hosts_of(doc)["h100-01"]
+        attempts = {s["step"]: s["attempts"] for s in canary["steps"]}
+        assert attempts["install"] == 2 and attempts["activate"] == 2 and attempts["probe_after"] == 2
+        assert sum(s["detail"]["rebooted"] for s in canary["steps"] if s["step"] == "activate") <= 1
+        # a rollback interrupted mid-way
+        for host in ("h100-01", "h100-02", "h100-03"):
+            lab.inject(host, "throughput", "0.9", "--driver", "570.124.06")
+        crash_at(lab, ["upgrade", "--to", "570.124.06", "-i", lab.inventory, *FAST, "--waves", "1,100%"],
+                 "rollback_activate", 4.0, cid=2)
+        proc = lab.fleetctl("campaign", "resume", "2", timeout=900)
+        assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr
+        canary = hosts_of(show(lab, 2))["h100-01"]
+        assert canary["state"] == "rolled_back" and steps_of(canary) == UPGRADE_STEPS[:-1] + ROLLBACK_STEPS
+        for name in ("h100-01", "h100-02", "h100-03"):
+            assert_on(lab, name, TO)
+
+
+# ---- 6. unreachable mid-wave, install failure, GPU off the bus at reboot: per the budget ------------------
+
+def test_host_faults_within_the_budget(tmp_path):
+    with fleetctl_lab(tmp_path, (f"5xh100-sxm/2@{FROM}",)) as lab:
+        calls = tmp_path / "hooks.log"
+        hook = tmp_path / "hook.sh"
+        # The drain hook (run on the control node) cuts h100-02's link right after draining it: mid-wave.
+        hook.write_text(f"#!/bin/sh\necho \"$1 $2\" >> {calls}\n"
+                        f"if [ \"$1\" = drain ] && [ \"$2\" = h100-02 ]; then "
+                        f"{sys.executable} -m orchestrator.cli lab inject h100-02 unreachable >/dev/null; fi\n")
+        hook.chmod(0o755)
+        lab.inject("h100-03", "install-failure", TO)
+        lab.inject("h100-04", "fall-off-bus", "--gpu", "1", "--at-boot", TO)
+        proc = upgrade(lab, "--waves", "1,100%", "-b", write_baseline(tmp_path / "b.yml", 4),
+                       "--drain", f"{hook} drain {{host}}", "--undrain", f"{hook} undrain {{host}}")
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr  # done, but hosts failed
+        doc = show(lab)
+        hosts = hosts_of(doc)
+        assert doc["campaign"]["state"] == "done"
+        assert hosts["h100-01"]["state"] == hosts["h100-05"]["state"] == "done"
+        unreachable = hosts["h100-02"]
+        assert unreachable["state"] == "failed" and not unreachable["changed"]
+        assert "unreachable" in unreachable["reason"] and steps_of(unreachable)[-1] == "release"
+        failed_install = hosts["h100-03"]
+        assert failed_install["state"] == "rolled_back"
+        assert "lab fault install_fail" in next(s["reason"] for s in failed_install["steps"] if s["step"] == "install")
+        lost = hosts["h100-04"]
+        assert "1 of 2 GPUs" in next(s["reason"] for s in lost["steps"] if s["step"] == "verify")
+        assert lost["state"] == "rollback_failed" and "1 of 2 GPUs" in lost["reason"]  # back on 550, GPU still lost
+        lab.fleetctl("lab", "inject", "h100-02", "unreachable", "--restore")
+        for name, version in (("h100-01", TO), ("h100-02", FROM), ("h100-03", FROM), ("h100-04", FROM),
+                              ("h100-05", TO)):
+            assert_on(lab, name, version)
+        drained = calls.read_text().splitlines()
+        assert sorted(line for line in drained if line.startswith("drain ")) == \
+            ["drain h100-01", "drain h100-02", "drain h100-03", "drain h100-03", "drain h100-04", "drain h100-04",
+             "drain h100-05"]
