@@ -39,7 +39,7 @@ def resolve(preset: str | None, drain: str | None, undrain: str | None, timeout_
     if preset and preset not in PRESETS:
         raise InputError(f"--drain-preset {preset!r}: unknown (choose from {', '.join(PRESETS)})")
     d, u = PRESETS[preset or "none"]
-    hooks = Hooks(drain or d, undrain or u, timeout_s)
+    hooks = Hooks(d if drain is None else drain, u if undrain is None else undrain, timeout_s)
     for flag, template in (("--drain", hooks.drain), ("--undrain", hooks.undrain)):
         if template is not None:
             argv(template, {"host": "h", "node": "h", "campaign": "1"}, flag)

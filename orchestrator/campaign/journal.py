@@ -237,7 +237,7 @@ class Journal:
             for host in hosts:
                 state = db.execute("SELECT state FROM campaign_hosts WHERE campaign_id=? AND host=?",
                                    (cid, host)).fetchone()[0]
-                if transitions.HOST_ROWS[state].step != step:
+                if state not in transitions.HOST_ROWS or transitions.HOST_ROWS[state].step != step:
                     raise RuntimeError(f"{host}: state {state} does not run {step}")
                 row = db.execute("SELECT status, attempts FROM campaign_steps WHERE campaign_id=? AND host=? AND step=?",
                                  (cid, host, step)).fetchone()

@@ -26,7 +26,9 @@ def test_ansible_lint_production_profile_is_clean():
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
 def test_every_role_declares_its_arguments(role):
-    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    entry_points = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    specs = {name: spec for entry in entry_points.values() for name, spec in entry["options"].items()}
+    assert set(entry_points) == {p.stem for p in (role / "tasks").glob("*.yml")}  # every tasks file is an entry point
     defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
     assert set(defaults) <= set(specs), f"defaults without a spec: {set(defaults) - set(specs)}"
     assert all(name.startswith(role.name + "_") for name in specs)

@@ -105,7 +105,9 @@ def resolve(module, packages, update_cache):
 def run(module, argv):
     rc, out, err = module.run_command(argv, environ_update=ENV)
     if rc != 0:
-        tail = " | ".join((out + err).strip().splitlines()[-4:])
+        lines = [line.strip() for line in (out + err).splitlines() if line.strip()]
+        telling = [line for line in lines if re.search(r"error|fail|conflict|broken", line, re.I)]
+        tail = " | ".join((telling or lines)[:4] if telling else lines[-4:])
         module.fail_json(msg="%s failed (exit %d): %s" % (" ".join(argv[:2]), rc, tail), rc=rc)
     return out
 

@@ -1,0 +1,238 @@
+"""The campaign engine without hosts: the transition tables, the write-ahead journal and the wave decisions,
+driven with scripted step outcomes in place of playbook runs (the lab tests run the real steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator import baseline as baseline_mod, inventory
+from orchestrator.campaign import engine as engine_mod, journal as journal_mod, steps, transitions
+from orchestrator.campaign.engine import Engine
+from orchestrator.campaign.journal import Journal
+from orchestrator.errors import OperationError
+from orchestrator.store import Store
+
+UPGRADE = ["precheck", "probe_before", "drain", "wait_idle", "install", "activate", "verify", "probe_after", "undrain"]
+ROLLBACK = ["rollback_drain", "rollback_wait_idle", "rollback_install", "rollback_activate", "rollback_verify",
+            "rollback_probe", "rollback_undrain"]
+
+
+# ---- the tables ----------------------------------------------------------------------------------------
+
+def walk(state: str, outcome_for) -> list[str]:
+    path = []
+    while not transitions.is_terminal(state):
+        row = transitions.HOST_ROWS[state]
+        path.append(row.step)
+        state = row.next(outcome_for(row.step))
+    return path + [state]
+
+
+def test_the_happy_path_and_the_rollback_path_read_off_the_table():
+    assert walk("precheck", lambda s: "ok") == UPGRADE + ["done"]
+    assert walk(transitions.ROLLBACK_START, lambda s: "ok") == ROLLBACK + ["rolled_back"]
+
+
+def test_every_transition_lands_on_a_known_state_and_every_state_can_be_reached():
+    known = set(transitions.HOST_ROWS) | set(transitions.TERMINAL)
+    reached = {"precheck", transitions.ROLLBACK_START}
+    for row in transitions.HOST_TABLE:
+        for target in (row.ok, row.fail, row.inconclusive, row.skip):
+            assert target is None or target in known, (row, target)
+            if target:
+                reached.add(target)
+    assert set(transitions.HOST_ROWS) <= reached
+    assert len({r.step for r in transitions.HOST_TABLE}) == len(transitions.HOST_TABLE)  # one row per step
+
+
+def test_inconclusive_twice_holds_the_host_and_a_drain_failure_releases_it():
+    assert walk("precheck", lambda s: "inconclusive" if s.startswith("probe_a") else "ok")[-1] == "held"
+    assert walk("precheck", lambda s: "fail" if s == "wait_idle" else "ok")[-2:] == ["release", "failed"]
+
+
+def test_campaign_table_and_exit_codes():
+    assert transitions.campaign_next("running", "wave_failed") == "rolling_back"
+    assert transitions.campaign_next("rolling_back", "rollback_finished") == "rolled_back"
+    with pytest.raises(ValueError):
+        transitions.campaign_next("done", "wave_passed")
+    assert transitions.CAMPAIGN_EXIT == {"done": 0, "rolled_back": 4, "halted": 5, "aborted": 5}
+
+
+# ---- the journal and the engine with scripted steps -------------------------------------------------------
+
+def plan_of(*waves: list[str], fail_at: list[int] | None = None) -> dict:
+    fail_at = fail_at or [1] + [2] * (len(waves) - 1)
+    return {"target": "570.86.15", "ramp": ["1", "100%"], "group_order": ["all"], "skipped": [], "excluded": [],
+            "waves": [{"index": i, "size": len(w), "cumulative": 0,
+                       "budget": {"canary": i == 1, "fail_at": fail_at[i - 1], "budget_hosts": None,
+                                  "budget_percent": None, "rule": f"fails at {fail_at[i - 1]}"},
+                       "hosts": [{"name": h, "groups": [], "from_version": "550.163.01", "change": "upgrade"}
+                                 for h in w]}
+                      for i, w in enumerate(waves, 1)]}
+
+
+OPTIONS = {"forks": None, "soak_s": 0, "rollback_scope": "campaign", "window_end": None,
+           "hooks": {"drain": None, "undrain": None, "timeout_s": 10}, "idle": {"timeout_s": 1, "poll_s": 1},
+           "probe": {"samples": 10, "warmup_s": 0, "trial_s": 0.02}}
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "history.sqlite3") as s:
+        yield s
+
+
+class Script:
+    """Stands in for steps.STEPS: every step ok, except the outcomes given per (host, step); records calls."""
+
+    def __init__(self, outcomes: dict[tuple[str, str], str] | None = None, crash_at: tuple[str, str] | None = None):
+        self.outcomes = outcomes or {}
+        self.crash_at = crash_at
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def __getitem__(self, step):
+        def run(ctx, hosts):
+            self.calls.append((step, tuple(hosts)))
+            if self.crash_at and self.crash_at[1] == step and self.crash_at[0] in hosts:
+                self.crash_at = None
+                raise KeyboardInterrupt("crash")
+            out = {}
+            for h in hosts:
+                outcome = self.outcomes.get((h, step), "ok")
+                before = {"version": "550.163.01", "packages": {}, "boot_id": "b", "gpus": 2} if step == "precheck" else None
+                out[h] = steps.Outcome(outcome, None if outcome == "ok" else f"{step} {outcome}", {}, before)
+            return out
+        return run
+
+
+def start(store, monkeypatch, script, *waves, fail_at=None, **options):
+    monkeypatch.setattr(steps, "STEPS", script)
+    names = [h for w in waves for h in w]
+    fleet = inventory.Fleet("test", tuple(inventory.Host(n, ("all",)) for n in names), frozenset({"all"}), {})
+    journal = Journal(store)
+    run_id, _ = store.begin_run("campaign", [], "test", None, None)
+    cid, locked = journal.create(run_id, plan_of(*waves, fail_at=fail_at), dict(OPTIONS, **options))
+    return journal, cid, Engine(journal, cid, fleet, baseline_mod.load(None))
+
+
+def states(journal, cid):
+    return {r["host"]: r["state"] for r in journal.hosts(cid)}
+
+
+def test_waves_in_order_batched_per_step(store, monkeypatch):
+    script = Script()
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c"])
+    assert engine.run() == "done"
+    assert script.calls[:len(UPGRADE)] == [(s, ("a",)) for s in UPGRADE]
+    assert script.calls[len(UPGRADE):] == [(s, ("b", "c")) for s in UPGRADE]
+    assert set(states(journal, cid).values()) == {"done"}
+    assert journal.locks() == {}  # released at the end
+
+
+def test_a_failed_canary_rolls_back_only_changed_hosts_and_cancels_the_rest(store, monkeypatch):
+    script = Script({("a", "probe_after"): "fail"})
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"])
+    assert engine.run() == "rolled_back"
+    assert states(journal, cid) == {"a": "rolled_back", "b": "not_started"}
+    assert [c for c in script.calls if c[1] == ("b",)] == []
+    assert "wave 1 failed" in journal.campaign(cid)["reason"]
+
+
+def test_failures_below_the_budget_roll_back_that_host_only(store, monkeypatch):
+    script = Script({("c", "verify"): "fail"})
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c", "d"], fail_at=[1, 2])
+    assert engine.run() == "done"
+    assert states(journal, cid) == {"a": "done", "b": "done", "c": "rolled_back", "d": "done"}
+    assert engine_mod.transitions.CAMPAIGN_EXIT["done"] == 0
+
+
+def test_failures_at_the_budget_fail_the_wave_and_roll_back_the_campaign(store, monkeypatch):
+    script = Script({("c", "verify"): "fail", ("d", "install"): "fail"})
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c", "d"], ["e"], fail_at=[1, 2, 2])
+    assert engine.run() == "rolled_back"
+    assert states(journal, cid) == {"a": "rolled_back", "b": "rolled_back", "c": "rolled_back", "d": "rolled_back",
+                                    "e": "not_started"}
+
+
+def test_wave_scope_rolls_back_the_failed_wave_only(store, monkeypatch):
+    script = Script({("b", "probe_after"): "fail"})
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"], fail_at=[1, 1], rollback_scope="wave")
+    assert engine.run() == "rolled_back"
+    assert states(journal, cid) == {"a": "done", "b": "rolled_back"}
+
+
+def test_a_host_failing_before_the_driver_is_touched_is_not_rolled_back(store, monkeypatch):
+    script = Script({("a", "wait_idle"): "fail"})
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"])
+    assert engine.run() == "rolled_back"
+    assert states(journal, cid) == {"a": "failed", "b": "not_started"}
+    assert ("release", ("a",)) in script.calls and not any(s == "install" for s, _ in script.calls)
+
+
+def test_inconclusive_twice_halts_for_a_person_and_resume_accepts(store, monkeypatch):
+    script = Script({("a", "probe_after"): "inconclusive", ("a", "probe_again"): "inconclusive"})
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"])
+    assert engine.run() == "halted"
+    assert states(journal, cid) == {"a": "held", "b": "precheck"}
+    assert journal.locks() == {"a": cid, "b": cid}  # a halted campaign keeps its hosts
+    engine_mod.accept_held(journal, cid)
+    assert engine.run() == "done"
+    assert states(journal, cid) == {"a": "done", "b": "done"}
+
+
+def test_a_closed_window_halts_before_the_next_wave(store, monkeypatch):
+    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], window_end="2000-01-01T00:00:00Z")
+    assert engine.run() == "halted"
+    assert "window" in journal.campaign(cid)["reason"]
+    assert states(journal, cid) == {"a": "precheck", "b": "precheck"}
+
+
+def test_a_crash_mid_step_resumes_that_step_on_the_same_row(store, monkeypatch):
+    script = Script(crash_at=("a", "activate"))
+    journal, cid, engine = start(store, monkeypatch, script, ["a"])
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    assert states(journal, cid) == {"a": "activate"}
+    assert journal.steps(cid, "a")[-1]["status"] == "started"
+    assert journal.hosts(cid)[0]["changed"] == 1  # written before the install ran
+    assert engine.run() == "done"
+    rows = journal.steps(cid, "a")
+    assert [r["step"] for r in rows] == UPGRADE
+    assert {r["step"]: r["attempts"] for r in rows}["activate"] == 2
+    assert [c for c in script.calls if c[0] == "install"] == [("install", ("a",))]  # never done twice
+    resumed = [e for e in journal.events(cid) if e["event"] == "step_started" and e["resumed"]]
+    assert [(e["host"], e["step"]) for e in resumed] == [("a", "activate")]
+
+
+def test_a_finished_step_is_never_begun_again(store, monkeypatch):
+    journal, cid, engine = start(store, monkeypatch, Script(), ["a"])
+    engine.run()
+    with pytest.raises(RuntimeError):
+        journal.begin_step(cid, ["a"], "precheck")
+
+
+def test_host_locks_keep_a_host_in_one_campaign(store, monkeypatch):
+    journal, first, _ = start(store, monkeypatch, Script(), ["a", "b"])
+    run_id, _ = store.begin_run("campaign", [], "test", None, None)
+    second, locked = journal.create(run_id, plan_of(["b", "c"]), OPTIONS)
+    assert locked == [f"b (campaign {first})"]
+    assert [r["host"] for r in journal.hosts(second)] == ["c"]
+
+
+def test_a_campaign_driven_by_a_live_process_is_not_driven_twice(store, monkeypatch):
+    journal, cid, engine = start(store, monkeypatch, Script(), ["a"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        driver = dict(journal_mod.this_process(), pid=other.pid, start=journal_mod.process_start(other.pid))
+        store.db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(driver), cid))
+        with pytest.raises(OperationError, match="being driven by pid"):
+            engine.run()
+    finally:
+        other.kill()
+        other.wait()
+    assert engine.run() == "done"  # its driver died: anyone may resume it

@@ -1,0 +1,94 @@
+"""Package sets for upgrade and rollback, drain hooks, and the upgrade CLI's input errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.campaign import hooks, packages
+from orchestrator.errors import InputError
+from tests.cli_helpers import fleetctl, runs
+
+UBUNTU_550 = [  # what gpu_facts lists on an Ubuntu HGX host with the 550 server-open driver (dpkg names)
+    {"name": "nvidia-driver-550-server-open", "version": "550.163.01-0ubuntu0.24.04.1", "role": "driver"},
+    {"name": "libnvidia-compute-550-server", "version": "550.163.01-0ubuntu0.24.04.1", "role": "driver"},
+    {"name": "nvidia-utils-550-server", "version": "550.163.01-0ubuntu0.24.04.1", "role": "driver"},
+    {"name": "nvidia-fabricmanager-550", "version": "550.163.01-1", "role": "fabricmanager"},
+    {"name": "libnvidia-nscq-550", "version": "550.163.01-1", "role": "fabricmanager"},
+    {"name": "nvidia-persistenced", "version": "550.163.01-0ubuntu1", "role": "persistenced"},
+    {"name": "nvidia-container-toolkit", "version": "1.17.8-1", "role": "container_toolkit"},
+    {"name": "nvidia-modprobe", "version": "535.54.03-0ubuntu1", "role": "driver"},  # not versioned with it
+]
+
+
+def test_rollback_set_is_exactly_what_was_installed_with_the_driver():
+    before = packages.driver_versioned(UBUNTU_550, "550.163.01")
+    assert before == {
+        "nvidia-driver-550-server-open": "550.163.01-0ubuntu0.24.04.1",
+        "libnvidia-compute-550-server": "550.163.01-0ubuntu0.24.04.1",
+        "nvidia-utils-550-server": "550.163.01-0ubuntu0.24.04.1",
+        "nvidia-fabricmanager-550": "550.163.01-1", "libnvidia-nscq-550": "550.163.01-1",
+        "nvidia-persistenced": "550.163.01-0ubuntu1"}
+
+
+def test_upgrade_set_renames_the_branch_and_keeps_fabric_manager_with_the_driver():
+    before = packages.driver_versioned(UBUNTU_550, "550.163.01")
+    assert packages.target_set(before, "550.163.01", "570.86.15") == {
+        "nvidia-driver-570-server-open": "570.86.15", "libnvidia-compute-570-server": "570.86.15",
+        "nvidia-utils-570-server": "570.86.15", "nvidia-fabricmanager-570": "570.86.15",
+        "libnvidia-nscq-570": "570.86.15", "nvidia-persistenced": "570.86.15"}
+    same_branch = packages.target_set({"nvidia-driver-570-open": "570.86.15-0lab1"}, "570.86.15", "570.124.06")
+    assert same_branch == {"nvidia-driver-570-open": "570.124.06"}
+
+
+@pytest.mark.parametrize("version, up", [("1:570.86.15-0ubuntu1", "570.86.15"), ("550.163.01-1.el9", "550.163.01"),
+                                         ("580.95.05", "580.95.05")])
+def test_upstream_version(version, up):
+    assert packages.upstream(version) == up
+
+
+def test_presets_and_placeholders_fill_words_never_shell():
+    h = hooks.resolve("slurm", None, None)
+    assert hooks.argv(h.drain, {"host": "gpu-01", "node": "gpu01", "campaign": "7"}) == \
+        ["scontrol", "update", "nodename=gpu01", "state=drain", "reason=fleetctl campaign 7"]
+    k = hooks.resolve("kubernetes", None, "kubectl uncordon {host}")
+    assert k.undrain == "kubectl uncordon {host}" and k.drain.startswith("kubectl drain {node}")
+    # a hostile value stays one argument
+    assert hooks.argv("echo {host}", {"host": "a; rm -rf /", "node": "", "campaign": ""}) == ["echo", "a; rm -rf /"]
+
+
+@pytest.mark.parametrize("template, message", [("drain {nodes}", "unknown placeholder"), ("'unclosed", "quotation"),
+                                               ("", "empty command")])
+def test_bad_hook_templates_are_input_errors(template, message):
+    with pytest.raises(InputError, match=message):
+        hooks.resolve(None, template, None)
+
+
+def test_hooks_report_each_host(tmp_path):
+    results = hooks.run("sh -c 'test {host} = good'", {"good": "good", "bad": "bad"}, 1, 10)
+    assert results["good"]["ok"] and not results["bad"]["ok"]
+    assert "exited 1" in results["bad"]["reason"]
+    missing = hooks.run("/nonexistent/drain {host}", {"h": "h"}, 1, 10)
+    assert "command not found" in missing["h"]["reason"]
+    assert hooks.run(None, {"h": "h"}, 1, 10)["h"]["ok"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--to", "570.86.15"], "--yes is needed"),
+    (["--to", "570.86.15", "--yes", "--window", "soon"], "not a duration"),
+    (["--to", "570.86.15", "--yes", "--soak", "-5"], "above zero"),
+    (["--to", "570.86.15", "--yes", "--drain", "scontrol drain {nodename}"], "unknown placeholder"),
+    (["--to", "570", "--yes"], "not a driver version"),
+    (["--to", "570.86.15", "--yes", "--waves", "1,50%"], "must be 100%"),
+    (["--to", "570.86.15", "--yes", "--samples", "3"], "3"),
+])
+def test_upgrade_input_errors_exit_2_in_one_line_before_anything_is_recorded(tmp_path, args, message):
+    proc = fleetctl("upgrade", *args, home=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert runs(tmp_path) == []
+
+
+def test_campaign_commands_on_unknown_ids(tmp_path):
+    for args in (["campaign", "show", "9"], ["campaign", "resume", "9"], ["campaign", "abort", "9"], ["rollback", "9"]):
+        proc = fleetctl(*args, home=tmp_path)
+        assert proc.returncode == 2 and "no campaign 9" in proc.stderr, (args, proc.stderr)
