@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,10 @@ ANSIBLE_ENV = {
     "ANSIBLE_TIMEOUT": "15",
     "ANSIBLE_DEPRECATION_WARNINGS": "False",
 }
+
+
+# Seconds spent inside ansible-playbook runs by this process (the campaign's time split: fleetctl versus Ansible).
+PLAYBOOK_SECONDS = [0.0]
 
 
 @dataclass
@@ -74,6 +79,7 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
         return False  # nothing kept on disk: the outcome is all fleetctl needs
 
     env = dict(ANSIBLE_ENV, ANSIBLE_ROLES_PATH=str(resources.roles_dir()), PATH=search_path())
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleetctl-runner-") as private:
         result = ansible_runner.run(
             private_data_dir=private,
@@ -90,6 +96,7 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
         if result.rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
             tail = (result.stdout.read() if result.stdout else "")[-500:].strip().splitlines()
             raise RuntimeError(f"ansible-playbook {name} exited {result.rc}: {tail[-1] if tail else 'no output'}")
+    PLAYBOOK_SECONDS[0] += time.monotonic() - started
     for outcome in outcomes.values():
         if outcome.status == "ok" and not outcome.results:
             outcome.status, outcome.message = "failed", "the playbook returned no result for this host"

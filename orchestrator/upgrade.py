@@ -66,7 +66,7 @@ def campaign_options(opts: UpgradeOptions) -> dict[str, Any]:
     return {"forks": opts.forks, "soak_s": opts.soak_s, "rollback_scope": opts.rollback_scope,
             "window_end": later(opts.window_s) if opts.window_s else None,
             "hooks": {"drain": h.drain, "undrain": h.undrain, "timeout_s": h.timeout_s},
-            "idle": {"timeout_s": opts.idle_timeout_s, "poll_s": opts.idle_poll_s},
+            "idle": {"timeout_s": opts.idle_timeout_s, "poll_s": min(opts.idle_poll_s, max(1, opts.idle_timeout_s // 5))},
             "probe": {"samples": opts.samples, "warmup_s": opts.warmup_s, "trial_s": opts.trial_s}}
 
 
@@ -266,7 +266,39 @@ def document(store: Store, cid: int) -> dict[str, Any]:
         "control_node": run["control_node"], "inventory": run["inventory"], "baseline_digest": run["baseline_digest"],
         "options": json.loads(c["options"]), "exit_code": exit_code(journal, cid)},
         "plan": json.loads(c["plan"]), "hosts": hosts, "events": len(journal.events(cid)),
+        "time": time_split(journal.events(cid)),
         "event_log": str(progress.log_path(cid))}
+
+
+def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the campaign's time went, from its events: per step the wall time of its batches and the part inside
+    ansible-playbook. fleetctl's own time is the campaign's span less the time inside ansible-playbook, hooks and
+    soaks (planning before the first event is not in the span)."""
+    steps: dict[str, dict[str, float]] = {}
+    for e in events:
+        if e["event"] == "batch_finished":
+            t = steps.setdefault(e["step"], {"batch_s": 0.0, "ansible_s": 0.0, "batches": 0})
+            t["batch_s"] += e["batch_s"]
+            t["ansible_s"] += e["ansible_s"]
+            t["batches"] += 1
+    stamp = lambda e: datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()  # noqa: E731
+    soak, soak_from = 0.0, None
+    for e in events:
+        if e["event"] == "wave_passed":
+            soak_from = stamp(e)
+        elif e["event"] in ("soaked", "window_closed", "abort_requested") and soak_from is not None:
+            soak, soak_from = soak + stamp(e) - soak_from, None
+    span = stamp(events[-1]) - stamp(events[0]) if events else 0.0
+    hooks_s = sum(t["batch_s"] for k, t in steps.items() if k in HOOK_STEPS)
+    in_ansible = sum(t["ansible_s"] for t in steps.values())
+    own = span - in_ansible - hooks_s - soak
+    return {"span_s": round(span, 3), "ansible_s": round(in_ansible, 3), "hooks_s": round(hooks_s, 3),
+            "soak_s": round(soak, 3), "fleetctl_s": round(own, 3),
+            "fleetctl_share": round(own / span, 4) if span else None,
+            "steps": {k: {n: round(v, 3) for n, v in t.items()} for k, t in steps.items()}}
+
+
+HOOK_STEPS = ("drain", "undrain", "release", "rollback_drain", "rollback_undrain")
 
 
 def summary_text(journal: Journal, cid: int) -> str:

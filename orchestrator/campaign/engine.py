@@ -8,7 +8,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .. import baseline as baseline_mod, inventory
+from .. import baseline as baseline_mod, inventory, runner
 from ..errors import OperationError
 from ..store import now
 from . import steps, transitions
@@ -131,10 +131,14 @@ class Engine:
             self.ctx.befores = {r["host"]: json.loads(r["before"]) for r in self.journal.hosts(self.cid)
                                 if r["before"]}
             self.journal.begin_step(self.cid, batch, step)
+            started, in_ansible = time.monotonic(), runner.PLAYBOOK_SECONDS[0]
             results = steps.STEPS[step](self.ctx, batch)
+            timing = {"batch_s": round(time.monotonic() - started, 3),
+                      "ansible_s": round(runner.PLAYBOOK_SECONDS[0] - in_ansible, 3)}
             for host in batch:
                 o = results[host]
                 self.journal.finish_step(self.cid, host, step, o.outcome, o.reason, o.detail, o.before)
+            self.journal.note(self.cid, "batch_finished", step=step, hosts=batch, **timing)
 
     def hosts_in_rollback(self) -> list[str]:
         return [r["host"] for r in self.journal.hosts(self.cid) if r["state"].startswith("rollback_")]

@@ -272,6 +272,12 @@ class Journal:
         self._flush()
         return new
 
+    def note(self, cid: int, event: str, **data: Any) -> None:
+        """An event that changes no state (e.g. a batch's timing)."""
+        with self.tx() as db:
+            self._event(db, cid, event, **data)
+        self._flush()
+
     def set_hosts(self, cid: int, hosts: list[str], state: str, event: str, reason: str | None = None) -> None:
         """Move HOSTS to STATE outside the host table (start of a rollback, wave cancelled, operator accepted)."""
         if not hosts:

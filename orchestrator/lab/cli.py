@@ -202,6 +202,14 @@ def inject_fall_off_bus(host, gpu, at_boot) -> None:
     _report(host, faults.at_boot(host, at_boot, "lost", 79, gpu) if at_boot else faults.fall_off_bus(host, gpu))
 
 
+@inject.command("gpu-in-use")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.pass_obj
+def inject_gpu_in_use(host, gpu) -> None:
+    """A process keeps running on GPU (NVML lists it) until it exits or the host reboots."""
+    _report(host, faults.gpu_in_use(host, gpu))
+
+
 @inject.command("throughput")
 @click.argument("factor", type=float)
 @click.option("--driver", metavar="VERSION", help="Only on this driver version (default: any).")

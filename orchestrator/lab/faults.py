@@ -168,6 +168,16 @@ def at_boot(host: Host, driver: str, kind: str, code: int, gpu: int) -> str:
     return f"GPU {gpu} falls off the bus at the next boot with driver {version}"
 
 
+def gpu_in_use(host: Host, gpu: int) -> str:
+    """A job keeps running on GPU: a process in the host that NVML lists as the GPU's compute process (until it
+    exits or the host reboots)."""
+    host.gpu_key(gpu, "process")
+    proc = run_in_host(host, ["sh", "-c", "sleep 86400 </dev/null >/dev/null 2>&1 & echo $!"])
+    pid = int(proc.stdout.split()[-1])
+    host.set_gpu(gpu, process=pid)
+    return f"GPU {gpu} in use by pid {pid} (sleep)"
+
+
 def slow_reboot(host: Host, seconds: float) -> str:
     update_conf(host.faults_conf, slow_reboot=seconds)
     return f"reboots take {seconds}s longer"

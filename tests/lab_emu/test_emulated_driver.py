@@ -611,3 +611,27 @@ NVML_EVENTS = """
 def test_nvml_xid_event_listening_times_out_like_a_quiet_gpu(make_host):
     out = py(make_host(), NVML_EVENTS)
     assert out["code"] == 10 and 0.1 <= out["waited"] < 2  # NVML_ERROR_TIMEOUT after the wait
+
+
+def test_nvml_lists_a_gpu_process_while_it_lives(make_host):
+    """gpus.conf gpu.N.process=PID (lab inject gpu-in-use): NVML's compute process list, only while PID lives."""
+    root = make_host()
+    live = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    conf = root / "var/lib/nvidia-lab/hw/gpus.conf"
+    base = conf.read_text()
+    code = """
+        import json, pynvml
+        pynvml.nvmlInit()
+        print(json.dumps([[p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))]
+                          for i in range(pynvml.nvmlDeviceGetCount())]))
+    """
+    try:
+        conf.write_text(base + f"gpu.1.process={live.pid}\n")
+        assert py(root, code) == [[], [live.pid]]
+        conf.write_text(base + f"gpu.1.process={dead.pid}\n")
+        assert py(root, code) == [[], []]
+    finally:
+        live.kill()
+        live.wait()

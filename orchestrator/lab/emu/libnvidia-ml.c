@@ -133,7 +133,7 @@ struct lab_gpu {
     unsigned long long persistence, ecc, ecc_pending, ecc_unc_volatile, ecc_unc_aggregate;
     unsigned long long remap_corr, remap_unc, remap_pending, remap_failure, mig, mig_pending;
     unsigned long long pcie_gen, pcie_gen_max, pcie_width, pcie_width_max, temp, power_mw, power_limit_mw;
-    unsigned long long clock_events, recovery_action, lost;
+    unsigned long long clock_events, recovery_action, lost, process;
 };
 
 struct lab_hw {
@@ -149,7 +149,7 @@ static const struct { const char *key; size_t off; size_t size; } LAB_KEYS[] = {
     N(persistence), N(ecc), N(ecc_pending), N(ecc_unc_volatile), N(ecc_unc_aggregate),
     N(remap_corr), N(remap_unc), N(remap_pending), N(remap_failure), N(mig), N(mig_pending),
     N(pcie_gen), N(pcie_gen_max), N(pcie_width), N(pcie_width_max), N(temp), N(power_mw), N(power_limit_mw),
-    N(clock_events), N(recovery_action), N(lost),
+    N(clock_events), N(recovery_action), N(lost), N(process),
 #undef S
 #undef N
 };
@@ -699,33 +699,53 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m
     return NVML_SUCCESS;
 }
 
-/* No processes run on lab GPUs: every variant answers an empty list. */
-static nvmlReturn_t lab_no_processes(nvmlDevice_t dev, unsigned int *infoCount)
+/* A lab GPU runs at most one process: gpus.conf gpu.N.process=PID (lab inject gpu-in-use), listed while that pid
+ * lives in the host. nvmlProcessInfo_v2_t and _v3_t share one layout (pid, usedGpuMemory, GPU/compute instance). */
+struct lab_process_info {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+};
+
+static nvmlReturn_t lab_processes(nvmlDevice_t dev, unsigned int *infoCount, void *infos)
 {
+    char proc[64];
+    unsigned int running;
     QUERY(dev, infoCount);
-    *infoCount = 0;
+    snprintf(proc, sizeof proc, "/proc/%llu", g.process);
+    running = g.process && access(proc, F_OK) == 0;
+    if (*infoCount < running || (running && !infos)) {
+        *infoCount = running;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *infoCount = running;
+    if (running) {
+        struct lab_process_info *p = infos;
+        p->pid = (unsigned int)g.process;
+        p->usedGpuMemory = 1ULL << 30;
+        p->gpuInstanceId = p->computeInstanceId = 0xFFFFFFFF;
+    }
     return NVML_SUCCESS;
 }
 
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, void *infos)
 {
-    (void)infos;
-    return lab_no_processes(d, n);
+    return lab_processes(d, n, infos);
 }
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *n, void *infos)
 {
-    (void)infos;
-    return lab_no_processes(d, n);
+    return lab_processes(d, n, infos);
 }
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *n, void *infos)
 {
-    (void)infos;
-    return lab_no_processes(d, n);
+    return lab_processes(d, n, infos);
 }
 API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *n, void *infos)
 {
     (void)infos;
-    return lab_no_processes(d, n);
+    QUERY(d, n);
+    *n = 0;
+    return NVML_SUCCESS;
 }
 
 /* ---- field values ------------------------------------------------------------------------------- */

@@ -71,20 +71,26 @@ def nvml_users():
         pynvml.nvmlInit()
     except Exception as e:  # NVMLError: driver not loaded, mismatch ...
         return {}, "NVML: %s" % e
-    users = {}
+    users, problems = {}, []
     try:
         for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            except pynvml.NVMLError as e:  # a GPU that fell off the bus runs nothing: the driver may be changed
+                problems.append("GPU %d: %s" % (i, e))
+                continue
             for fn in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
                 try:
                     for proc in fn(handle):
                         users[int(proc.pid)] = process_name(proc.pid)
                 except pynvml.NVMLError as e:
-                    if "Not Supported" not in str(e) and "GPU is lost" not in str(e):
-                        return users, "NVML: %s" % e
+                    if "Not Supported" not in str(e):
+                        problems.append("GPU %d: %s" % (i, e))
+    except pynvml.NVMLError as e:
+        problems.append(str(e))
     finally:
         pynvml.nvmlShutdown()
-    return users, "ok"
+    return users, "; ".join(problems) or "ok"
 
 
 def main():
