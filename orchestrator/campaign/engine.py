@@ -138,7 +138,7 @@ class Engine:
             for host in batch:
                 o = results[host]
                 self.journal.finish_step(self.cid, host, step, o.outcome, o.reason, o.detail, o.before)
-            self.journal.note(self.cid, "batch_finished", step=step, hosts=batch, **timing)
+            self.journal.note(self.cid, "batch_finished", step=step, batch=batch, **timing)
 
     def hosts_in_rollback(self) -> list[str]:
         return [r["host"] for r in self.journal.hosts(self.cid) if r["state"].startswith("rollback_")]

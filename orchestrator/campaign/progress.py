@@ -34,7 +34,11 @@ class EventLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.last = 0
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
+            text = self.path.read_text()
+            if text and not text.endswith("\n"):  # a line cut by a crash: dropped, written again below
+                text = text[:text.rfind("\n") + 1]
+                self.path.write_text(text)
+            for line in text.splitlines():
                 try:
                     self.last = max(self.last, json.loads(line)["seq"])
                 except (ValueError, KeyError, TypeError):
@@ -57,6 +61,9 @@ def describe(record: dict[str, Any]) -> str:
     if e == "step_finished":
         text = f"{record['step']} {record['outcome']} -> {record['state']}"
         return text + (f": {record['reason']}" if record.get("reason") else "")
+    if e == "batch_finished":
+        return (f"{record['step']} of {len(record['batch'])} host{'s' if len(record['batch']) != 1 else ''} took "
+                f"{record['batch_s']:.1f}s ({record['ansible_s']:.1f}s in ansible-playbook)")
     if e == "campaign_started":
         return f"campaign to {record['target']}: " + " | ".join(
             f"wave {i}: {', '.join(hosts)}" for i, hosts in enumerate(record["waves"], 1))

@@ -136,6 +136,11 @@ def test_throughput_regression_fails_the_canary(tmp_path):
     with fleetctl_lab(tmp_path, (f"3xh100-sxm/2@{FROM}",)) as lab:
         for host in ("h100-01", "h100-02", "h100-03"):
             lab.inject(host, "throughput", "0.92", "--driver", TO)
+        dry = upgrade(lab, "--waves", "1,100%", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "dry run: nothing will be changed" in dry.stdout and "install nvidia-driver-570-open=570.86.15" in \
+            dry.stdout and f"rollback to nvidia-driver-550-open={FROM}-0lab1" in dry.stdout
+        assert lab.fleetctl("campaign", "show", "1").returncode == 2  # a dry run starts no campaign
         proc = upgrade(lab, "--waves", "1,100%")
         assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr
         doc = show(lab)

@@ -236,3 +236,67 @@ def test_a_campaign_driven_by_a_live_process_is_not_driven_twice(store, monkeypa
         other.kill()
         other.wait()
     assert engine.run() == "done"  # its driver died: anyone may resume it
+
+
+def test_progress_live_view_plain_lines_and_jsonl_log(store, monkeypatch, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.campaign import progress
+
+    monkeypatch.setenv("FLEETCTL_HOME", str(tmp_path))
+    journal, cid, engine = start(store, monkeypatch, Script({("b", "verify"): "fail"}), ["a"], ["b"],
+                                 fail_at=[1, 1])
+    screen, lines = io.StringIO(), io.StringIO()
+    view = progress.LiveView(Console(file=screen, force_terminal=True, width=200),
+                             [dict(r) for r in journal.hosts(cid)], "campaign")
+    log = progress.EventLog(cid, journal.events(cid))
+    journal.listener = progress.Fanout(log.write, view, progress.PlainLines(lines))
+    with view:
+        assert engine.run() == "rolled_back"
+    assert screen.getvalue().count("┏") >= 1  # drawn on the terminal
+    final = io.StringIO()
+    Console(file=final, width=200).print(view.render())
+    assert {h["host"]: h["state"] for h in view.hosts.values()} == {"a": "rolled_back", "b": "rolled_back"}
+    assert "rollback_undrain" in final.getvalue() and "rolled_back" in final.getvalue()
+    text = lines.getvalue().splitlines()
+    assert f"campaign {cid} b: verify fail -> failed: verify fail" in " ".join(text)
+    assert text[-1].endswith("rollback finished -> rolled_back")
+    records = [json.loads(line) for line in progress.log_path(cid).read_text().splitlines()]
+    assert [r["seq"] for r in records] == [e["seq"] for e in journal.events(cid)]
+    # a crash between a commit and the log write: the log catches up when the campaign is opened again
+    progress.log_path(cid).write_text("\n".join(json.dumps(r) for r in records[:5]) + "\n{\"seq\": 6, trunc")
+    progress.EventLog(cid, journal.events(cid))
+    again = progress.log_path(cid).read_text().splitlines()
+    assert [json.loads(line)["seq"] for line in again] == [e["seq"] for e in journal.events(cid)]
+
+
+def test_abort_list_and_show(store, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from orchestrator import upgrade as upgrade_mod
+    from orchestrator.errors import InputError
+
+    script = Script({("a", "probe_after"): "inconclusive", ("a", "probe_again"): "inconclusive"},
+                    crash_at=("b", "install"))
+    journal, cid, engine = start(store, monkeypatch, script, ["a", "b"])
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()  # b crashed mid-install: hosts mid-way
+    store.db.execute("UPDATE campaigns SET driver=NULL WHERE id=?", (cid,))  # and its process is gone
+    with pytest.raises(InputError, match=r"mid-way: a \(install\), b \(install\)"):
+        upgrade_mod.abort(store, cid)
+    assert engine.run() == "halted"  # resumed: b done, a held for a person
+    assert "aborted" in upgrade_mod.abort(store, cid)
+    assert journal.campaign(cid)["state"] == "aborted" and journal.locks() == {}
+    with pytest.raises(InputError, match="already aborted"):
+        upgrade_mod.abort(store, cid)
+    out = io.StringIO()
+    upgrade_mod.list_table(store, Console(file=out, width=200))
+    assert "aborted" in out.getvalue() and "1 done, 1 held" in out.getvalue()
+    doc = upgrade_mod.document(store, cid)
+    assert doc["campaign"]["exit_code"] == 5 and doc["time"]["steps"]["install"]["batches"] == 1
+    assert [s["attempts"] for s in next(h for h in doc["hosts"] if h["name"] == "b")["steps"]
+            if s["step"] == "install"] == [2]
