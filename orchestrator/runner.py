@@ -71,6 +71,7 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
         if kind == "runner_on_ok":
             outcomes[host].results[data.get("task_action", "")] = res
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            outcomes[host].results[data.get("task_action", "")] = res  # what the module saw (e.g. who holds a GPU)
             outcomes[host].status = "failed"
             outcomes[host].message = _message(res)
         elif kind == "runner_on_unreachable":

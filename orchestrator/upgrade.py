@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console
@@ -153,7 +151,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
         return None, 0, "nothing to upgrade: " + "; ".join(
             f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
     cid, _ = journal.create(run_.id, made, options)
-    state = drive(journal, cid, fleet, base, console)
+    drive(journal, cid, fleet, base, console)
     return cid, exit_code(journal, cid), summary_text(journal, cid)
 
 

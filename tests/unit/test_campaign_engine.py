@@ -4,7 +4,6 @@ driven with scripted step outcomes in place of playbook runs (the lab tests run 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
