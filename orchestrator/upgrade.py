@@ -13,12 +13,13 @@ from rich.text import Text
 
 from . import audit, baseline as baseline_mod, inventory, plan, runner, runs
 from .campaign import hooks, packages, progress, transitions
-from .campaign.engine import Engine, accept_held, later, request_rollback
+from .campaign.engine import READ_ONLY_STEPS, Engine, accept_held, later, request_rollback
 from .campaign.journal import Journal, process_start
 from .errors import InputError, OperationError
 from .store import Store
 
 EXIT_HOSTS_FAILED = 1
+MAX_DURATION_S = 366 * 86400
 ROLLBACK_SCOPES = ("campaign", "wave")
 
 
@@ -52,8 +53,10 @@ def parse_duration(text: str, flag: str, allow_zero: bool = False) -> float:
         value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
     except ValueError:
         raise InputError(f"{flag} {text!r}: not a duration (e.g. 90m, 2h, 3600)") from None
-    if value < 0 or (value == 0 and not allow_zero) or value != value:
+    if value != value or value < 0 or (value == 0 and not allow_zero):
         raise InputError(f"{flag} {text!r}: must be above zero")
+    if value > MAX_DURATION_S:
+        raise InputError(f"{flag} {text!r}: longer than a year")
     return value
 
 
@@ -123,9 +126,10 @@ def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod
         return engine.run()
 
 
-def exit_code(journal: Journal, cid: int) -> int:
+def exit_code(journal: Journal, cid: int) -> int | None:
+    """The campaign's exit code; None while it is running (or stopped by a crash mid-way)."""
     c = journal.campaign(cid)
-    code = transitions.CAMPAIGN_EXIT[c["state"]]
+    code = transitions.CAMPAIGN_EXIT.get(c["state"])
     if c["state"] == "done" and any(r["state"] in transitions.FAILED for r in journal.hosts(cid)):
         return EXIT_HOSTS_FAILED
     return code
@@ -223,13 +227,16 @@ def abort(store: Store, cid: int) -> str:
     if alive(c["driver"]) and c["state"] != "halted":
         journal.request_abort(cid)
         return f"campaign {cid}: abort requested; it stops before its next wave\n"
+    # Hosts mid-step, and (while running) failed hosts the campaign changed whose wave was not judged yet: the
+    # wave's decision (perhaps a rollback) is still owed to them.
     midway = [f"{r['host']} ({r['state']})" for r in journal.hosts(cid)
-              if not transitions.is_terminal(r["state"]) and r["state"] != "precheck"]
+              if (not transitions.is_terminal(r["state"]) and r["state"] not in READ_ONLY_STEPS)
+              or (c["state"] == "running" and r["state"] == "failed" and r["changed"])]
     if midway:
         raise InputError(f"campaign {cid} stopped with hosts mid-way: {', '.join(midway)}; "
                          f"resume it (fleetctl campaign resume {cid}) or roll it back after")
     journal.transition(cid, "abort_requested", reason="aborted by the operator",
-                       hosts={r["host"]: "not_started" for r in journal.hosts(cid) if r["state"] == "precheck"})
+                       hosts={r["host"]: "not_started" for r in journal.hosts(cid) if r["state"] in READ_ONLY_STEPS})
     return f"campaign {cid}: aborted\n"
 
 

@@ -15,6 +15,9 @@ from . import steps, transitions
 from .journal import Journal
 
 
+READ_ONLY_STEPS = ("precheck", "probe_before")
+
+
 def parse_time(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
@@ -55,8 +58,8 @@ class Engine:
     def run_wave(self, c) -> None:
         wave = c["wave"]
         members = [h["host"] for h in self.journal.hosts(self.cid) if h["wave"] == wave]
-        untouched = all(h["state"] == "precheck" for h in self.journal.hosts(self.cid) if h["wave"] == wave) \
-            and not any(self.journal.steps(self.cid, h) for h in members)
+        # Until a host of the wave is drained nothing has changed: the wave may still be stopped cleanly.
+        untouched = not any(s["step"] not in READ_ONLY_STEPS for h in members for s in self.journal.steps(self.cid, h))
         if untouched and c["abort_requested"]:
             self.journal.transition(self.cid, "abort_requested", reason="aborted by the operator", wave=wave)
             return
@@ -155,8 +158,7 @@ def request_rollback(journal: Journal, cid: int, reason: str) -> None:
     rows = journal.hosts(cid)
     moves = {r["host"]: transitions.ROLLBACK_START for r in rows
              if r["changed"] and r["state"] not in ("rolled_back", "rollback_failed")}
-    journal.lock(cid, sorted(moves))
-    journal.transition(cid, "rollback_requested", reason=reason, hosts=moves)
+    journal.transition(cid, "rollback_requested", reason=reason, hosts=moves, lock=sorted(moves))
 
 
 def accept_held(journal: Journal, cid: int) -> None:

@@ -175,12 +175,14 @@ class Journal:
             db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(me), cid))
 
     def transition(self, cid: int, event: str, reason: str | None = None, wave: int | None = None,
-                   soak_until: str | None = None, hosts: dict[str, str] | None = None, **data: Any) -> str:
+                   soak_until: str | None = None, hosts: dict[str, str] | None = None,
+                   lock: list[str] | None = None, **data: Any) -> str:
         """Campaign-level transition per transitions.CAMPAIGN_TABLE, committed with its event, the next wave or
         soak deadline and any host moves it implies (HOSTS: name -> state), all in one transaction."""
         with self.tx() as db:
             state = db.execute("SELECT state FROM campaigns WHERE id=?", (cid,)).fetchone()[0]
             new = transitions.campaign_next(state, event)
+            self._lock(db, cid, lock or [])
             db.execute("UPDATE campaigns SET state=?, reason=COALESCE(?, reason), wave=COALESCE(?, wave),"
                        " soak_until=?, updated_at=? WHERE id=?", (new, reason, wave, soak_until, now(), cid))
             for host, host_state in (hosts or {}).items():
@@ -193,15 +195,15 @@ class Journal:
         self._flush()
         return new
 
-    def lock(self, cid: int, hosts: list[str]) -> None:
+    @staticmethod
+    def _lock(db: sqlite3.Connection, cid: int, hosts: list[str]) -> None:
         """Take HOSTS' locks for campaign CID again (a manual rollback); refused if another campaign holds one."""
-        with self.tx() as db:
-            for host in hosts:
-                owner = db.execute("SELECT campaign_id FROM host_locks WHERE host=?", (host,)).fetchone()
-                if owner is not None and owner[0] != cid:
-                    raise OperationError(f"{host} is locked by campaign {owner[0]}")
-                db.execute("INSERT OR IGNORE INTO host_locks (host, campaign_id, since) VALUES (?, ?, ?)",
-                           (host, cid, now()))
+        for host in hosts:
+            owner = db.execute("SELECT campaign_id FROM host_locks WHERE host=?", (host,)).fetchone()
+            if owner is not None and owner[0] != cid:
+                raise OperationError(f"{host} is locked by campaign {owner[0]}")
+            db.execute("INSERT OR IGNORE INTO host_locks (host, campaign_id, since) VALUES (?, ?, ?)",
+                       (host, cid, now()))
 
     def update_options(self, cid: int, **changes: Any) -> None:
         with self.tx() as db:

@@ -13,7 +13,8 @@ import re
 from typing import Any
 
 DRIVER_VERSIONED_ROLES = ("driver", "persistenced", "fabricmanager")
-_BRANCHED = re.compile(r"^(?P<stem>(lib)?nvidia-[a-z0-9-]*?-)(?P<branch>\d{3})(?P<flavor>-open|-server|-server-open)?$")
+_BRANCHED = re.compile(r"^(?P<stem>((lib)?nvidia-[a-z0-9-]*?|cuda-drivers(-fabricmanager)?)-)(?P<branch>\d{3})"
+                       r"(?P<flavor>-open|-server|-server-open)?$")
 
 
 def upstream(version: str) -> str:

@@ -162,7 +162,7 @@ def _install(ctx: Context, hosts: list[str], wanted: Callable[[str], dict[str, s
     for name, o in outcomes.items():
         res = o.results.get("nvidia_driver_packages") or {}
         detail = {"requested": requests[name], "installed": res.get("installed"), "removed": res.get("removed"),
-                  "after": res.get("after"), "boot_id": res.get("boot_id")}
+                  "before": res.get("before"), "after": res.get("after"), "boot_id": res.get("boot_id")}
         failed = unreachable_or_failed(o)
         if failed:
             failed.reason = f"install {packages.describe(requests[name])}: {failed.reason}"
@@ -229,8 +229,21 @@ def verify(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
 
 # ---- the rollback: back to exactly what precheck recorded ---------------------------------------------
 
+def rollback_set(ctx: Context, host: str) -> dict[str, str]:
+    """What precheck recorded, plus any package of the old version the install took away or changed that the
+    facts did not list (e.g. libnvidia-decode-550, removed with its branch): back exactly as it was."""
+    before = ctx.befores[host]
+    wanted = dict(before["packages"])
+    install = ctx.journal.step_detail(ctx.campaign, host, "install") or {}
+    after = install.get("after") or {}
+    for name, version in (install.get("before") or {}).items():
+        if name not in wanted and after.get(name) != version and packages.upstream(version) == before["version"]:
+            wanted[name] = version
+    return wanted
+
+
 def rollback_install(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    return _install(ctx, hosts, lambda h: ctx.befores[h]["packages"])
+    return _install(ctx, hosts, lambda h: rollback_set(ctx, h))
 
 
 def rollback_activate(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:

@@ -299,3 +299,13 @@ def test_abort_list_and_show(store, monkeypatch):
     assert doc["campaign"]["exit_code"] == 5 and doc["time"]["steps"]["install"]["batches"] == 1
     assert [s["attempts"] for s in next(h for h in doc["hosts"] if h["name"] == "b")["steps"]
             if s["step"] == "install"] == [2]
+
+
+def test_a_wave_interrupted_before_any_drain_still_halts_at_a_closed_window(store, monkeypatch):
+    journal, cid, engine = start(store, monkeypatch, Script(crash_at=("b", "probe_before")), ["a"], ["b"])
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    journal.update_options(cid, window_end="2000-01-01T00:00:00Z")
+    engine = Engine(journal, cid, engine.ctx.fleet, engine.ctx.base)
+    assert engine.run() == "halted"
+    assert states(journal, cid) == {"a": "done", "b": "probe_before"}  # nothing of b was changed

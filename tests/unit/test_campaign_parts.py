@@ -92,3 +92,30 @@ def test_campaign_commands_on_unknown_ids(tmp_path):
     for args in (["campaign", "show", "9"], ["campaign", "resume", "9"], ["campaign", "abort", "9"], ["rollback", "9"]):
         proc = fleetctl(*args, home=tmp_path)
         assert proc.returncode == 2 and "no campaign 9" in proc.stderr, (args, proc.stderr)
+
+
+def test_cuda_repo_driver_packages_follow_the_branch():
+    before = {"cuda-drivers-550": "550.163.01-1", "cuda-drivers-fabricmanager-550": "550.163.01-1",
+              "nvidia-driver-550-open": "550.163.01-1"}
+    assert packages.target_set(before, "550.163.01", "570.86.15") == {
+        "cuda-drivers-570": "570.86.15", "cuda-drivers-fabricmanager-570": "570.86.15",
+        "nvidia-driver-570-open": "570.86.15"}
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e308h", "400d", "9999999999"])
+def test_absurd_durations_are_input_errors(value):
+    from orchestrator import upgrade as upgrade_mod
+    with pytest.raises(InputError):
+        upgrade_mod.parse_duration(value, "--window")
+
+
+def test_the_driver_daemons_are_ignored_under_their_cut_process_names():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "roles/nvidia_driver/library/gpu_users.py"
+    spec = importlib.util.spec_from_file_location("gpu_users", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ignore = {"nvidia-persistenced", "nv-fabricmanager"}
+    assert module.ignored("nvidia-persiste", ignore) and module.ignored("nv-fabricmanage", ignore)
+    assert module.ignored("nvidia-persistenced", ignore) and not module.ignored("python3", ignore)

@@ -31,11 +31,20 @@ from ansible.module_utils.basic import AnsibleModule
 
 
 def process_name(pid):
+    """The program's name: the executable's file name (comm is cut to 15 characters: nvidia-persiste)."""
+    try:
+        return os.path.basename(os.readlink("/proc/%s/exe" % pid))
+    except (IOError, OSError):
+        pass
     try:
         with open("/proc/%s/comm" % pid) as f:
             return f.read().strip()
     except (IOError, OSError):
         return "?"
+
+
+def ignored(name, ignore):
+    return name in ignore or any(name == i[:15] for i in ignore)
 
 
 def device_holders():
@@ -97,6 +106,9 @@ def main():
     module = AnsibleModule(argument_spec=dict(ignore=dict(type="list", elements="str",
                                                           default=["nvidia-persistenced", "nv-fabricmanager"])),
                            supports_check_mode=True)
+    if os.geteuid() != 0:
+        module.fail_json(msg="gpu_users must run as root to see every process's open files "
+                             "(log in as root or set ansible_become)")
     ignore = set(module.params["ignore"])
     found = {}
     for pid, name in device_holders().items():
@@ -104,7 +116,7 @@ def main():
     nvml, status = nvml_users()
     for pid, name in nvml.items():
         found.setdefault(pid, {"pid": pid, "name": name, "via": []})["via"].append("nvml")
-    users = [u for _, u in sorted(found.items()) if u["name"] not in ignore]
+    users = [u for _, u in sorted(found.items()) if not ignored(u["name"], ignore)]
     module.exit_json(changed=False, users=users, nvml=status)
 
 

@@ -47,14 +47,17 @@ removed: {description: Packages of other branches removed, type: list, returned:
 boot_id: {description: The boot id at the time of the change (a reboot after it loads the new module), type: str, returned: always}
 """
 
+import fcntl
 import os
 import re
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
 # Packages whose name carries the driver branch (nvidia-driver-570-open, libnvidia-compute-570,
 # nvidia-fabricmanager-570, nvidia-dkms-570-server ...): a branch change replaces them all.
-BRANCHED = re.compile(r"^(lib)?nvidia-[a-z0-9-]*?-(?P<branch>\d{3})(-open|-server|-server-open)?$")
+BRANCHED = re.compile(r"^((lib)?nvidia-[a-z0-9-]*?|cuda-drivers(-fabricmanager)?)-(?P<branch>\d{3})"
+                      r"(-open|-server|-server-open)?$")
 NVIDIA = re.compile(r"^(lib)?nvidia-|^cuda-drivers")
 ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "NEEDRESTART_MODE": "l"}
 
@@ -112,6 +115,24 @@ def run(module, argv):
     return out
 
 
+def wait_for_dpkg(module, timeout_s):
+    """Wait until no dpkg frontend (apt, or an install a crashed controller left running) holds the lock."""
+    deadline = time.time() + timeout_s
+    path = "/var/lib/dpkg/lock-frontend"
+    while os.path.exists(path):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+            return
+        except (IOError, OSError):
+            if time.time() > deadline:
+                module.fail_json(msg="dpkg is busy (%s held) for more than %ds" % (path, timeout_s))
+            time.sleep(1)
+        finally:
+            os.close(fd)
+
+
 def dpkg_interrupted(module):
     rc, out, _ = module.run_command(["dpkg", "--audit"], environ_update=ENV)
     return bool(out.strip())
@@ -140,6 +161,7 @@ def main():
             module.fail_json(msg="not a package name and version: %r=%r" % (name, packages[name]))
     branches = set(m.group("branch") for m in (BRANCHED.match(n) for n in packages) if m)
     lock = "-o", "DPkg::Lock::Timeout=%d" % module.params["lock_timeout_s"]
+    wait_for_dpkg(module, module.params["lock_timeout_s"])
     interrupted = dpkg_interrupted(module)
     if interrupted and not module.check_mode:
         run(module, ["dpkg", "--configure", "-a"])
