@@ -283,6 +283,22 @@ def rollback(campaign_id, inventory_path, baseline) -> None:
     sys.exit(code)
 
 
+@cli.group()
+def report() -> None:
+    """Compliance exports from the history, and the check that the history is intact."""
+
+
+@report.command("verify")
+@click.option("--head", metavar="DIGEST", help="The chain head an export stated: the history must end there.")
+def report_verify(head) -> None:
+    """Check the history's hash chain; name the first broken record. Exit 0 intact, 1 broken."""
+    from . import chain
+    with Store() as store:
+        verdict = chain.verify(store.db, head)
+    click.echo(verdict.line())
+    sys.exit(0 if verdict.ok else 1)
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, chain
 from .errors import OperationError
 
 SCHEMA = """
@@ -106,7 +106,7 @@ class Store:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise OperationError(f"{self.path} was written by a newer fleetctl (history schema {version})")
-        self.db.executescript(SCHEMA)
+        self.db.executescript(SCHEMA + chain.SCHEMA)
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -144,8 +144,14 @@ class Store:
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [(run_id, h["name"], f["control"], f["severity"], f["status"], f["message"],
                       json.dumps(f["evidence"], sort_keys=True), f["remediation"]) for f in h["findings"]])
-            self.db.execute("UPDATE runs SET finished_at=?, status='done', exit_code=?, summary=? WHERE id=?",
-                            (now(), exit_code, json.dumps(summary, sort_keys=True), run_id))
+            self.seal_run(run_id, exit_code, summary, "done")
+
+    def seal_run(self, run_id: int, exit_code: int, summary: dict[str, Any], status: str) -> None:
+        """Close the run and add it to the hash chain (inside the caller's transaction)."""
+        stamp = now()
+        self.db.execute("UPDATE runs SET finished_at=?, status=?, exit_code=?, summary=? WHERE id=?",
+                        (stamp, status, exit_code, json.dumps(summary, sort_keys=True), run_id))
+        chain.append(self.db, "run", str(run_id), stamp, operator())
 
     def finish_probe(self, run_id: int, exit_code: int, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> None:
         """Every host's probe result and health verdict, and the run's end, in one transaction."""
@@ -157,8 +163,7 @@ class Store:
                 [(run_id, h["name"], int(h["reachable"]), h["error"],
                   json.dumps(h["probe"], sort_keys=True) if h["probe"] is not None else None,
                   h["health"]["status"], json.dumps(h["health"]["reasons"])) for h in hosts])
-            self.db.execute("UPDATE runs SET finished_at=?, status='done', exit_code=?, summary=? WHERE id=?",
-                            (now(), exit_code, json.dumps(summary, sort_keys=True), run_id))
+            self.seal_run(run_id, exit_code, summary, "done")
 
     def last_probe(self, host: str) -> dict[str, Any] | None:
         """HOST's most recent recorded probe result, whatever its verdict (the kernel-log marker), or None."""
@@ -183,8 +188,8 @@ class Store:
 
     def fail_run(self, run_id: int, message: str, exit_code: int) -> None:
         with self.db:
-            self.db.execute("UPDATE runs SET finished_at=?, status='failed', exit_code=?, summary=? WHERE id=?",
-                            (now(), exit_code, json.dumps({"error": message}), run_id))
+            self.db.execute("BEGIN")
+            self.seal_run(run_id, exit_code, {"error": message}, "failed")
 
     def run(self, run_id: int) -> sqlite3.Row | None:
         return self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import OperationError
-from ..store import Store, now
+from .. import chain
+from ..store import Store, now, operator
 from . import transitions
 
 SCHEMA = """
@@ -114,6 +115,7 @@ class Journal:
         record = {"campaign": campaign_id, "seq": seq, "at": now(), "event": event, "host": host, **data}
         db.execute("INSERT INTO campaign_events (campaign_id, seq, at, event, host, data) VALUES (?, ?, ?, ?, ?, ?)",
                    (campaign_id, seq, record["at"], event, host, json.dumps(data, sort_keys=True)))
+        chain.append(db, "event", f"{campaign_id}:{seq}", record["at"], operator())
         self._pending.append(record)
         return record
 
