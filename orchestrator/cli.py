@@ -283,9 +283,25 @@ def rollback(campaign_id, inventory_path, baseline) -> None:
     sys.exit(code)
 
 
-@cli.group()
-def report() -> None:
-    """Compliance exports from the history, and the check that the history is intact."""
+@cli.group(invoke_without_command=True)
+@click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default="json", show_default=True)
+@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
+@click.option("--since", metavar="DATE", help="First day (YYYY-MM-DD, UTC) or ISO timestamp.")
+@click.option("--until", metavar="DATE", help="Last day (YYYY-MM-DD, UTC) or ISO timestamp.")
+@click.option("-l", "--limit", metavar="LIMIT", help="Hosts or groups (shell patterns, comma separated).")
+@click.pass_context
+def report(ctx, fmt, output, since, until, limit) -> None:
+    """Compliance exports from the history (and `report verify`: is the history intact).
+
+    Every export states the history's hash-chain head it was made from.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from . import report as report_mod
+    writable(output)
+    with Store() as store:
+        doc = report_mod.build(store, since, until, limit)
+    emit(json.dumps(doc, indent=2) + "\n" if fmt == "json" else report_mod.to_csv(doc), output)
 
 
 @report.command("verify")

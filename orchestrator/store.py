@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS host_results (
     reachable INTEGER NOT NULL,
     error TEXT,
     facts TEXT,
+    groups TEXT,                       -- JSON list: the host's inventory groups at the time
     PRIMARY KEY (run_id, host)
 );
 CREATE TABLE IF NOT EXISTS findings (
@@ -107,6 +108,9 @@ class Store:
         if version > SCHEMA_VERSION:
             raise OperationError(f"{self.path} was written by a newer fleetctl (history schema {version})")
         self.db.executescript(SCHEMA + chain.SCHEMA)
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(host_results)")}
+        if "groups" not in columns:  # histories written before groups were kept
+            self.db.execute("ALTER TABLE host_results ADD COLUMN groups TEXT")
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -136,8 +140,9 @@ class Store:
         with self.db:
             self.db.execute("BEGIN")
             for h in hosts:
-                self.db.execute("INSERT INTO host_results (run_id, host, reachable, error, facts) VALUES (?, ?, ?, ?, ?)",
-                                (run_id, h["name"], int(h["reachable"]), h.get("error"),
+                self.db.execute("INSERT INTO host_results (run_id, host, reachable, error, groups, facts)"
+                                " VALUES (?, ?, ?, ?, ?, ?)",
+                                (run_id, h["name"], int(h["reachable"]), h.get("error"), json.dumps(h.get("groups", [])),
                                  json.dumps(h["facts"], sort_keys=True) if h.get("facts") is not None else None))
                 self.db.executemany(
                     "INSERT INTO findings (run_id, host, control, severity, status, message, evidence, remediation)"

@@ -1,0 +1,62 @@
+"""fleetctl report --format json|csv on a history made by real runs (audits of localhost) and a campaign."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from orchestrator import schemas
+from tests.cli_helpers import fleetctl
+from tests.unit.test_chain import history, pristine, tamper  # noqa: F401  (fixtures)
+
+
+def report(home, *args):
+    proc = fleetctl("report", *args, home=home)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_json_report_is_valid_and_states_the_chain_head(history):  # noqa: F811
+    code, out, err = report(history)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert schemas.first_error("compliance-report", doc) is None
+    assert doc["summary"] == {"hosts": 1, "compliant": 0, "audits": 2, "campaigns": 1}
+    host = doc["hosts"][0]
+    assert host["name"] == "localhost" and host["audit"]["run"] == 2  # the latest audit
+    assert host["audit"]["baseline"]["digest"].startswith("sha256:")
+    assert {f["control"]: f["status"] for f in host["findings"]}["driver.installed"] == "fail"
+    installed = next(c for c in doc["controls"] if c["control"] == "driver.installed")
+    assert installed["fail"] == 1 and installed["pass_rate"] == 0
+    assert doc["driver_versions"] == [{"version": "none", "hosts": 1}]
+    assert doc["compliance_over_time"][0]["hosts"] == 1
+    campaign = doc["campaigns"][0]
+    assert campaign["state"] == "rolled_back" and sorted(campaign["rolled_back"]) == ["a", "b"]
+    assert "wave 2 failed" in campaign["reason"]
+    verify = fleetctl("report", "verify", "--head", doc["chain"]["digest"], home=history)
+    assert verify.returncode == 0, verify.stdout
+
+
+def test_csv_has_one_row_per_host_and_control(history):  # noqa: F811
+    code, out, _ = report(history, "--format", "csv")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[-1].startswith("# chain head sha256:")
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[:-1]))))
+    assert len(rows) == len({(r["host"], r["control"]) for r in rows}) > 20
+    assert all(r["host"] == "localhost" and r["audit_run"] == "2" for r in rows)
+
+
+def test_period_and_limit_filters(history):  # noqa: F811
+    doc = json.loads(report(history, "--since", "2000-01-01", "--until", "2000-01-02")[1])
+    assert doc["summary"]["hosts"] == 0 and doc["campaigns"] == []
+    doc = json.loads(report(history, "-l", "gpu*")[1])
+    assert doc["hosts"] == [] and doc["summary"]["audits"] == 2
+    code, _, err = report(history, "--since", "2026-02-30")
+    assert code == 2 and "not a date" in err
+
+
+def test_no_export_from_a_broken_history(history):  # noqa: F811
+    tamper(history, "UPDATE findings SET status='pass'")
+    code, out, err = report(history)
+    assert code == 1 and out == "" and "history chain broken at record 1 (run 1)" in err
