@@ -13,7 +13,10 @@ import fnmatch
 import io
 import json
 from datetime import datetime, timezone
+from html import escape
 from typing import Any
+
+import jinja2
 
 from . import __version__, chain, schemas
 from .errors import InputError, OperationError
@@ -145,3 +148,43 @@ def to_csv(report: dict[str, Any]) -> str:
                              "evidence": json.dumps(f["evidence"], sort_keys=True)})
     buf.write(f"# chain head {report['chain']['digest']} ({report['chain']['records']} records)\n")
     return buf.getvalue()
+
+
+# ---- HTML: one self-contained file, charts drawn as inline SVG (no script, no network) -------------------
+
+def _bars(rows: list[tuple[str, float, str]], maximum: float, unit: str = "") -> str:
+    """Horizontal bars: (label, value, colour)."""
+    height, width = 22 * len(rows) + 10, 640
+    parts = [f'<svg class="chart" role="img" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">']
+    for i, (label, value, colour) in enumerate(rows):
+        y = 5 + 22 * i
+        length = 0 if maximum <= 0 else 380 * value / maximum
+        parts.append(f'<text x="0" y="{y + 15}" font-size="12">{escape(label)}</text>'
+                     f'<rect x="220" y="{y + 3}" width="{length:.1f}" height="16" fill="{colour}"/>'
+                     f'<text x="{226 + length:.1f}" y="{y + 15}" font-size="12">{value:g}{unit}</text>')
+    return "".join(parts) + "</svg>"
+
+
+def charts(report: dict[str, Any]) -> dict[str, str]:
+    controls = [(c["control"], round(100 * c["pass_rate"], 1), "#2e7d32" if c["pass_rate"] == 1 else "#c62828")
+                for c in report["controls"] if c["pass_rate"] is not None]
+    drivers = [(d["version"], d["hosts"], "#1565c0") for d in report["driver_versions"]]
+    days = [row for d in report["compliance_over_time"]
+            for row in ((f"{d['day']} audited", d["hosts"], "#90a4ae"), (f"{d['day']} on the baseline",
+                                                                         d["compliant"], "#6a1b9a"))]
+    outcomes: dict[str, int] = {}
+    for c in report["campaigns"]:
+        outcomes[c["state"]] = outcomes.get(c["state"], 0) + 1
+    colours = {"done": "#2e7d32", "rolled_back": "#c62828", "halted": "#ef6c00", "aborted": "#757575"}
+    empty = '<p class="muted">Nothing in the period.</p>'
+    return {"controls": _bars(controls, 100, "%") if controls else empty,
+            "drivers": _bars(drivers, max(n for _, n, _ in drivers)) if drivers else empty,
+            "timeline": _bars(days, max(n for _, n, _ in days), " hosts") if days else empty,
+            "campaigns": _bars([(s, n, colours.get(s, "#1565c0")) for s, n in sorted(outcomes.items())],
+                               max(outcomes.values())) if outcomes else empty}
+
+
+def to_html(report: dict[str, Any]) -> str:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("orchestrator", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]))
+    return env.get_template("report.html.j2").render(r=report, charts=charts(report))
