@@ -284,7 +284,7 @@ def rollback(campaign_id, inventory_path, baseline) -> None:
 
 
 @cli.group(invoke_without_command=True)
-@click.option("--format", "fmt", type=click.Choice(["json", "csv", "html"]), default="json", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["json", "csv", "html", "oscal"]), default="json", show_default=True)
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
 @click.option("--since", metavar="DATE", help="First day (YYYY-MM-DD, UTC) or ISO timestamp.")
 @click.option("--until", metavar="DATE", help="Last day (YYYY-MM-DD, UTC) or ISO timestamp.")
@@ -301,7 +301,8 @@ def report(ctx, fmt, output, since, until, limit) -> None:
     writable(output)
     with Store() as store:
         doc = report_mod.build(store, since, until, limit)
-    render = {"json": lambda d: json.dumps(d, indent=2) + "\n", "csv": report_mod.to_csv, "html": report_mod.to_html}
+    render = {"json": lambda d: json.dumps(d, indent=2) + "\n", "csv": report_mod.to_csv, "html": report_mod.to_html,
+              "oscal": lambda d: json.dumps(report_mod.to_oscal(d), indent=2) + "\n"}
     emit(render[fmt](doc), output)
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import csv
 import fnmatch
+import hashlib
 import io
 import json
+import uuid
 from datetime import datetime, timezone
 from html import escape
 from typing import Any
@@ -188,3 +190,89 @@ def to_html(report: dict[str, Any]) -> str:
     env = jinja2.Environment(loader=jinja2.PackageLoader("orchestrator", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]))
     return env.get_template("report.html.j2").render(r=report, charts=charts(report))
+
+
+# ---- OSCAL assessment-results ----------------------------------------------------------------------------
+
+OSCAL_VERSION = "1.1.2"
+FLEETCTL_NS = "https://fleetctl.dev/ns/oscal"
+_UUID_NS = uuid.UUID("6f1c3a52-2d1e-4f0b-9a51-6c1f0e7f3a10")  # fleetctl's namespace for stable subject ids
+
+
+def _stable(kind: str, name: str) -> str:
+    return str(uuid.uuid5(_UUID_NS, f"{kind}:{name}"))
+
+
+def _oscal_time(stamp: str) -> str:
+    return stamp if stamp.endswith("Z") else stamp + "Z"
+
+
+def to_oscal(report: dict[str, Any]) -> dict[str, Any]:
+    """NIST OSCAL assessment-results: one observation per host and control (collected at the audit, fleetctl as
+    the tool origin, the evidence's digest in back-matter), one finding per control, satisfied only when every
+    host satisfies it. A new document UUID each export; subjects keep stable UUIDs across exports."""
+    tool_uuid = _stable("tool", "fleetctl")
+    observations, resources, by_control = [], [], {}
+    for h in report["hosts"]:
+        for f in h["findings"]:
+            obs_uuid, res_uuid = str(uuid.uuid4()), str(uuid.uuid4())
+            evidence = canonical_json(f["evidence"])
+            resources.append({
+                "uuid": res_uuid, "title": f"{h['name']} {f['control']}: evidence",
+                "description": f"Evidence collected by fleetctl audit run {h['audit']['run']} "
+                               f"({h['audit']['uuid']}) on {h['audit']['control_node']}.",
+                "props": [{"name": "evidence-sha256", "ns": FLEETCTL_NS,
+                           "value": hashlib.sha256(evidence).hexdigest()}],
+                "rlinks": [{"href": f"fleetctl:history/runs/{h['audit']['run']}/hosts/{h['name']}/{f['control']}",
+                            "hashes": [{"algorithm": "SHA-256", "value": hashlib.sha256(evidence).hexdigest()}]}]})
+            observations.append({
+                "uuid": obs_uuid, "title": f"{f['control']} on {h['name']}",
+                "description": f"{f['status']}: {f['message']}", "methods": ["TEST"],
+                "props": [{"name": "status", "ns": FLEETCTL_NS, "value": f["status"]},
+                          {"name": "severity", "ns": FLEETCTL_NS, "value": f["severity"]}],
+                "origins": [{"actors": [{"type": "tool", "actor-uuid": tool_uuid}]}],
+                "subjects": [{"subject-uuid": _stable("host", h["name"]), "type": "inventory-item",
+                              "title": h["name"]}],
+                "relevant-evidence": [{"href": f"#{res_uuid}", "description": "Evidence digest (SHA-256)"}],
+                "collected": _oscal_time(h["audit"]["at"])})
+            by_control.setdefault(f["control"], []).append((f, obs_uuid))
+    findings = []
+    for control, items in sorted(by_control.items()):
+        bad = [f for f, _ in items if f["status"] in ("fail", "error")]
+        findings.append({
+            "uuid": str(uuid.uuid4()), "title": control,
+            "description": f"{len(items) - len(bad)} of {len(items)} hosts satisfy {control}.",
+            "target": {"type": "objective-id", "target-id": control,
+                       "status": {"state": "not-satisfied" if bad else "satisfied"}},
+            "related-observations": [{"observation-uuid": o} for _, o in items]})
+    now_ = _oscal_time(report["generated"]["at"])
+    first = min((h["audit"]["at"] for h in report["hosts"]), default=report["generated"]["at"])
+    result = {
+        "uuid": str(uuid.uuid4()), "title": "fleetctl audit results",
+        "description": f"Latest fleetctl audit of each selected host, {report['generated']['since'] or 'all time'} "
+                       f"to {report['generated']['until'] or 'now'}.",
+        "start": _oscal_time(report["generated"]["since"] or first), "end": now_,
+        "props": [{"name": "chain-head", "ns": FLEETCTL_NS, "value": report["chain"]["digest"]}],
+        "reviewed-controls": {"control-selections": [{"include-controls": [{"control-id": c}
+                                                                           for c in sorted(by_control)]}]
+                              if by_control else [{"include-all": {}}]},
+    }
+    if observations:
+        result["observations"] = observations
+    if findings:
+        result["findings"] = findings
+    doc = {"uuid": str(uuid.uuid4()),
+           "metadata": {"title": "GPU fleet compliance: fleetctl assessment results", "last-modified": now_,
+                        "version": report["tool"]["version"], "oscal-version": OSCAL_VERSION,
+                        "props": [{"name": "chain-head", "ns": FLEETCTL_NS, "value": report["chain"]["digest"]},
+                                  {"name": "chain-records", "ns": FLEETCTL_NS,
+                                   "value": str(report["chain"]["records"])}]},
+           "import-ap": {"href": "#fleetctl-audit-plan"},
+           "results": [result]}
+    if resources:
+        doc["back-matter"] = {"resources": resources}
+    return {"assessment-results": doc}
+
+
+def canonical_json(obj: Any) -> bytes:
+    return chain.canonical(obj)

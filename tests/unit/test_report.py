@@ -60,3 +60,34 @@ def test_no_export_from_a_broken_history(history):  # noqa: F811
     tamper(history, "UPDATE findings SET status='pass'")
     code, out, err = report(history)
     assert code == 1 and out == "" and "history chain broken at record 1 (run 1)" in err
+
+
+def test_oscal_assessment_results_validate_against_the_oscal_model(history):  # noqa: F811
+    import hashlib
+
+    from trestle.oscal.assessment_results import Model  # compliance-trestle: NIST OSCAL 1.x models (test extra)
+
+    first, second = (json.loads(report(history, "--format", "oscal")[1]) for _ in range(2))
+    Model.model_validate(first)
+    ar = first["assessment-results"]
+    assert ar["uuid"] != second["assessment-results"]["uuid"]  # a new document each export
+    result = ar["results"][0]
+    observations = {o["uuid"]: o for o in result["observations"]}
+    assert len(observations) == len(json.loads(report(history)[1])["hosts"][0]["findings"])
+    assert all(o["origins"][0]["actors"][0]["type"] == "tool" and o["collected"].endswith("Z")
+               for o in observations.values())
+    states = {f["target"]["target-id"]: f["target"]["status"]["state"] for f in result["findings"]}
+    assert states["driver.installed"] == "not-satisfied"
+    assert "satisfied" in states.values()
+    # every observation's evidence digest is in back-matter and matches the evidence in the JSON report
+    plain = json.loads(report(history)[1])["hosts"][0]
+    evidence = {f["control"]: f["evidence"] for f in plain["findings"]}
+    resources = {r["uuid"]: r for r in ar["back-matter"]["resources"]}
+    for o in observations.values():
+        resource = resources[o["relevant-evidence"][0]["href"][1:]]
+        control = o["title"].split(" on ")[0]
+        expected = hashlib.sha256(json.dumps(evidence[control], sort_keys=True, separators=(",", ":"),
+                                             ensure_ascii=False).encode()).hexdigest()
+        assert resource["rlinks"][0]["hashes"][0]["value"] == expected
+    head = {p["name"]: p["value"] for p in ar["metadata"]["props"]}["chain-head"]
+    assert fleetctl("report", "verify", "--head", head, home=history).returncode == 0
