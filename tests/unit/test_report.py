@@ -91,3 +91,35 @@ def test_oscal_assessment_results_validate_against_the_oscal_model(history):  # 
         assert resource["rlinks"][0]["hashes"][0]["value"] == expected
     head = {p["name"]: p["value"] for p in ar["metadata"]["props"]}["chain-head"]
     assert fleetctl("report", "verify", "--head", head, home=history).returncode == 0
+
+
+def test_signed_exports_verify_and_a_changed_byte_or_another_key_does_not(history, tmp_path):  # noqa: F811
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    keys = {}
+    for who in ("auditor", "mallory"):
+        key = Ed25519PrivateKey.generate()
+        (tmp_path / f"{who}.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                                serialization.NoEncryption()))
+        (tmp_path / f"{who}.pub").write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                            serialization.PublicFormat.SubjectPublicKeyInfo))
+        keys[who] = tmp_path / f"{who}.pub"
+    for fmt in ("json", "csv", "html", "oscal"):
+        out = tmp_path / f"report.{fmt}"
+        proc = fleetctl("report", "--format", fmt, "-o", str(out), "--sign", str(tmp_path / "auditor.pem"), home=history)
+        assert proc.returncode == 0, proc.stderr
+        good = fleetctl("report", "verify", "--signature", f"{out}.sig", "--key", str(keys["auditor"]), home=history)
+        assert good.returncode == 0 and "signature valid" in good.stdout, good.stdout + good.stderr
+        other = fleetctl("report", "verify", "--signature", f"{out}.sig", "--key", str(keys["mallory"]), home=history)
+        assert other.returncode == 1 and "another key" in other.stdout
+        if fmt in ("json", "oscal"):  # canonical JSON: re-indenting keeps the signature
+            out.write_text(json.dumps(json.loads(out.read_text())))
+            assert fleetctl("report", "verify", "--signature", f"{out}.sig", home=history).returncode == 0
+        data = bytearray(out.read_bytes())
+        data[len(data) // 2] = ord("0") if data[len(data) // 2] != ord("0") else ord("1")
+        out.write_bytes(bytes(data))
+        bad = fleetctl("report", "verify", "--signature", f"{out}.sig", home=history)
+        assert bad.returncode in (1, 2) and ("does not match" in bad.stdout or "not JSON" in bad.stderr), bad.stdout
+    assert fleetctl("report", "--sign", str(tmp_path / "auditor.pem"), home=history).returncode == 2  # needs -o
+    assert fleetctl("report", "-o", str(tmp_path / "x"), "--sign", str(keys["auditor"]), home=history).returncode == 2

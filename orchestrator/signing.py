@@ -1,0 +1,80 @@
+"""Detached ed25519 signatures for exports: over the canonical JSON of a JSON/OSCAL export (so re-indenting it
+does not break the signature), over the file's bytes for CSV and HTML. The .sig file is JSON."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from . import chain
+from .errors import InputError
+
+
+def signed_bytes(path: Path, how: str) -> bytes:
+    data = path.read_bytes()
+    if how == "canonical-json":
+        try:
+            return chain.canonical(json.loads(data))
+        except ValueError:
+            raise InputError(f"{path}: not JSON, but its signature was made over canonical JSON") from None
+    return data
+
+
+def load_private(path: str) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as e:
+        raise InputError(f"{path}: not a readable unencrypted PEM private key ({e})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise InputError(f"{path}: not an ed25519 key (openssl genpkey -algorithm ed25519)")
+    return key
+
+
+def load_public(path: str) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(Path(path).read_bytes())
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not a readable PEM public key ({e})") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise InputError(f"{path}: not an ed25519 public key")
+    return key
+
+
+def raw(public: Ed25519PublicKey) -> str:
+    return base64.b64encode(public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)).decode()
+
+
+def sign(path: Path, key_path: str, fmt: str, head: str) -> Path:
+    key = load_private(key_path)
+    how = "canonical-json" if fmt in ("json", "oscal") else "bytes"
+    signature = key.sign(signed_bytes(path, how))
+    out = Path(str(path) + ".sig")
+    out.write_text(json.dumps({"algorithm": "ed25519", "signed": how, "file": path.name, "chain_head": head,
+                               "public_key": raw(key.public_key()),
+                               "signature": base64.b64encode(signature).decode()}, indent=2) + "\n")
+    return out
+
+
+def verify(sig_path: str, file_path: str | None, key_path: str | None) -> tuple[bool, str]:
+    try:
+        sig: dict[str, Any] = json.loads(Path(sig_path).read_text())
+        public = Ed25519PublicKey.from_public_bytes(base64.b64decode(sig["public_key"]))
+        signature = base64.b64decode(sig["signature"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{sig_path}: not a fleetctl signature file ({e})") from None
+    target = Path(file_path) if file_path else Path(sig_path).with_name(sig["file"])
+    if key_path and raw(load_public(key_path)) != sig["public_key"]:
+        return False, f"{target}: signed by another key than {key_path}"
+    try:
+        public.verify(signature, signed_bytes(target, sig["signed"]))
+    except InvalidSignature:
+        return False, f"{target}: signature does not match (the file changed since it was signed)"
+    except OSError as e:
+        raise InputError(f"{target}: cannot read: {e.strerror}") from None
+    return True, f"{target}: signature valid (ed25519, chain head {sig['chain_head']})"
