@@ -42,7 +42,7 @@ def test_reports_from_lab_history(tmp_path):
         assert [(c["state"], c["target"]) for c in doc["campaigns"]] == [("done", "570.86.15"),
                                                                           ("rolled_back", "570.124.06")]
         assert doc["campaigns"][1]["rolled_back"] == ["h100-01"] and "canary" in doc["campaigns"][1]["reason"]
-        nouveau = next(c for c in doc["controls"] if c["control"] == "nouveau.not_loaded")
+        nouveau = next(c for c in doc["controls"] if c["control"] == "nouveau.blacklisted")
         assert nouveau["fail"] == 1 and nouveau["pass"] == 2
         rows = list(csv.DictReader(io.StringIO("\n".join(lab.fleetctl("report", "--format", "csv").stdout
                                                          .splitlines()[:-1]))))
@@ -51,7 +51,7 @@ def test_reports_from_lab_history(tmp_path):
         from trestle.oscal.assessment_results import Model
         Model.model_validate({"assessment-results": oscal})
         states = {f["target"]["target-id"]: f["target"]["status"]["state"] for f in oscal["results"][0]["findings"]}
-        assert states["nouveau.not_loaded"] == "not-satisfied"
+        assert states["nouveau.blacklisted"] == "not-satisfied"
         html = lab.fleetctl("report", "--format", "html").stdout
         assert "rolled_back" in html and "h100-03" in html and doc["chain"]["digest"] in html
         verify = lab.fleetctl("report", "verify", "--head", doc["chain"]["digest"])
