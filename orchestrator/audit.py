@@ -56,6 +56,14 @@ def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: basel
     return host_entry(host, facts, policy.evaluate(facts, base.policy_for(list(host.groups))), True, None)
 
 
+def collect(fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | None = None,
+            preflight: bool = True) -> list[dict[str, Any]]:
+    """Every host's facts (one gpu_facts call each) evaluated against the baseline: audit, plan and upgrade."""
+    outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
+                                   forks, preflight)
+    return [evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
+
+
 def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
     counts = {s: 0 for s in policy.STATUSES}
     for h in hosts:
@@ -79,9 +87,7 @@ def run(opts: AuditOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "audit", argv, fleet, base, opts.limit) as run_:
-        outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
-                                       opts.forks, opts.preflight)
-        hosts = [evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
+        hosts = collect(fleet, base, opts.forks, opts.preflight)
         summary = summarize(hosts, opts.fail_on)
         summary["duration_s"] = round(time.monotonic() - started, 3)
         store.finish_run(run_.id, summary["exit_code"], summary, hosts)

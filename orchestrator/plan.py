@@ -33,7 +33,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from . import audit, baseline as baseline_mod, policy, runner, runs, schemas
+from . import audit, baseline as baseline_mod, policy, runs, schemas
 from .errors import InputError
 from .store import Store
 
@@ -253,9 +253,7 @@ def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     ramp = parse_ramp(opts.waves)
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as run_:
-        outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": audit.xid_overrides(fleet, base)},
-                                       opts.forks, opts.preflight)
-        hosts = [audit.evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
+        hosts = audit.collect(fleet, base, opts.forks, opts.preflight)
         plan = build(target, ramp, hosts, base)
         unreachable = sum(1 for h in hosts if not h["reachable"])
         summary = {"hosts": len(hosts), "eligible": sum(w["size"] for w in plan["waves"]), "waves": len(plan["waves"]),

@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import audit, baseline as baseline_mod, inventory, plan, runner, runs
+from . import audit, baseline as baseline_mod, inventory, plan, runs
 from .campaign import hooks, packages, progress, transitions
 from .campaign.engine import READ_ONLY_STEPS, Engine, accept_held, later, request_rollback
-from .campaign.journal import Journal, process_start
+from .campaign.journal import Journal, driven_elsewhere
 from .errors import InputError, OperationError
 from .store import Store
 
@@ -74,9 +74,7 @@ def campaign_options(opts: UpgradeOptions) -> dict[str, Any]:
 def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline, ramp,
               locks: dict[str, int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The plan (as `fleetctl plan` makes it), hosts locked by another campaign excluded."""
-    outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": audit.xid_overrides(fleet, base)},
-                                   opts.forks, opts.preflight)
-    entries = [audit.evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
+    entries = audit.collect(fleet, base, opts.forks, opts.preflight)
     free = [e for e in entries if e["name"] not in locks]
     made = plan.build(plan.parse_target(opts.target), ramp, free, base)
     made["excluded"] += [{"name": e["name"], "groups": e["groups"], "code": "in_campaign",
@@ -179,13 +177,6 @@ def campaign_row(journal: Journal, cid: int):
         raise InputError(f"no campaign {cid} in the history") from None
 
 
-def alive(driver: str | None) -> bool:
-    if not driver:
-        return False
-    d = json.loads(driver)
-    return process_start(d["pid"]) == d["start"]
-
-
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
            window_s: float | None, console: Console | None) -> tuple[int, str]:
     journal = Journal(store)
@@ -209,7 +200,7 @@ def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: 
         raise InputError(f"campaign {cid} is {c['state']}: "
                          + ("resume it first" if c["state"] in ("running", "soaking", "rolling_back")
                             else "nothing to roll back"))
-    if alive(c["driver"]):
+    if driven_elsewhere(c["driver"]):
         raise OperationError(f"campaign {cid} is being driven by another fleetctl")
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
     request_rollback(journal, cid, "manual rollback (fleetctl rollback)")
@@ -224,7 +215,7 @@ def abort(store: Store, cid: int) -> str:
         raise InputError(f"campaign {cid} is already {c['state']}")
     if c["state"] == "rolling_back":
         raise InputError(f"campaign {cid} is rolling back: let it finish (fleetctl campaign resume {cid})")
-    if alive(c["driver"]) and c["state"] != "halted":
+    if driven_elsewhere(c["driver"]) and c["state"] != "halted":
         journal.request_abort(cid)
         return f"campaign {cid}: abort requested; it stops before its next wave\n"
     # Hosts mid-step, and (while running) failed hosts the campaign changed whose wave was not judged yet: the
@@ -308,9 +299,7 @@ HOOK_STEPS = ("drain", "undrain", "release", "rollback_drain", "rollback_undrain
 
 def summary_text(journal: Journal, cid: int) -> str:
     c = journal.campaign(cid)
-    counts: dict[str, int] = {}
-    for r in journal.hosts(cid):
-        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    counts = journal.tally(cid)
     states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     text = f"campaign {cid} to {c['target']}: {c['state']} ({states}); exit {exit_code(journal, cid)}"
     if c["reason"] and c["state"] != "done":
@@ -324,10 +313,7 @@ def list_table(store: Store, console: Console) -> None:
     for col in ("ID", "Target", "State", "Wave", "Hosts", "Started", "Operator", "Reason"):
         t.add_column(col, overflow="fold")
     for c in journal.campaigns():
-        rows = journal.hosts(c["id"])
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        counts = journal.tally(c["id"])
         run = store.run(c["run_id"])
         style = progress.STATE_STYLE.get(c["state"], "cyan")
         t.add_row(str(c["id"]), c["target"], Text(c["state"], style=style),

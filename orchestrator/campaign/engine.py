@@ -147,10 +147,7 @@ class Engine:
         return [r["host"] for r in self.journal.hosts(self.cid) if r["state"].startswith("rollback_")]
 
     def tally(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for r in self.journal.hosts(self.cid):
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
-        return counts
+        return self.journal.tally(self.cid)
 
 
 def request_rollback(journal: Journal, cid: int, reason: str) -> None:

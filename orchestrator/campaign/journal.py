@@ -89,6 +89,14 @@ def process_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def driven_elsewhere(driver: str | None) -> bool:
+    """Whether the process recorded as driving a campaign (JSON {node, pid, start}) is alive and not this one."""
+    if not driver:
+        return False
+    d, me = json.loads(driver), this_process()
+    return d != me and d["node"] == me["node"] and process_start(d["pid"]) == d["start"]
+
+
 def this_process() -> dict[str, Any]:
     return {"node": socket.getfqdn(), "pid": os.getpid(), "start": process_start(os.getpid())}
 
@@ -169,12 +177,10 @@ class Journal:
         """Become the process driving campaign CID; refused while another live process does."""
         with self.tx() as db:
             row = db.execute("SELECT driver FROM campaigns WHERE id=?", (cid,)).fetchone()
-            driver = json.loads(row[0]) if row and row[0] else None
-            me = this_process()
-            if driver and driver != me and driver["node"] == me["node"] \
-                    and process_start(driver["pid"]) == driver["start"]:
-                raise OperationError(f"campaign {cid} is being driven by pid {driver['pid']} on this machine")
-            db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(me), cid))
+            if row and driven_elsewhere(row[0]):
+                raise OperationError(f"campaign {cid} is being driven by pid {json.loads(row[0])['pid']} "
+                                     "on this machine")
+            db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(this_process()), cid))
 
     def transition(self, cid: int, event: str, reason: str | None = None, wave: int | None = None,
                    soak_until: str | None = None, hosts: dict[str, str] | None = None,
@@ -220,6 +226,11 @@ class Journal:
         self._flush()
 
     # ---- hosts and steps -------------------------------------------------------------------------------
+    def tally(self, cid: int) -> dict[str, int]:
+        """Host count per state."""
+        return {state: n for state, n in self.db.execute(
+            "SELECT state, COUNT(*) FROM campaign_hosts WHERE campaign_id=? GROUP BY state ORDER BY state", (cid,))}
+
     def hosts(self, cid: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM campaign_hosts WHERE campaign_id=? ORDER BY position", (cid,)).fetchall()
 

@@ -53,10 +53,7 @@ def playbook(ctx: Context, name: str, hosts: list[str], extravars: dict[str, Any
 
 def facts_of(ctx: Context, hosts: list[str]) -> dict[str, dict[str, Any]]:
     """Audit-style host entries (facts, findings) collected with the audit's playbook."""
-    sub = ctx.fleet.only(hosts)
-    outcomes = runner.run_on_fleet("audit.yml", sub, {"fleetctl_xid_overrides": audit.xid_overrides(sub, ctx.base)},
-                                   ctx.options.get("forks"))
-    return {h.name: audit.evaluate_host(h, outcomes[h.name], ctx.base) for h in sub.hosts}
+    return {e["name"]: e for e in audit.collect(ctx.fleet.only(hosts), ctx.base, ctx.options.get("forks"))}
 
 
 # ---- the upgrade ---------------------------------------------------------------------------------------
