@@ -16,6 +16,7 @@ change). While down (1 s grace, then 2 s + faults.conf slow_reboot) the address 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from .state import HostRecord, HostSpec, Lab
 __all__ = ["HostSpec", "Lab", "LabError", "up", "down", "status", "write_inventory"]
 
 SUPERVISOR_MODULE = "orchestrator.lab.supervisor"
+MACHINE_LOCK = Path("/run/lock/fleetctl-lab.lock")
 UP_TIMEOUT_S = 90.0
 INSTALL_TIMEOUT_S = 600.0      # apt-get inside every host at once, on a small machine
 STOP_TIMEOUT_S = 5.0
@@ -54,8 +57,14 @@ def up(specs: list[HostSpec], lab_dir: str | os.PathLike | None = None, timeout:
     up (the apt repository is kept)."""
     directory = state.lab_dir(lab_dir)
     check_specs(specs)
-    refuse_second_lab(directory)
-    lab = plan(specs, directory)
+    with machine_lock():
+        refuse_second_lab(directory)
+        lab = plan(specs, directory)
+        return build(lab, specs, timeout)
+
+
+def build(lab: Lab, specs: list[HostSpec], timeout: float | None) -> Lab:
+    directory = lab.dir
     try:
         prepare_files(lab)
         network.create_bridge()
@@ -88,13 +97,46 @@ def check_specs(specs: list[HostSpec]) -> None:
         raise LabError(f"duplicate host names: {', '.join(duplicates)}")
 
 
+@contextmanager
+def machine_lock():
+    """One `lab up` at a time on this machine: a lab being built has namespaces before it has processes, so only
+    the lock tells it apart from the remains of a dead one."""
+    MACHINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(MACHINE_LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LabError("another `fleetctl lab up` is running on this machine") from None
+        yield
+
+
 def refuse_second_lab(directory: Path) -> None:
-    """One lab per machine: the bridge and the fl- namespaces are machine-wide names."""
+    """One lab per machine: the bridge and the fl- namespaces are machine-wide names. The remains of a lab whose
+    processes are all gone (its test run or its machine's session was killed) are removed instead."""
     if (directory / "lab.json").exists():
         raise LabError(f"a lab is already recorded in {directory}: run `fleetctl lab down` first")
+    if (network.link_exists(network.BRIDGE) or network.lab_netns()) and not lab_processes_alive():
+        reclaim_remains()
     if network.link_exists(network.BRIDGE) or network.lab_netns():
         raise LabError(f"another lab is up on this machine ({network.BRIDGE} or fl-* namespaces exist): "
                        "run `fleetctl lab down` with its FLEETCTL_LAB_DIR first")
+
+
+def lab_processes_alive() -> bool:
+    """Any lab supervisor on this machine, or any process inside an fl- namespace."""
+    return any(is_supervisor(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()) or any(network.netns_pids(ns) for ns in network.lab_netns())
+
+
+def reclaim_remains() -> None:
+    """Namespaces, veths and the bridge of a lab nothing runs in any more (their files are wherever that lab was)."""
+    namespaces = network.lab_netns()
+    for ns in namespaces:
+        network.delete_netns(ns)
+    for veth in network.lab_veths():
+        network.delete_link(veth)
+    network.delete_bridge()
+    print(f"fleetctl lab: removed the remains of a dead lab ({', '.join(namespaces) or network.BRIDGE})",
+          file=sys.stderr)
 
 
 def plan(specs: list[HostSpec], directory: Path) -> Lab:
@@ -332,14 +374,16 @@ def supervisor_pids(directory: Path, lab: Lab | None) -> list[int]:
     return sorted(pid for pid in candidates if is_supervisor(pid, hosts_dir))
 
 
-def is_supervisor(pid: int, under: Path) -> bool:
-    """PID runs the lab supervisor for a host directory at or below UNDER (guards against reused pids)."""
+def is_supervisor(pid: int, under: Path | None = None) -> bool:
+    """PID runs the lab supervisor (for a host directory at or below UNDER: guards against reused pids)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
     if SUPERVISOR_MODULE.encode() not in argv:
         return False
+    if under is None:
+        return True
     prefix = str(under).encode()
     return any(a == prefix or a.startswith(prefix + b"/") for a in argv)
 

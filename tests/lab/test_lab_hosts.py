@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lab import hosts
+from orchestrator.lab import hosts, network
 from orchestrator.lab.state import HostSpec
 
 pytestmark = pytest.mark.lab
@@ -107,6 +108,29 @@ def test_down_leaves_nothing_even_after_kill_9(lab_dir, leftovers):
     assert leftovers(lab_dir) == []
     hosts.down()  # idempotent
     assert hosts.status() == []
+
+
+def test_the_next_up_clears_the_remains_of_a_lab_killed_with_its_session(tmp_path, lab_dir, leftovers, capfd):
+    """A test run killed with its machine's session leaves namespaces, veths and the bridge but no process (its
+    files may be gone with its tmp directory): the next `up` removes those remains rather than refusing forever."""
+    dead = tmp_path / "dead-lab"
+    try:
+        hosts.up([HostSpec("gpu-d1"), HostSpec("gpu-d2")], dead)
+        for pid in hosts.supervisor_pids(dead, None):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while hosts.lab_processes_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        shutil.rmtree(dead)
+        assert sorted(network.lab_netns()) == ["fl-gpu-d1", "fl-gpu-d2"]
+        hosts.up([HostSpec("gpu-n1")])
+        assert "removed the remains of a dead lab (fl-gpu-d1, fl-gpu-d2)" in capfd.readouterr().err
+        assert network.lab_netns() == ["fl-gpu-n1"]
+        assert [s["running"] for s in hosts.status()] == [True]
+    finally:
+        hosts.down()
+        hosts.down(dead)
+    assert leftovers(lab_dir) == [] and leftovers(dead) == []
 
 
 def test_driver_installed_before_first_boot(lab_dir, leftovers, stub_driver_repo):
