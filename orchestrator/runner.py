@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ansible_runner
 
 from . import preflight, resources
+from .errors import OperationError
 from .inventory import Fleet
 
 # One module call per host: no fact gathering, pipelining, and OpenSSH multiplexing; host keys are checked.
@@ -79,29 +84,63 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
             outcomes[host].message = _message(res)
         return False  # nothing kept on disk: the outcome is all fleetctl needs
 
-    env = dict(ANSIBLE_ENV, ANSIBLE_ROLES_PATH=str(resources.roles_dir()), PATH=search_path())
+    job = dict(inventory=fleet.runner_inventory, limit=",".join(hosts), extravars=extravars or {},
+               forks=forks or default_forks(len(hosts)), quiet=True, settings={"suppress_ansible_output": True})
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleetctl-runner-") as private:
-        result = ansible_runner.run(
-            private_data_dir=private,
-            playbook=str(resources.playbook(name)),
-            inventory=fleet.runner_inventory,
-            limit=",".join(hosts),
-            extravars=extravars or {},
-            envvars=env,
-            forks=forks or default_forks(len(hosts)),
-            quiet=True,
-            event_handler=on_event,
-            settings={"suppress_ansible_output": True},
-        )
-        if result.rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
+        worker = worker_command()
+        if worker:
+            rc, why = run_on_worker(worker, private, name, job, on_event)
+        else:
+            env = dict(ANSIBLE_ENV, ANSIBLE_ROLES_PATH=str(resources.roles_dir()), PATH=search_path())
+            result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
+                                        envvars=env, event_handler=on_event, **job)
+            rc = result.rc
             tail = (result.stdout.read() if result.stdout else "")[-500:].strip().splitlines()
-            raise RuntimeError(f"ansible-playbook {name} exited {result.rc}: {tail[-1] if tail else 'no output'}")
+            why = tail[-1] if tail else "no output"
+        if rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
+            raise RuntimeError(f"ansible-playbook {name} exited {rc}: {why}")
     PLAYBOOK_SECONDS[0] += time.monotonic() - started
     for outcome in outcomes.values():
         if outcome.status == "ok" and not outcome.results:
             outcome.status, outcome.message = "failed", "the playbook returned no result for this host"
     return outcomes
+
+
+def worker_command() -> list[str] | None:
+    """$FLEETCTL_WORKER: run playbooks through ansible-runner's streaming mode on this worker command (e.g.
+    `ssh exec01 ansible-runner worker`, or `ansible-runner worker` on this machine), not in-process."""
+    command = os.environ.get("FLEETCTL_WORKER", "").strip()
+    return shlex.split(command) if command else None
+
+
+def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any],
+                  on_event: Callable[[dict[str, Any]], bool]) -> tuple[int, str]:
+    """Transmit the job (the playbook and the roles travel in it), let WORKER run it, and process its event stream
+    here: the three phases of ansible-runner's remote execution (what Receptor execution nodes run)."""
+    project = Path(private) / "project"
+    project.mkdir()
+    shutil.copy(resources.playbook(name), project)
+    shutil.copytree(resources.roles_dir(), project / "roles")  # symlinked module_utils travel as files
+    with tempfile.TemporaryFile() as stream, tempfile.TemporaryFile() as errors:
+        ansible_runner.run(streamer="transmit", _output=stream, private_data_dir=private,
+                           playbook=resources.playbook(name).name, envvars=dict(ANSIBLE_ENV), **job)
+        stream.seek(0)
+        try:
+            # A local worker finds ansible-playbook as fleetctl does; over ssh, the execution node's own PATH rules.
+            proc = subprocess.Popen(worker, stdin=stream, stdout=subprocess.PIPE, stderr=errors,
+                                    env=dict(os.environ, PATH=search_path()))
+        except OSError as e:
+            raise OperationError(f"FLEETCTL_WORKER {shlex.join(worker)}: {e.strerror}") from None
+        with proc:
+            processed = ansible_runner.run(streamer="process", _input=proc.stdout, private_data_dir=private,
+                                           event_handler=on_event, quiet=True)
+        errors.seek(0)
+        said = errors.read().decode(errors="replace").strip().splitlines()
+    if proc.returncode != 0:
+        raise OperationError(f"FLEETCTL_WORKER {shlex.join(worker)} exited {proc.returncode}: "
+                             + (said[-1] if said else "no output"))
+    return (processed.rc if processed.rc is not None else 1), processed.status or "no status"
 
 
 def _message(res: dict[str, Any]) -> str:
