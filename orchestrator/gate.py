@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import yaml
-from scipy.stats import mannwhitneyu
 
 from . import resources
 from .policy import severity_rank
@@ -106,6 +105,8 @@ def exact_p_with_ties(x: np.ndarray, y: np.ndarray) -> float:
 def one_sided_p(x: np.ndarray, y: np.ndarray) -> tuple[float, str]:
     """(p, test) for 'x is stochastically greater than y': x = before for higher-is-better metrics, else after."""
     if len(np.unique(np.concatenate([x, y]))) == len(x) + len(y):
+        from scipy.stats import mannwhitneyu  # 1.3 s to import: only where a gate is decided, not on every command
+
         return float(mannwhitneyu(x, y, alternative="greater", method="exact").pvalue), "exact"
     return exact_p_with_ties(x, y), "exact (ties)"
 
