@@ -51,19 +51,44 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def non_string_key(node: Any, where: str = "$") -> tuple[str | None, Any]:
+    """(JSON path, key) of the first mapping key YAML did not read as a string (94:, null:, 2024-01-01:), or
+    (None, None). The schema's key patterns only look at strings, and the rest of fleetctl expects strings."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not isinstance(key, str):
+                return where, key
+            found = non_string_key(value, f"{where}.{key}")
+            if found[0]:
+                return found
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found = non_string_key(value, f"{where}[{i}]")
+            if found[0]:
+                return found
+    return None, None
+
+
 def load(path: str | Path | None) -> Baseline:
-    path = Path(path) if path else DEFAULT_PATH
+    if isinstance(path, str) and not path.strip():  # "$BASELINE" unset: not silently the embedded one
+        raise InputError(f"--baseline {path!r}: empty (a variable that is not set?)")
+    path = Path(path) if path is not None else DEFAULT_PATH
     try:
         raw = path.read_bytes()
     except OSError as e:
         raise InputError(f"{path}: cannot read baseline: {e.strerror}") from None
     try:
         doc = yaml.safe_load(raw)
+        schemas.check("baseline", doc, str(path))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise InputError(f"{path}:{where}: not valid YAML: {problem}") from None
-    schemas.check("baseline", doc, str(path))
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to be a baseline") from None
+    where, key = non_string_key(doc)
+    if where:
+        raise InputError(f"{path}: {where}: key {key} is not a string (quote it in the YAML)")
     return Baseline(path=path, name=doc.get("name", path.stem), digest="sha256:" + hashlib.sha256(raw).hexdigest(),
                     groups=doc["groups"])

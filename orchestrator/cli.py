@@ -18,6 +18,12 @@ EXIT_USAGE = 2
 
 
 EXIT_INTERNAL = 70  # a fleetctl bug: never confused with "findings" (1) by a script
+CAMPAIGN_ID = click.IntRange(1, 2**63 - 1)  # what SQLite can look up: a bigger number is a usage error, not a crash
+
+
+def one_line(message: object) -> str:
+    """An error is one line (scripts and cron mail read it): a newline from a path or a value is shown escaped."""
+    return str(message).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def writable(output: str | None) -> None:
@@ -237,7 +243,7 @@ def campaign_list() -> None:
 
 
 @campaign.command("show")
-@click.argument("campaign_id", type=int)
+@click.argument("campaign_id", type=CAMPAIGN_ID)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def campaign_show(campaign_id, fmt) -> None:
     """One campaign: hosts, steps (with attempts and times), reasons."""
@@ -250,7 +256,7 @@ def campaign_show(campaign_id, fmt) -> None:
 
 
 @campaign.command("resume")
-@click.argument("campaign_id", type=int)
+@click.argument("campaign_id", type=CAMPAIGN_ID)
 @click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY", help="Default: the campaign's own.")
 @click.option("-b", "--baseline", metavar="BASELINE", help="Default: the campaign's own (unchanged).")
 @click.option("--window", metavar="DURATION", help="A new maintenance window from now.")
@@ -264,7 +270,7 @@ def campaign_resume(campaign_id, inventory_path, baseline, window) -> None:
 
 
 @campaign.command("abort")
-@click.argument("campaign_id", type=int)
+@click.argument("campaign_id", type=CAMPAIGN_ID)
 def campaign_abort(campaign_id) -> None:
     """Stop a campaign before its next wave (hosts stay where they are: roll back with fleetctl rollback)."""
     with Store() as store:
@@ -272,7 +278,7 @@ def campaign_abort(campaign_id) -> None:
 
 
 @cli.command()
-@click.argument("campaign_id", type=int)
+@click.argument("campaign_id", type=CAMPAIGN_ID)
 @click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY", help="Default: the campaign's own.")
 @click.option("-b", "--baseline", metavar="BASELINE", help="Default: the campaign's own (unchanged).")
 def rollback(campaign_id, inventory_path, baseline) -> None:
@@ -341,10 +347,10 @@ def main() -> None:
         click.echo("fleetctl: aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:  # usage errors: one line, exit 2
-        click.echo(f"fleetctl: error: {e.format_message()}", err=True)
+        click.echo(f"fleetctl: error: {one_line(e.format_message())}", err=True)
         sys.exit(EXIT_USAGE)
     except (InputError, OperationError) as e:
-        click.echo(f"fleetctl: error: {e}", err=True)
+        click.echo(f"fleetctl: error: {one_line(e)}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("fleetctl: interrupted", err=True)
@@ -352,7 +358,7 @@ def main() -> None:
     except Exception as e:  # a bug: one line for the operator, the traceback with FLEETCTL_DEBUG=1
         if os.environ.get("FLEETCTL_DEBUG"):
             raise
-        click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {e}", err=True)
+        click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {one_line(e)}", err=True)
         sys.exit(EXIT_INTERNAL)
 
 

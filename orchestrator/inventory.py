@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import sys
 from dataclasses import dataclass, field
@@ -63,7 +65,7 @@ def localhost() -> Fleet:
                  {"all": {"hosts": {LOCALHOST: hostvars}}})
 
 
-SAFE_NAME = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")  # host names and addresses: nothing a shell would read
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.:\[\]-]+")  # host names and addresses (fullmatch): nothing a shell would read
 HOST_KEY_CHECKING_VARS = ("ansible_host_key_checking", "ansible_ssh_host_key_checking")
 SSH_ARG_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args")
 
@@ -72,10 +74,10 @@ def check_host(source: str, name: str, hostvars: dict[str, Any]) -> None:
     """One line and exit 2 for a host fleetctl must not work on as written."""
     where = f"{source}: host {name!r}"
     address = str(hostvars.get("ansible_host", name))
-    if not SAFE_NAME.match(name) or not (SAFE_NAME.match(address) or "{{" in address):
+    if not SAFE_NAME.fullmatch(name) or not (SAFE_NAME.fullmatch(address) or "{{" in address):
         raise InputError(f"{where}: host names and ansible_host may hold letters, digits and . _ - : [ ] only")
     port = hostvars.get("ansible_port", 22)
-    if "{{" not in str(port) and (not str(port).isdigit() or not 0 < int(port) < 65536):
+    if "{{" not in str(port) and (not re.fullmatch(r"[0-9]{1,5}", str(port)) or not 0 < int(port) < 65536):
         raise InputError(f"{where}: ansible_port {port!r} is not a port number")
     for var in HOST_KEY_CHECKING_VARS:
         if var in hostvars and str(hostvars[var]).lower() in ("false", "no", "0", "off"):
@@ -87,6 +89,17 @@ def check_host(source: str, name: str, hostvars: dict[str, Any]) -> None:
 
 def load(path: str | None, limit: str | None = None) -> Fleet:
     """Hosts of the inventory at PATH (restricted by an Ansible LIMIT pattern), or localhost when PATH is None."""
+    for flag, value in (("--inventory", path), ("--limit", limit)):
+        if value is not None and not value.strip():  # "$HOSTS" unset: not the whole fleet, nor the current directory
+            raise InputError(f"{flag} {value!r}: empty (a variable that is not set?)")
+    for pattern in re.split(r"[,:]", limit or ""):
+        regex = pattern.lstrip("!&")
+        if not regex.startswith("~"):
+            continue
+        try:  # Ansible reads an invalid `~regex` as one that matches every host: a typo must not mean the whole fleet
+            re.compile(regex[1:])
+        except re.error as e:
+            raise InputError(f"--limit {limit!r}: {pattern!r} is not a valid regular expression ({e})") from None
     if path is None:
         fleet = localhost()
         if limit and limit not in ("all", LOCALHOST, "ungrouped"):
@@ -104,14 +117,17 @@ def load(path: str | None, limit: str | None = None) -> Fleet:
 
     C.INVENTORY_UNPARSED_IS_FAILED = True  # a broken inventory is an error, not an empty fleet
     Display().verbosity = 0
+    warnings = io.StringIO()  # Ansible's parse warnings run to many lines: shown only when the fleet loads
     try:
-        manager = InventoryManager(loader=DataLoader(), sources=[str(source.resolve())])
-        if limit:
-            manager.subset(limit)
-        selected = manager.get_hosts()
+        with contextlib.redirect_stderr(warnings):
+            manager = InventoryManager(loader=DataLoader(), sources=[str(source.resolve())])
+            if limit:
+                manager.subset(limit)
+            selected = manager.get_hosts()
     except AnsibleError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"{path}: not a valid Ansible inventory: {first}") from None
+        more = f" (ansible-inventory -i {path} --list says why)" if warnings.getvalue() else ""
+        raise InputError(f"{path}: not a valid Ansible inventory: {first}{more}") from None
     if not selected:
         raise InputError(f"{path}: {'--limit ' + repr(limit) if limit else 'the inventory'} matches no host")
     hosts = []
@@ -121,4 +137,5 @@ def load(path: str | None, limit: str | None = None) -> Fleet:
         hostvars.update(h.get_vars())
         check_host(str(source), h.name, hostvars)
         hosts.append(Host(h.name, tuple(g.name for g in groups), hostvars))
+    sys.stderr.write(warnings.getvalue())
     return Fleet(str(source), tuple(hosts), frozenset(manager.groups), str(source.resolve()))

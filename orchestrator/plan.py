@@ -40,9 +40,10 @@ from .store import Store
 EXIT_OK, EXIT_UNREACHABLE = 0, 3
 DEFAULT_RAMP = "1,10%,50%,100%"
 DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # DESIGN.md "Wave budget": later waves fail at >= 2 hosts or 10%
-VERSION_RE = re.compile(r"^\d{3}\.\d{1,3}(\.\d{1,3})?$")
+VERSION_RE = re.compile(r"[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?")  # whole string (fullmatch): no "570.86.15\n"
 HEALTH_CONTROLS = ("driver.loaded", "driver.version_match")  # and every gpu.* control
-_STEP_RE = re.compile(r"^(?:(?P<count>\d+)|(?P<percent>\d+(?:\.\d+)?)%)$")
+# ASCII digits, at most 9 a part: Fraction() and str() refuse numbers of thousands of digits (ValueError)
+_STEP_RE = re.compile(r"^(?:(?P<count>[0-9]{1,9})|(?P<percent>[0-9]{1,9}(?:\.[0-9]{1,9})?)%)$")
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Step:
 # ---- input ---------------------------------------------------------------------------------------
 
 def parse_target(version: str) -> str:
-    if not VERSION_RE.match(version or ""):
+    if not VERSION_RE.fullmatch(version or ""):
         raise InputError(f"--to {version!r}: not a driver version (expected e.g. 570.86.15: branch.minor[.patch])")
     return version
 

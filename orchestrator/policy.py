@@ -25,7 +25,8 @@ def severity_rank(severity: str) -> int:
 def version_tuple(version: str | None) -> tuple[int, ...]:
     parts = []
     for p in (version or "").split("-", 1)[0].split(":")[-1].split("."):
-        digits = "".join(ch for ch in p if ch.isdigit())
+        # ASCII digits ('²' is a digit to isdigit(), not to int()), at most 18 (int() refuses thousands of them)
+        digits = "".join(ch for ch in p if ch in "0123456789")[:18]
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
 

@@ -38,9 +38,12 @@ def parse_day(text: str | None, flag: str, end: bool = False) -> str | None:
         else:
             stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
             stamp = stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+        stamp = stamp.astimezone(timezone.utc)
     except ValueError:
         raise InputError(f"{flag} {text!r}: not a date (YYYY-MM-DD) or ISO timestamp") from None
-    return stamp.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+        raise InputError(f"{flag} {text!r}: out of the range of dates") from None
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def selected(name: str, groups: list[str], patterns: list[str]) -> bool:

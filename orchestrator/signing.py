@@ -66,15 +66,16 @@ def verify(sig_path: str, file_path: str | None, key_path: str | None) -> tuple[
         sig: dict[str, Any] = json.loads(Path(sig_path).read_text())
         public = Ed25519PublicKey.from_public_bytes(base64.b64decode(sig["public_key"]))
         signature = base64.b64decode(sig["signature"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        how, head = str(sig["signed"]), str(sig["chain_head"])
+        target = Path(file_path) if file_path else Path(sig_path).with_name(sig["file"])
+    except (OSError, ValueError, KeyError, TypeError) as e:  # with_name: TypeError for 5, ValueError for "a/b"
         raise InputError(f"{sig_path}: not a fleetctl signature file ({e})") from None
-    target = Path(file_path) if file_path else Path(sig_path).with_name(sig["file"])
     if key_path and raw(load_public(key_path)) != sig["public_key"]:
         return False, f"{target}: signed by another key than {key_path}"
     try:
-        public.verify(signature, signed_bytes(target, sig["signed"]))
+        public.verify(signature, signed_bytes(target, how))
     except InvalidSignature:
         return False, f"{target}: signature does not match (the file changed since it was signed)"
     except OSError as e:
         raise InputError(f"{target}: cannot read: {e.strerror}") from None
-    return True, f"{target}: signature valid (ed25519, chain head {sig['chain_head']})"
+    return True, f"{target}: signature valid (ed25519, chain head {head})"

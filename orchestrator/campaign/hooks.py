@@ -55,7 +55,7 @@ def argv(template: str, values: dict[str, str], where: str = "hook") -> list[str
         raise InputError(f"{where}: empty command")
     try:
         return [w.format(**values) for w in words]
-    except (KeyError, IndexError, ValueError) as e:
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:  # {x} {0} {host!z} {host.x} {host[x]}
         raise InputError(f"{where} {template!r}: unknown placeholder {e} (use {{host}}, {{node}}, {{campaign}})") \
             from None
 

@@ -121,3 +121,15 @@ def test_templated_addresses_and_jump_hosts_are_left_to_openssh(tmp_path):
                                        "n2 ansible_ssh_common_args='-o ProxyJump=bastion'\nn3 ansible_host=10.0.0.3\n")
     fleet = inventory.load(str(inv))
     assert [h.plain_ssh for h in fleet.hosts] == [False, False, True]
+
+
+def test_a_limit_with_a_broken_regex_is_refused_not_read_as_the_whole_fleet(tmp_path):
+    """Ansible matches every host with an invalid `~regex` pattern: for an upgrade that would be the whole fleet."""
+    from orchestrator import inventory
+    from orchestrator.errors import InputError
+
+    path = tmp_path / "hosts.ini"
+    path.write_text("[gpu]\nn1\nn2\n")
+    with pytest.raises(InputError, match=r"--limit '~\[': '~\[' is not a valid regular expression"):
+        inventory.load(str(path), "~[")
+    assert [h.name for h in inventory.load(str(path), "~n[1]").hosts] == ["n1"]

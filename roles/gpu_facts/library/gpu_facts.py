@@ -72,7 +72,7 @@ LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib
 BIN_DIRS = ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/usr/local/nvidia/bin", "/bin", "/sbin"]
 MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d")
 
-_VERSION = r"(\d+\.\d+(?:\.\d+)?)"
+_VERSION = r"(\d{1,9}\.\d{1,9}(?:\.\d{1,9})?)"  # bounded: int() refuses a part of thousands of digits
 _PROC_VERSION = re.compile(r"NVRM version: NVIDIA UNIX (?P<open>Open )?Kernel Module(?: for \S+)?\s+" + _VERSION)
 _PROC_VERSION_OLD = re.compile(r"NVRM version: NVIDIA UNIX \S+ Kernel Module\s+" + _VERSION)
 _LIB_VERSION = re.compile(r"\.so\." + _VERSION + r"$")

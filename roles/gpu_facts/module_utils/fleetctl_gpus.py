@@ -150,7 +150,10 @@ def _int(text, strip=""):
     if text is None:
         return None
     m = re.match(r"^\s*(-?\d+)", text.replace(strip, "") if strip else text)
-    return int(m.group(1)) if m else None
+    try:
+        return int(m.group(1)) if m else None
+    except ValueError:  # thousands of digits: int() refuses them, and no counter is that big
+        return None
 
 
 def _float(text):
@@ -187,7 +190,7 @@ def parse_smi_xml(text):
     """(system, gpus) from `nvidia-smi -q -x` output, in the same shape as NvmlReader's."""
     try:
         root = ET.fromstring(text)
-    except ET.ParseError as e:
+    except (ET.ParseError, ValueError) as e:  # ValueError: undecodable bytes (surrogates), multi-byte encodings
         raise SmiParseError("nvidia-smi -q -x output is not XML: %s" % e)
     if root.tag != "nvidia_smi_log":
         raise SmiParseError("nvidia-smi -q -x output has root <%s>, expected <nvidia_smi_log>" % root.tag)

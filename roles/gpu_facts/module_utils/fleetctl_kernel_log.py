@@ -12,10 +12,11 @@ import subprocess
 
 KMSG_PATH = "/dev/kmsg"
 
+# Numbers have bounded digits: a mangled line with thousands of them is no record (int() and float() refuse them).
 # /dev/kmsg record: "PRIO,SEQ,USEC,FLAGS[,...];MESSAGE" (continuation lines start with a space).
-_KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+_KMSG_RECORD = re.compile(r"^(\d{1,20}),(\d{1,20}),(\d{1,20}),[^;]*;(.*)$")
 # dmesg / journalctl short-monotonic prefix: "[   12.345678] MESSAGE"
-_BRACKET_TIME = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
+_BRACKET_TIME = re.compile(r"^\[\s*(\d{1,15}\.\d{1,9})\]\s?(.*)$")
 
 # Every Xid form seen in the wild (see DESIGN.md):
 #   NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s ...
@@ -24,7 +25,7 @@ _BRACKET_TIME = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 #   NVRM: Xid (PCI:0009:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-    r"(?:\s+GPU-I:(?P<gi>[0-9A-Fa-f]+))?\):\s*(?P<code>\d+)(?:,\s*(?P<rest>.*))?$"
+    r"(?:\s+GPU-I:(?P<gi>[0-9A-Fa-f]+))?\):\s*(?P<code>\d{1,9})(?:,\s*(?P<rest>.*))?$"
 )
 # "pid=N, name=NAME, MSG" (119, 79, 48...) or "pid=N, MSG" without a name (94, 95: "pid=7194, Contained: ...").
 _PID_NAME = re.compile(r"^pid=(?P<pid>'?[^,]*'?),\s*(?:name=(?P<name>[^,]*),\s*)?(?P<msg>.*)$")
@@ -125,7 +126,7 @@ def parse_xid(message):
         pn = _PID_NAME.match(rest)
         if pn:
             pid = pn.group("pid").strip("'")
-            event["pid"] = int(pid) if pid.isdigit() else None
+            event["pid"] = int(pid) if re.match(r"^[0-9]{1,10}$", pid) else None  # '²'.isdigit() is True
             process = (pn.group("name") or "").strip()
             event["process"] = process if process and process != "<unknown>" else None
             event["message"] = pn.group("msg").strip()

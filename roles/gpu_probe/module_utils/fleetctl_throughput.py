@@ -7,6 +7,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -142,6 +143,9 @@ def parse_command_output(text):
         except ValueError:
             continue
         if isinstance(doc, dict) and isinstance(doc.get("metrics"), dict) and doc["metrics"]:
+            samples = doc.get("samples")
+            if samples is not None and not (isinstance(samples, list) and all(isinstance(s, dict) for s in samples)):
+                raise EngineError("the command's 'samples' is not a list of objects")
             return doc
     raise EngineError("the command printed no JSON object with a 'metrics' object")
 
@@ -153,7 +157,14 @@ def _spec(metrics):
 
 
 def _number(value):
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A sample's value: a finite number, else None (JSON may carry 1e999, NaN, or an int too big for a float)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _series_rows(doc):
