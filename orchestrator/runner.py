@@ -137,10 +137,10 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
                                            event_handler=on_event, quiet=True)
         errors.seek(0)
         said = errors.read().decode(errors="replace").strip().splitlines()
-    if proc.returncode != 0:
-        raise OperationError(f"FLEETCTL_WORKER {shlex.join(worker)} exited {proc.returncode}: "
-                             + (said[-1] if said else "no output"))
-    return (processed.rc if processed.rc is not None else 1), processed.status or "no status"
+    if processed.status in ("successful", "failed"):  # the job ran: the worker exits with ansible-playbook's rc
+        return proc.returncode, processed.status
+    raise OperationError(f"FLEETCTL_WORKER {shlex.join(worker)} exited {proc.returncode}: "
+                         + (said[-1] if said else f"no result ({processed.status})"))
 
 
 def _message(res: dict[str, Any]) -> str:

@@ -1,6 +1,9 @@
-"""The gpu_facts role's molecule scenario (roles/gpu_facts/molecule/default), run against a real lab: an H100 host
-with driver 570.86.15 and an A100 host without a driver, nouveau loaded. Molecule creates nothing: this test brings
-the lab up and down, and hands molecule the lab's inventory through FLEETCTL_LAB_INVENTORY."""
+"""Every role's molecule scenario (roles/*/molecule/default: converge, idempotence, verify), each run against a
+real lab of its own. Molecule creates nothing: this test brings the lab up and down, and hands molecule the lab's
+inventory through FLEETCTL_LAB_INVENTORY.
+- gpu_facts: an H100 host with driver 570.86.15 and an A100 host without a driver, nouveau loaded;
+- gpu_probe: an H100 host with 2 GPUs on 570.86.15 and an Xid 79 planted on GPU 1;
+- nvidia_driver: an H100 host with 2 GPUs on 550.163.01, moved to 570.86.15 (packages, hold, reboot)."""
 
 from __future__ import annotations
 
@@ -17,9 +20,13 @@ from orchestrator.lab import network
 from tests.lab.conftest import kill_processes_mentioning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ROLE_DIR = REPO_ROOT / "roles" / "gpu_facts"
 VENV_BIN = Path(sys.executable).parent
-SPECS = ("1xh100-sxm@570.86.15", "1xa100-sxm+nouveau")
+# role -> (lab specs, `fleetctl lab` commands run before molecule, whether its converge changes the hosts)
+SCENARIOS = {
+    "gpu_facts": (("1xh100-sxm@570.86.15", "1xa100-sxm+nouveau"), (), False),
+    "gpu_probe": (("1xh100-sxm/2@570.86.15",), (("inject", "h100-01", "xid", "79", "--gpu", "1"),), False),
+    "nvidia_driver": (("1xh100-sxm/2@550.163.01",), (), True),
+}
 LAB_TIMEOUT_S = 900           # builds the apt repo and installs the driver inside the host
 MOLECULE_TIMEOUT_S = 600
 DOWN_TIMEOUT_S = 120
@@ -39,8 +46,15 @@ def _fleetctl(env: dict[str, str], *args: str, timeout: float) -> subprocess.Com
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def test_every_role_has_a_scenario_here():
+    assert sorted(p.parent.parent.parent.name for p in (REPO_ROOT / "roles").glob("*/molecule/default/molecule.yml")) \
+        == sorted(p.name for p in (REPO_ROOT / "roles").iterdir() if p.is_dir()) == sorted(SCENARIOS)
+
+
 @pytest.mark.lab
-def test_gpu_facts_molecule_scenario_against_the_lab(tmp_path):
+@pytest.mark.parametrize("role", sorted(SCENARIOS))
+def test_molecule_scenario_against_the_lab(role, tmp_path):
+    specs, setup, converge_changes = SCENARIOS[role]
     lab_dir = tmp_path / "lab"
     control_dir = tmp_path / "cp"
     control_dir.mkdir()
@@ -49,9 +63,12 @@ def test_gpu_facts_molecule_scenario_against_the_lab(tmp_path):
     base_env.update(FLEETCTL_LAB_DIR=str(lab_dir), PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     _wait_for_no_other_lab()
     try:
-        spec_args = [a for spec in SPECS for a in ("--spec", spec)]
+        spec_args = [a for spec in specs for a in ("--spec", spec)]
         up = _fleetctl(base_env, "lab", "up", *spec_args, timeout=LAB_TIMEOUT_S)
         assert up.returncode == 0, f"fleetctl lab up: rc={up.returncode}\n{up.stdout}\n{up.stderr}"
+        for command in setup:
+            done = _fleetctl(base_env, "lab", *command, timeout=60)
+            assert done.returncode == 0, done.stderr
         inventory = lab_dir / "inventory.ini"
         assert inventory.is_file(), up.stdout
 
@@ -61,7 +78,7 @@ def test_gpu_facts_molecule_scenario_against_the_lab(tmp_path):
                    ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
                    MOLECULE_EPHEMERAL_DIRECTORY=str(tmp_path / "molecule"),
                    ANSIBLE_FORCE_COLOR="false", NO_COLOR="1", PY_COLORS="0")
-        proc = subprocess.run([str(VENV_BIN / "molecule"), "test", "--scenario-name", "default"], cwd=ROLE_DIR,
+        proc = subprocess.run([str(VENV_BIN / "molecule"), "test", "--scenario-name", "default"], cwd=REPO_ROOT / "roles" / role,
                               env=env, capture_output=True, text=True, timeout=MOLECULE_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
         output = proc.stdout + proc.stderr
@@ -71,9 +88,13 @@ def test_gpu_facts_molecule_scenario_against_the_lab(tmp_path):
         for step in ("syntax", "converge", "idempotence", "verify"):
             assert f"[default > {step}] Executed: Successful" in output, f"no successful {step} step:\n{output[-6000:]}"
         recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)
-        assert {host for host, *_ in recap} == {"h100-01", "a100-01"}, output[-6000:]
-        assert len(recap) == 6, recap        # converge, idempotence (the second converge) and verify, 2 hosts each
-        assert all(counts == ("0", "0", "0") for counts in (r[1:] for r in recap)), recap
+        hosts = {"h100-01", "a100-01"} if role == "gpu_facts" else {"h100-01"}
+        assert {host for host, *_ in recap} == hosts, output[-6000:]
+        assert len(recap) == 3 * len(hosts), recap   # converge, idempotence (the second converge) and verify
+        assert all(r[2:] == ("0", "0") for r in recap), recap                    # nothing unreachable or failed
+        converge, again, verify = recap[:len(hosts)], recap[len(hosts):-len(hosts)], recap[-len(hosts):]
+        assert all(r[1] == "0" for r in again + verify), recap                    # idempotent; verify changes nothing
+        assert all((r[1] != "0") == converge_changes for r in converge), recap
     finally:
         # Only when our `up` got as far as making hosts: a `down` of nothing could race another lab's `up` (a
         # down removes the bridge when it sees no lab namespace).
