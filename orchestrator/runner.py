@@ -17,7 +17,7 @@ from typing import Any
 import ansible_runner
 
 from . import preflight, resources
-from .errors import OperationError
+from .errors import InputError, OperationError
 from .inventory import Fleet
 
 # One module call per host: no fact gathering, pipelining, and OpenSSH multiplexing; host keys are checked.
@@ -111,7 +111,10 @@ def worker_command() -> list[str] | None:
     """$FLEETCTL_WORKER: run playbooks through ansible-runner's streaming mode on this worker command (e.g.
     `ssh exec01 ansible-runner worker`, or `ansible-runner worker` on this machine), not in-process."""
     command = os.environ.get("FLEETCTL_WORKER", "").strip()
-    return shlex.split(command) if command else None
+    try:
+        return shlex.split(command) if command else None
+    except ValueError as e:
+        raise InputError(f"FLEETCTL_WORKER {command!r}: {e}") from None
 
 
 def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any],

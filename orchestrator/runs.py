@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from . import __version__, baseline as baseline_mod, inventory
+from . import __version__, baseline as baseline_mod, inventory, runner
 from .store import Store
 
 
@@ -27,6 +27,7 @@ def prepare(inventory_path: str | None, limit: str | None,
     fleet = inventory.load(inventory_path, limit)
     base = baseline_mod.load(baseline_path)
     base.check_groups(set(fleet.groups))
+    runner.worker_command()  # a malformed $FLEETCTL_WORKER is an input error too
     return fleet, base
 
 

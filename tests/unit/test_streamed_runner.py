@@ -50,3 +50,10 @@ def test_a_broken_worker_is_one_line_and_the_run_is_recorded_as_failed(tmp_path)
         "fleetctl: error: FLEETCTL_WORKER "
         f"{sys.executable} -c 'import sys; sys.exit(\"no route to exec01\")' exited 1: no route to exec01"]
     assert [r["status"] for r in runs(tmp_path / "home")] == ["failed"]
+
+
+def test_a_worker_command_with_an_unclosed_quote_is_an_input_error(tmp_path):
+    proc = audit(tmp_path / "home", "ssh 'exec01 ansible-runner worker")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "fleetctl: error: FLEETCTL_WORKER \"ssh 'exec01 ansible-runner worker\": No closing quotation"]
+    assert runs(tmp_path / "home") == []   # refused before anything was recorded
