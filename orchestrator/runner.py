@@ -95,10 +95,11 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
             env = dict(ANSIBLE_ENV, ANSIBLE_ROLES_PATH=str(resources.roles_dir()), PATH=search_path())
             result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
                                         envvars=env, event_handler=on_event, **job)
-            rc = result.rc
-            tail = (result.stdout.read() if result.stdout else "")[-500:].strip().splitlines()
-            why = tail[-1] if tail else "no output"
+            rc, why = result.rc, None  # its output is read only when the run failed
         if rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
+            if why is None:
+                tail = (result.stdout.read() if result.stdout else "")[-500:].strip().splitlines()
+                why = tail[-1] if tail else "no output"
             raise RuntimeError(f"ansible-playbook {name} exited {rc}: {why}")
     PLAYBOOK_SECONDS[0] += time.monotonic() - started
     for outcome in outcomes.values():

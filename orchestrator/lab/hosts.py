@@ -131,10 +131,8 @@ def reclaim_remains() -> None:
     """Namespaces, veths and the bridge of a lab nothing runs in any more (their files are wherever that lab was)."""
     namespaces = network.lab_netns()
     for ns in namespaces:
-        network.delete_netns(ns)
-    for veth in network.lab_veths():
-        network.delete_link(veth)
-    network.delete_bridge()
+        remove_netns(ns)
+    remove_bridge_if_unused()
     print(f"fleetctl lab: removed the remains of a dead lab ({', '.join(namespaces) or network.BRIDGE})",
           file=sys.stderr)
 
@@ -354,10 +352,7 @@ def down(lab_dir: str | os.PathLike | None = None, keep_repo: bool = False) -> N
         remove_netns(network.netns_name(name))
     for veth in ([h.veth for h in lab.hosts] if lab else []):
         network.delete_link(veth)
-    if not network.lab_netns():  # the bridge is the lab's: gone with its last host
-        for veth in network.lab_veths():
-            network.delete_link(veth)
-        network.delete_bridge()
+    remove_bridge_if_unused()
     unmount_under(directory)
     remove_files(directory, keep_repo)
 
@@ -408,6 +403,14 @@ def signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def remove_bridge_if_unused() -> None:
+    """The bridge (and any stray lab veth) is the lab's: gone with its last host namespace."""
+    if not network.lab_netns():
+        for veth in network.lab_veths():
+            network.delete_link(veth)
+        network.delete_bridge()
 
 
 def remove_netns(ns: str) -> None:
