@@ -83,8 +83,11 @@ def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.B
     return made, entries
 
 
-def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: dict[str, Any]) -> str:
+def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: dict[str, Any],
+                 base: baseline_mod.Baseline) -> str:
     facts = {e["name"]: e["facts"] for e in entries}
+    activation = {e["name"]: base.policy_for(list(e["groups"])).get("campaign", {}).get("activation", "reboot")
+                  for e in entries}
     lines = [f"dry run: nothing will be changed. Campaign to {made['target']}, "
              f"{sum(w['size'] for w in made['waves'])} hosts in {len(made['waves'])} waves"]
     for w in made["waves"]:
@@ -94,7 +97,9 @@ def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: d
             lines.append(f"  {h['name']}: {h['from_version']} -> {made['target']}: drain"
                          f" ({options['hooks']['drain'] or 'no hook'}), wait for idle GPUs, install "
                          f"{packages.describe(packages.target_set(before, h['from_version'], made['target']))}"
-                         f" (held; rollback to {packages.describe(before)}), reboot, verify, probe and gate, undrain")
+                         f" (held; rollback to {packages.describe(before)}), "
+                         f"{'module reload (reboot if in use)' if activation[h['name']] == 'reload' else 'reboot'},"
+                         " verify, probe and gate, undrain")
         if w["index"] < len(made["waves"]):
             lines.append(f"  soak {options['soak_s']:g}s")
     for h in made["skipped"] + made["excluded"]:
@@ -148,7 +153,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
                    "exit_code": 0}
         store.finish_run(run_.id, 0, {**summary, "plan": made}, entries)
     if dry_run:
-        return None, 0, dry_run_text(made, entries, options)
+        return None, 0, dry_run_text(made, entries, options, base)
     if not hosts:
         return None, 0, "nothing to upgrade: " + "; ".join(
             f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"

@@ -37,6 +37,9 @@ class Context:
     def policy(self, host: str) -> dict[str, Any]:
         return self.base.policy_for(list(self.fleet.host(host).groups))
 
+    def activation(self, host: str) -> str:
+        return str(self.policy(host).get("campaign", {}).get("activation", "reboot"))
+
 
 def unreachable_or_failed(outcome: runner.HostOutcome) -> Outcome | None:
     if outcome.status == "unreachable":
@@ -182,13 +185,27 @@ def _activate(ctx: Context, hosts: list[str], install_step: str,
     boot_ids = {h: (ctx.journal.step_detail(ctx.campaign, h, install_step) or {}).get("boot_id") or "" for h in hosts}
     # No SSH pre-flight: after an interrupted run the host may be rebooting; the play waits for it.
     outcomes = playbook(ctx, "driver_activate.yml", hosts,
-                        {"fleetctl_boot_ids": boot_ids, "fleetctl_versions": {h: version_of(h) for h in hosts}},
+                        {"fleetctl_boot_ids": boot_ids, "fleetctl_versions": {h: version_of(h) for h in hosts},
+                         "fleetctl_activation": {h: ctx.activation(h) for h in hosts}},
                         check_ssh=False)
     out = {}
     for name, o in outcomes.items():
-        rebooted = "ansible.builtin.reboot" in o.results and not o.results["ansible.builtin.reboot"].get("skipped")
-        out[name] = unreachable_or_failed(o) or Outcome("ok", None, {"rebooted": rebooted})
+        out[name] = unreachable_or_failed(o) or Outcome("ok", None, activation_detail(o.results))
     return out
+
+
+def activation_detail(results: dict[str, Any]) -> dict[str, Any]:
+    """How the driver got loaded: rebooted, reloaded, and why a reload had to become a reboot."""
+    def ran(task: str) -> dict[str, Any] | None:
+        r = results.get(task)
+        return r if r and not r.get("skipped") else None
+    reboot, reload = ran("ansible.builtin.reboot"), ran("nvidia_module_reload")
+    refused = reload is not None and "msg" in reload  # the module's own failure, kept by failed_when: false
+    detail: dict[str, Any] = {"rebooted": reboot is not None,
+                              "reloaded": bool(reload and reload.get("changed") and not refused)}
+    if refused:
+        detail["reload_refused"] = str(reload["msg"])[:500]
+    return detail
 
 
 def activate(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:

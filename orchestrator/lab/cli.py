@@ -18,22 +18,25 @@ from .skus import DEFAULT_SKU, SKUS
 SPEC = re.compile(r"^(?P<count>\d+)x(?P<sku>[a-z0-9-]+)(?:/(?P<gpus>\d+))?(?:@(?P<driver>\d{3}\.\d+(?:\.\d+)?))?"
                   r"(?P<drift>(?:\+[a-z-]+)*)$")
 DRIFTS = ("nouveau", "persistence-off", "runtime")
+PACKAGINGS = ("deb", "rpm")  # +rpm: an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt)
 
 
 def parse_specs(specs: tuple[str, ...], hosts: int, sku: str, gpus: int | None, driver: str | None,
-                drift: tuple[str, ...]) -> tuple[list[state.HostSpec], dict[str, set[str]]]:
-    """HostSpecs for `--spec 3xh100-sxm/8@570.86.15+nouveau ...` (or the uniform --hosts/--sku/... form)."""
+                drift: tuple[str, ...], packaging: str = "deb") -> tuple[list[state.HostSpec], dict[str, set[str]]]:
+    """HostSpecs for `--spec 3xh100-sxm/8@570.86.15+nouveau+rpm ...` (or the uniform --hosts/--sku/... form)."""
     groups = []
     for text in specs or (f"{hosts}x{sku}" + (f"/{gpus}" if gpus else "") + (f"@{driver}" if driver else "")
-                          + "".join(f"+{d}" for d in drift),):
+                          + "".join(f"+{d}" for d in drift) + ("+rpm" if packaging == "rpm" else ""),):
         m = SPEC.match(text)
         if not m:
-            raise InputError(f"--spec {text!r}: expected COUNTxSKU[/GPUS][@DRIVER][+DRIFT...], e.g. 4xh100-sxm@570.86.15+nouveau")
+            raise InputError(f"--spec {text!r}: expected COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm], "
+                             "e.g. 4xh100-sxm@570.86.15+nouveau")
         if m["sku"] not in SKUS:
             raise InputError(f"--spec {text!r}: unknown SKU {m['sku']!r} (known: {', '.join(SKUS)})")
         drifts = set(filter(None, m["drift"].split("+")))
-        if drifts - set(DRIFTS):
-            raise InputError(f"--spec {text!r}: unknown drift {sorted(drifts - set(DRIFTS))[0]!r} (known: {', '.join(DRIFTS)})")
+        if drifts - set(DRIFTS) - {"rpm"}:
+            raise InputError(f"--spec {text!r}: unknown drift {sorted(drifts - set(DRIFTS) - {'rpm'})[0]!r} "
+                             f"(known: {', '.join(DRIFTS)}; +rpm for an rpm host)")
         groups.append((int(m["count"]), m["sku"], int(m["gpus"]) if m["gpus"] else None, m["driver"], drifts))
     out, extra_drift, serial = [], {}, {}
     for count, sku_key, n_gpus, drv, drifts in groups:
@@ -42,7 +45,8 @@ def parse_specs(specs: tuple[str, ...], hosts: int, sku: str, gpus: int | None, 
             name = f"{sku_key.split('-')[0]}-{serial[sku_key]:02d}"
             # A host with the NVIDIA driver installed has nouveau blacklisted by the package, unless drifted.
             out.append(state.HostSpec(name, sku_key, n_gpus, drv, nouveau="nouveau" in drifts,
-                                      persistence_off="persistence-off" in drifts))
+                                      persistence_off="persistence-off" in drifts,
+                                      packaging="rpm" if "rpm" in drifts else "deb"))
             extra_drift[name] = drifts & {"runtime"}
     if not out:
         raise InputError("the lab needs at least one host")
@@ -62,17 +66,22 @@ def lab() -> None:
 @click.option("--gpus", type=click.IntRange(1, 16), help="GPUs per host (default: the SKU's).")
 @click.option("--driver", metavar="VERSION", help="Driver installed before the first boot (default: none).")
 @click.option("--drift", type=click.Choice(DRIFTS), multiple=True, help="Plant this drift on every host.")
+@click.option("--packaging", type=click.Choice(PACKAGINGS), default="deb", show_default=True,
+              help="rpm: Enterprise-Linux-style hosts (rpm, dnf, dnf versionlock; no apt).")
 @click.option("--spec", "specs", multiple=True, metavar="SPEC",
-              help="COUNTxSKU[/GPUS][@DRIVER][+DRIFT...], repeatable, for a mixed fleet (overrides the above).")
-def up(count, sku, gpus, driver, drift, specs) -> None:
+              help="COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm], repeatable, for a mixed fleet (overrides the above).")
+def up(count, sku, gpus, driver, drift, packaging, specs) -> None:
     """Build the lab's package repo and bring the hosts up."""
     from . import hosts, packages
 
-    specs_, extra = parse_specs(specs, count, sku, gpus, driver, drift)
+    specs_, extra = parse_specs(specs, count, sku, gpus, driver, drift, packaging)
     known = set(packages.DRIVER_VERSIONS)
     for s in specs_:
         if s.driver and s.driver not in known:
             raise InputError(f"driver {s.driver} is not in the lab repo (versions: {', '.join(sorted(known))})")
+    if any(s.packaging == "rpm" for s in specs_) and packages.rpm_tools():
+        raise InputError(f"rpm hosts need {', '.join(packages.rpm_tools())} to build the lab's rpm repository "
+                         "(apt-get install rpm createrepo-c dnf dnf-plugins-core)")
     started = time.monotonic()
     directory = state.lab_dir()
     packages.build_repo(directory / "repo")
@@ -226,6 +235,14 @@ def inject_throughput(host, factor, driver) -> None:
 def inject_unreachable(host, mode, restore) -> None:
     """Cut the host's link, or stop its sshd."""
     _report(host, faults.unreachable(host, mode, restore))
+
+
+@inject.command("drm-in-use")
+@click.option("--restore", is_flag=True, help="Free nvidia_drm again.")
+@click.pass_obj
+def inject_drm_in_use(host, restore) -> None:
+    """A console holds nvidia_drm: the nvidia modules cannot be unloaded (a reload must become a reboot)."""
+    _report(host, faults.drm_in_use(host, restore))
 
 
 @inject.command("slow-reboot")

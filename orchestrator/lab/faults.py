@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 from ..errors import InputError
 from . import state
 from .conf import read_conf, write_conf
+from .kernel import append_kmsg
 
 # Real driver wording for the Xids the lab plants (kernel logs in bug reports and NVIDIA's catalog).
 XID_TEXT = {
@@ -74,19 +74,7 @@ class Host:
 
     def kernel_log(self, message: str, priority: int = 3) -> None:
         """Append one record to the host's /dev/kmsg, numbered after the last one."""
-        last_seq = -1
-        if self.kmsg.exists():
-            for line in self.kmsg.read_text(errors="replace").splitlines():
-                head = line.split(";", 1)[0].split(",")
-                if len(head) >= 3 and head[1].isdigit():
-                    last_seq = int(head[1])
-        try:
-            booted = float((self.dir / "kernel" / "booted_at").read_text())
-        except (OSError, ValueError):
-            booted = time.time()
-        usec = int((time.time() - booted) * 1e6)
-        with open(self.kmsg, "a") as f:
-            f.write(f"{priority},{last_seq + 1},{usec},-;{message}\n")
+        append_kmsg(self.dir / "kernel", [(priority, message)])
 
 
 def xid_line(code: int, pci: str, form: str = "pci", pid: int = 40213, process: str = "python3") -> str:
@@ -176,6 +164,13 @@ def gpu_in_use(host: Host, gpu: int) -> str:
     pid = int(proc.stdout.split()[-1])
     host.set_gpu(gpu, process=pid)
     return f"GPU {gpu} in use by pid {pid} (sleep)"
+
+
+def drm_in_use(host: Host, restore: bool = False) -> str:
+    """A console holds nvidia_drm (fbcon on an nvidia-drm framebuffer): the modules cannot be unloaded, only a
+    reboot loads another driver."""
+    update_conf(host.faults_conf, drm_in_use=0 if restore else 1)
+    return "nvidia_drm " + ("free again" if restore else "held by the console (fbcon)")
 
 
 def slow_reboot(host: Host, seconds: float) -> str:

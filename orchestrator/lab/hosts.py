@@ -186,6 +186,7 @@ def prepare_host_dir(lab: Lab, host: HostRecord) -> str:
         "name": host.name, "address": host.address, "lab_dir": str(lab.dir),
         "client_pub": str(lab.client_key) + ".pub", "driver": host.spec.driver, "nouveau": host.spec.nouveau,
         "persistence_off": host.spec.persistence_off, "nvswitch": SKUS[host.spec.sku].nvswitch,
+        "packaging": host.spec.packaging,
         "reboot_delay_s": 2.0}, indent=2) + "\n")
     return host_key
 

@@ -14,6 +14,14 @@ Packages (per driver version V of branch B; revision 0lab1):
   nvidia-fabricmanager-B V-0lab1 nv-fabricmanager and its unit (not started: as with the real package)
   nvidia-container-toolkit 1.17.4-1, 1.17.8-1: nvidia-ctk
   python3-nvidia-ml-py  the real pynvml of this interpreter's nvidia-ml-py, in /usr/lib/python3/dist-packages
+
+The same packages are also built as RPMs (rpmbuild) into an rpm-md repository in repo_dir/rpm (createrepo_c), for
+the lab's Enterprise-Linux-style hosts (dnf, rpm, dnf versionlock), named as NVIDIA's CUDA repository for RHEL
+names them: nvidia-driver, nvidia-persistenced and nvidia-fabric-manager (Epoch 3, Version V, Release 0lab1; no
+branch in the name), nvidia-container-toolkit, containerd, python3-nvidia-ml-py. Same files (the Debian library
+directory: the host underneath is Debian); the Debian maintainer scripts run as RPM scriptlets (RPM_SCRIPTLETS).
+A host's rpm database holds only these packages, so the RPMs require nothing but what fleetctl-lab-system (no
+files, installed first) provides: the shell and python3 the host root already has.
 A content hash of the sources and the package list makes a rebuild of an unchanged repository a no-op.
 """
 
@@ -45,6 +53,26 @@ EMU = Path(__file__).resolve().parent / "emu"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 FAULTS = "/var/lib/nvidia-lab/hw/faults.conf"
 MANIFEST = "lab-packages.json"
+RPM_DIR = "rpm"
+RPM_EPOCH = 3  # what NVIDIA's RHEL packages of the driver carry
+RPM_ARCH = {"amd64": "x86_64", "all": "noarch"}
+LAB_SYSTEM = "fleetctl-lab-system"
+SYSTEM_PROVIDES = ("/bin/sh", "/usr/bin/sh", "/usr/bin/python3", "/sbin/ldconfig")
+# Debian maintainer script -> (RPM scriptlet, how its arguments are made from RPM's $1, a count of installed
+# instances). rpm runs the new package's %post before the old one's %preun and %postun (dpkg runs the old prerm
+# and postrm first), so the postinst ("configure") runs in %posttrans, after the old package is gone, as dpkg's.
+RPM_SCRIPTLETS = {
+    "preinst": ("pre", 'if [ "$1" -gt 1 ]; then set -- upgrade; else set -- install; fi'),
+    "postinst": ("posttrans", "set -- configure"),
+    "prerm": ("preun", 'if [ "$1" -eq 0 ]; then set -- remove; else set -- upgrade; fi'),
+    "postrm": ("postun", 'if [ "$1" -eq 0 ]; then set -- remove; else set -- upgrade; fi'),
+}
+RPMBUILD_DEFINES = {
+    "debug_package": "%{nil}",          # no -debuginfo packages
+    "__os_install_post": "%{nil}",      # no stripping or byte-compiling: the files are the .debs' bytes
+    "_build_id_links": "none",
+    "_rpmfilename": "%%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm",
+}
 
 # What NVML and nvidia-smi report beyond skus.py: PCI ids (device << 16 | vendor), memory in bytes (what the
 # real boards report), architecture (nvmlDeviceArchitecture_t) and MIG support.
@@ -122,10 +150,23 @@ class Package:
     scripts: dict = dataclasses.field(default_factory=dict)  # preinst/postinst/prerm/postrm/triggers -> bytes
     fields: dict = dataclasses.field(default_factory=dict)  # extra control fields (Depends, Conflicts, ...)
     architecture: str = "amd64"
+    rpm_name: str = ""  # the name in the RPM repository (default: name)
+    epoch: int = 0      # RPM only
+    rpm_provides: tuple = ()  # RPM only (the Debian fields stay Debian's)
 
     @property
     def filename(self) -> str:
         return "%s_%s_%s.deb" % (self.name, self.version, self.architecture)
+
+    @property
+    def rpm_version(self) -> tuple[str, str]:
+        """(Version, Release): the Debian revision is the Release (1 without one)."""
+        version, _, release = self.version.rpartition("-")
+        return (version, release) if version else (self.version, "1")
+
+    @property
+    def rpm_filename(self) -> str:
+        return "%s-%s-%s.%s.rpm" % (self.rpm_name or self.name, *self.rpm_version, RPM_ARCH[self.architecture])
 
 
 def _stop_daemon(pidfile: str) -> str:
@@ -161,7 +202,8 @@ def package_list(pynvml: tuple[bytes, str], libs: dict[str, bytes]) -> list[Pack
                 "triggers": b"activate-noawait ldconfig\n",
             },
             fields={"Depends": "libc6", "Provides": "nvidia-driver, libnvidia-ml1", "Conflicts": others,
-                    "Replaces": others, "Section": "non-free/libs"}))
+                    "Replaces": others, "Section": "non-free/libs"},
+            rpm_name="nvidia-driver", epoch=RPM_EPOCH))
         pidfile = "/var/run/nvidia-persistenced/nvidia-persistenced.pid"
         wants = "/etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service"
         pkgs.append(Package(
@@ -180,7 +222,7 @@ def package_list(pynvml: tuple[bytes, str], libs: dict[str, bytes]) -> list[Pack
                 "prerm": _sh(_stop_daemon(pidfile)),
                 "postrm": _sh('if [ "$1" = remove ] || [ "$1" = purge ]; then rm -f %s; fi' % wants),
             },
-            fields={"Section": "non-free/utils"}))
+            fields={"Section": "non-free/utils"}, epoch=RPM_EPOCH))
         fm_pidfile = "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
         others_fm = ", ".join("nvidia-fabricmanager-%s" % o for o in branches if o != b)
         pkgs.append(Package(
@@ -191,7 +233,8 @@ def package_list(pynvml: tuple[bytes, str], libs: dict[str, bytes]) -> list[Pack
                        "NVIDIA fabric manager service", "/usr/bin/nv-fabricmanager", fm_pidfile), 0o644)},
             scripts={"prerm": _sh(_stop_daemon(fm_pidfile))},
             fields={"Provides": "nvidia-fabricmanager", "Conflicts": others_fm, "Replaces": others_fm,
-                    "Section": "non-free/utils"}))
+                    "Section": "non-free/utils"},
+            rpm_name="nvidia-fabric-manager", epoch=RPM_EPOCH))
     for tv in TOOLKIT_VERSIONS:
         pkgs.append(Package(
             "nvidia-container-toolkit", "%s-1" % tv,
@@ -242,10 +285,9 @@ def _compile(version: str, build: Path) -> bytes:
     return out.read_bytes()
 
 
-def _build_deb(pkg: Package, build: Path, repo_dir: Path) -> Path:
-    root = build / pkg.filename
-    debian = root / "DEBIAN"
-    debian.mkdir(parents=True)
+def _stage(pkg: Package, root: Path) -> int:
+    """The package's files under ROOT; returns their size."""
+    root.mkdir(parents=True)
     size = 0
     for rel, (content, arg) in sorted(pkg.files.items()):
         path = root / rel
@@ -256,11 +298,20 @@ def _build_deb(pkg: Package, build: Path, repo_dir: Path) -> Path:
             path.write_bytes(content)
             path.chmod(arg)
             size += len(content)
+    for d in [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        d.chmod(0o755)
+    return size
+
+
+def _build_deb(pkg: Package, build: Path, repo_dir: Path) -> Path:
+    root = build / pkg.filename
+    size = _stage(pkg, root)
+    debian = root / "DEBIAN"
+    debian.mkdir()
     for name, content in pkg.scripts.items():
         (debian / name).write_bytes(content)
         (debian / name).chmod(0o644 if name == "triggers" else 0o755)
-    for d in [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]:
-        d.chmod(0o755)
+    debian.chmod(0o755)
     fields = {"Package": pkg.name, "Version": pkg.version, "Architecture": pkg.architecture,
               "Maintainer": MAINTAINER, "Installed-Size": str(max(1, (size + 1023) // 1024)), "Priority": "optional",
               **{k: v for k, v in pkg.fields.items() if v}, "Description": pkg.description}
@@ -269,6 +320,60 @@ def _build_deb(pkg: Package, build: Path, repo_dir: Path) -> Path:
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out)],
                    check=True, capture_output=True, text=True)
     return out
+
+
+def lab_system_package() -> Package:
+    """fleetctl-lab-system: what a lab host's rpm database says the system provides (its root has them)."""
+    return Package(LAB_SYSTEM, "1-1", "The system underneath a fleetctl lab host (no files)\n"
+                   " Provides the shell and interpreters the host's root filesystem already has, for the scriptlets"
+                   " and programs of the lab's RPMs.", architecture="all", rpm_provides=SYSTEM_PROVIDES)
+
+
+def rpm_scriptlets(pkg: Package) -> dict[str, str]:
+    """The Debian maintainer scripts as RPM scriptlet bodies (RPM_SCRIPTLETS); dpkg's ldconfig trigger runs when
+    the transaction is done and after a removal."""
+    out = {}
+    for deb_name, (rpm_name, arguments) in RPM_SCRIPTLETS.items():
+        if deb_name in pkg.scripts:
+            body = pkg.scripts[deb_name].decode()
+            if body.startswith("#!"):
+                body = body.split("\n", 1)[1]
+            out[rpm_name] = arguments + "\n" + body
+    if b"ldconfig" in pkg.scripts.get("triggers", b""):
+        for name in ("posttrans", "postun"):
+            out[name] = out.get(name, "") + "/sbin/ldconfig\n"
+    return out
+
+
+def rpm_spec(pkg: Package, staged: Path) -> str:
+    """A spec that packs STAGED (the package's files, _stage) as they are; no dependencies but the Provides of
+    fleetctl-lab-system (AutoReqProv off)."""
+    summary, _, rest = pkg.description.partition("\n")
+    version, release = pkg.rpm_version
+    lines = ["Name: " + (pkg.rpm_name or pkg.name)]
+    if pkg.epoch:
+        lines.append("Epoch: %d" % pkg.epoch)
+    lines += ["Version: " + version, "Release: " + release, "Summary: " + summary, "License: NVIDIA (emulation)",
+              "Packager: " + MAINTAINER, "BuildArch: " + RPM_ARCH[pkg.architecture], "AutoReqProv: no"]
+    lines += ["Provides: " + p for p in pkg.rpm_provides]
+    lines += ["", "%description", " ".join(rest.split()) or summary, "", "%install",
+              "cp -a %s/. %%{buildroot}/" % staged, "", "%files"]
+    lines += ['"/%s"' % rel for rel in sorted(pkg.files)]
+    for name, body in rpm_scriptlets(pkg).items():
+        lines += ["", "%" + name, body.replace("%", "%%").rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def _build_rpm(pkg: Package, build: Path, rpm_dir: Path) -> Path:
+    work = build / ("rpm-" + pkg.rpm_filename)
+    _stage(pkg, work / "root")
+    spec = work / "package.spec"
+    spec.write_text(rpm_spec(pkg, work / "root"))
+    defines = dict(RPMBUILD_DEFINES, _topdir=str(work), _rpmdir=str(rpm_dir), _dbpath=str(work / "rpmdb"))
+    subprocess.run(["rpmbuild", "--quiet", "-bb", "--nodeps", *[a for k, v in defines.items()
+                                                                    for a in ("--define", "%s %s" % (k, v))],
+                    str(spec)], check=True, capture_output=True, text=True)
+    return rpm_dir / pkg.rpm_filename
 
 
 def _index(repo_dir: Path) -> None:
@@ -289,13 +394,27 @@ def _index(repo_dir: Path) -> None:
     (repo_dir / "Release").write_text("\n".join(lines) + "\n")
 
 
+def rpm_tools() -> list[str]:
+    """What building the RPM repository needs and this machine lacks."""
+    return [t for t in ("rpmbuild", "createrepo_c") if shutil.which(t) is None]
+
+
+def _index_rpm(rpm_dir: Path) -> None:
+    subprocess.run(["createrepo_c", "--quiet", "--no-database", str(rpm_dir)], check=True, capture_output=True,
+                   text=True)
+
+
 def build_repo(repo_dir: Path) -> list[dict]:
-    """Builds (or finds up to date) every lab package in repo_dir; returns [{name, version, path}]."""
+    """Builds (or finds up to date) every lab package in repo_dir: the .debs, and the RPMs in repo_dir/rpm when
+    rpmbuild and createrepo_c are there (rpm_tools()); returns the .debs, [{name, version, path}] (built_rpms:
+    the RPMs)."""
     repo_dir = Path(repo_dir)
     repo_dir.mkdir(parents=True, exist_ok=True)
     for tool in ("gcc", "dpkg-deb", "dpkg-scanpackages"):
         if shutil.which(tool) is None:
             raise RuntimeError("building the lab packages needs %s (apt-get install build-essential dpkg-dev)" % tool)
+    with_rpm = not rpm_tools()
+    rpm_dir = repo_dir / RPM_DIR
     pynvml = pynvml_source()
     digest = _content_hash(pynvml)
     with open(repo_dir / ".lab-packages.lock", "w") as lock:
@@ -305,20 +424,39 @@ def build_repo(repo_dir: Path) -> list[dict]:
             previous = json.loads(manifest.read_text())
         except (OSError, ValueError):
             previous = {}
-        if previous.get("hash") == digest and all(Path(p["path"]).exists() for p in previous.get("packages", [])) \
-                and (repo_dir / "Packages.gz").exists():
+        indexes = [repo_dir / "Packages.gz"] + ([rpm_dir / "repodata/repomd.xml"] if with_rpm else [])
+        if previous.get("hash") == digest and all(i.exists() for i in indexes) \
+                and all(Path(p["path"]).exists() for p in previous.get("packages", []) + previous.get("rpms", [])):
             return previous["packages"]
-        built = []
+        built, built_rpm = [], []
         with tempfile.TemporaryDirectory(prefix="lab-packages-") as tmp:
             build = Path(tmp)
-            with concurrent.futures.ThreadPoolExecutor() as pool:  # gcc runs take most of the build
+            with concurrent.futures.ThreadPoolExecutor() as pool:  # gcc and rpmbuild runs take most of the build
                 libs = dict(zip(DRIVER_VERSIONS, pool.map(lambda v: _compile(v, build), DRIVER_VERSIONS)))
-            pkgs = package_list(pynvml, libs)
-            for old in repo_dir.glob("*.deb"):
-                old.unlink()
-            for pkg in pkgs:
-                path = _build_deb(pkg, build, repo_dir)
-                built.append({"name": pkg.name, "version": pkg.version, "path": str(path)})
+                pkgs = package_list(pynvml, libs)
+                for old in repo_dir.glob("*.deb"):
+                    old.unlink()
+                shutil.rmtree(rpm_dir, ignore_errors=True)
+                for pkg in pkgs:
+                    path = _build_deb(pkg, build, repo_dir)
+                    built.append({"name": pkg.name, "version": pkg.version, "path": str(path)})
+                if with_rpm:
+                    rpm_dir.mkdir()
+                    rpms = pkgs + [lab_system_package()]
+                    for pkg, path in zip(rpms, pool.map(lambda p: _build_rpm(p, build, rpm_dir), rpms)):
+                        version = "%s-%s" % pkg.rpm_version
+                        built_rpm.append({"name": pkg.rpm_name or pkg.name, "epoch": pkg.epoch, "version": version,
+                                          "path": str(path)})
         _index(repo_dir)
-        manifest.write_text(json.dumps({"hash": digest, "packages": built}, indent=1) + "\n")
+        if with_rpm:
+            _index_rpm(rpm_dir)
+        manifest.write_text(json.dumps({"hash": digest, "packages": built, "rpms": built_rpm}, indent=1) + "\n")
         return built
+
+
+def built_rpms(repo_dir: Path) -> list[dict]:
+    """The RPMs of the last build_repo(repo_dir): [{name, epoch, version (V-R), path}] ([] without rpm tools)."""
+    try:
+        return json.loads((Path(repo_dir) / MANIFEST).read_text()).get("rpms", [])
+    except (OSError, ValueError):
+        return []

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .conf import read_conf
 from .faults import xid_line
+from .kernel import Modules, append_kmsg, load_messages
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_ENV = {"PATH": HOST_PATH, "LANG": "C.UTF-8", "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
@@ -37,7 +38,11 @@ PERSISTENCED = "usr/bin/nvidia-persistenced"
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
 FABRICMANAGER = "usr/bin/nv-fabricmanager"
 FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
-NVSWITCHES = ("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")  # an HGX board's four NVSwitches
+UNITS = {PERSISTENCED_UNIT: PERSISTENCED, FABRICMANAGER_UNIT: FABRICMANAGER}  # what the systemctl shim can manage
+REQUEST_TIMEOUT_S = 60
+LAB_SYSTEM = "fleetctl-lab-system"  # an rpm host's first package (orchestrator/lab/packages.py)
+EL_RELEASEVER = "9"
+APT_TOOLS = ("usr/bin/apt-get", "usr/bin/apt", "usr/bin/apt-cache", "usr/bin/apt-mark")  # gone from an rpm host
 PCI_DEVICE_IDS = {"h100-sxm": "0x2330", "h200-sxm": "0x2335", "a100-sxm": "0x20b2", "l40s": "0x26b9"}
 PCIE_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
 
@@ -65,6 +70,35 @@ REBOOT_SHIM = """#!/bin/sh
 printf '%s\\n' "reboot $*" > /run/nvidia-lab/control/reboot.tmp && mv /run/nvidia-lab/control/reboot.tmp /run/nvidia-lab/control/reboot
 exit 0
 """
+
+
+# modprobe, rmmod and systemctl of a lab host: the supervisor (the host's kernel and init) answers them.
+REQUEST_SHIM = """#!/usr/bin/python3
+# fleetctl lab shim: the lab supervisor answers this command (it is the host's kernel and init).
+import json, os, sys, time
+control = "/run/nvidia-lab/control"
+argv = [os.path.basename(sys.argv[0])] + sys.argv[1:]
+if not os.path.exists(control + "/serving"):
+    sys.stderr.write("System has not been booted with systemd as init system (PID 1). Can't operate.\\n"
+                     if argv[0] == "systemctl" else "%s: the lab host is not up\\n" % argv[0])
+    sys.exit(1)
+base = "%s/request.%d.%d" % (control, os.getpid(), time.monotonic_ns())
+with open(base + ".tmp", "w") as f:
+    json.dump(argv, f)
+os.rename(base + ".tmp", base + ".req")
+deadline = time.monotonic() + @TIMEOUT@
+while not os.path.exists(base + ".done"):
+    if time.monotonic() > deadline:
+        sys.stderr.write("%s: no answer from the lab host's supervisor\\n" % argv[0])
+        sys.exit(1)
+    time.sleep(0.02)
+with open(base + ".done") as f:
+    rc, out, err = json.load(f)
+os.unlink(base + ".done")
+sys.stdout.write(out)
+sys.stderr.write(err)
+sys.exit(rc)
+""".replace("@TIMEOUT@", str(REQUEST_TIMEOUT_S))
 
 
 def log(message: str) -> None:
@@ -208,6 +242,8 @@ class Host:
         self.configure_sshd()
         replace_file(r / "usr/sbin/shutdown", SHUTDOWN_SHIM, 0o755)
         replace_file(r / "usr/sbin/reboot", REBOOT_SHIM, 0o755)
+        for shim in ("usr/sbin/modprobe", "usr/sbin/rmmod", "usr/bin/systemctl"):
+            replace_file(r / shim, REQUEST_SHIM, 0o755)
         # Package scripts never start daemons behind the supervisor's back (it starts them at boot).
         replace_file(r / "usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
         if not self.config.get("nouveau", True):
@@ -255,15 +291,16 @@ class Host:
 
     # -- provisioning: the driver is installed before the first boot ------------------------------------------
     def provision(self) -> None:
-        """Install the starting driver (and the real pynvml for the host's python3) before the first boot."""
+        """Install the starting driver (and the real pynvml for the host's python3) before the first boot. An rpm
+        host (packaging "rpm") first gets its rpm database and dnf, installs with dnf, and loses apt."""
         driver = self.config.get("driver")
-        if not driver:
+        rpm = self.config.get("packaging") == "rpm"
+        if not driver and not rpm:
             return
         self.set_state("provisioning")
-        branch = driver.split(".", 1)[0]
         logfile = self.dir / "provision.log"
         with open(logfile, "w") as out:
-            def apt(*args: str) -> str:
+            def host_run(*args: str) -> str:
                 proc = subprocess.run(["chroot", str(self.root), *args], env=HOST_ENV, capture_output=True,
                                       text=True, timeout=600)
                 out.write(f"$ {' '.join(args)}\n{proc.stdout}{proc.stderr}\n")
@@ -271,29 +308,78 @@ class Host:
                     tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
                     raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {tail}")
                 return proc.stdout
-            apt("apt-get", "update")
-            in_repo = set(apt("apt-cache", "pkgnames").split())
-            persistenced = self.repo_version(apt("apt-cache", "madison", "nvidia-persistenced"), driver)
-            packages = [f"nvidia-driver-{branch}-open={driver}-0lab1"]
-            # The rest of a GPU container host, as far as the repository has it.
-            packages += [p for p in ("python3-nvidia-ml-py", "containerd", "nvidia-container-toolkit") if p in in_repo]
-            if persistenced:
-                packages.append(f"nvidia-persistenced={persistenced}")
-            if self.config.get("nvswitch") and f"nvidia-fabricmanager-{branch}" in in_repo:
-                packages.append(f"nvidia-fabricmanager-{branch}={driver}-0lab1")  # HGX: exactly the driver's version
-            apt("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold", *packages)
-            if (self.root / "usr/bin/nvidia-ctk").exists() and (self.root / "usr/bin/containerd").exists():
-                # containerd with the nvidia runtime as default (the CDI spec needs the loaded driver: it is
-                # generated after the first boot, see first_boot_setup).
-                apt("nvidia-ctk", "runtime", "configure", "--runtime=containerd", "--set-as-default")
-            # A well-kept host: versions pinned, daemons enabled (unless this host's drift says otherwise).
-            apt("apt-mark", "hold", *[p.split("=", 1)[0] for p in packages if "=" in p])
-            wants = self.root / "etc/systemd/system/multi-user.target.wants"
-            wants.mkdir(parents=True, exist_ok=True)
-            if self.config.get("nvswitch") and not os.path.lexists(wants / FABRICMANAGER_UNIT):
-                os.symlink("/lib/systemd/system/" + FABRICMANAGER_UNIT, wants / FABRICMANAGER_UNIT)
-            if self.config.get("persistence_off") and os.path.lexists(wants / PERSISTENCED_UNIT):
-                os.unlink(wants / PERSISTENCED_UNIT)
+            if rpm:
+                self.configure_dnf()
+                host_run("rpm", "--initdb")
+                host_run("dnf", "-y", "install", LAB_SYSTEM)
+            if driver:
+                held = self.install_rpm(host_run, driver) if rpm else self.install_deb(host_run, driver)
+                if (self.root / "usr/bin/nvidia-ctk").exists() and (self.root / "usr/bin/containerd").exists():
+                    # containerd with the nvidia runtime as default (the CDI spec needs the loaded driver: it is
+                    # generated after the first boot, see first_boot_setup).
+                    host_run("nvidia-ctk", "runtime", "configure", "--runtime=containerd", "--set-as-default")
+                # A well-kept host: versions pinned, daemons enabled (unless this host's drift says otherwise).
+                host_run(*(("dnf", "versionlock", "add") if rpm else ("apt-mark", "hold")), *held)
+                wants = self.root / "etc/systemd/system/multi-user.target.wants"
+                wants.mkdir(parents=True, exist_ok=True)
+                if self.config.get("nvswitch") and not os.path.lexists(wants / FABRICMANAGER_UNIT):
+                    os.symlink("/lib/systemd/system/" + FABRICMANAGER_UNIT, wants / FABRICMANAGER_UNIT)
+                if self.config.get("persistence_off") and os.path.lexists(wants / PERSISTENCED_UNIT):
+                    os.unlink(wants / PERSISTENCED_UNIT)
+            if rpm:
+                self.hide_apt()
+
+    def install_deb(self, host_run, driver: str) -> list[str]:
+        """apt-get install the driver set of DRIVER; returns the packages to hold."""
+        branch = driver.split(".", 1)[0]
+        host_run("apt-get", "update")
+        in_repo = set(host_run("apt-cache", "pkgnames").split())
+        persistenced = self.repo_version(host_run("apt-cache", "madison", "nvidia-persistenced"), driver)
+        packages = [f"nvidia-driver-{branch}-open={driver}-0lab1"]
+        # The rest of a GPU container host, as far as the repository has it.
+        packages += [p for p in ("python3-nvidia-ml-py", "containerd", "nvidia-container-toolkit") if p in in_repo]
+        if persistenced:
+            packages.append(f"nvidia-persistenced={persistenced}")
+        if self.config.get("nvswitch") and f"nvidia-fabricmanager-{branch}" in in_repo:
+            packages.append(f"nvidia-fabricmanager-{branch}={driver}-0lab1")  # HGX: exactly the driver's version
+        host_run("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold", *packages)
+        return [p.split("=", 1)[0] for p in packages if "=" in p]
+
+    def install_rpm(self, host_run, driver: str) -> list[str]:
+        """dnf install the driver set of DRIVER (EL names, NAME-VERSION); returns the packages to lock."""
+        held = ["nvidia-driver", "nvidia-persistenced"]
+        if self.config.get("nvswitch"):
+            held.append("nvidia-fabric-manager")  # HGX: exactly the driver's version
+        host_run("dnf", "-y", "install", *[f"{name}-{driver}" for name in held],
+                 "python3-nvidia-ml-py", "containerd", "nvidia-container-toolkit")
+        return held
+
+    def configure_dnf(self) -> None:
+        """An rpm host: rpm's database where EL keeps it (Debian's rpm keeps it in ~/.rpmdb), dnf with the lab's rpm
+        repository as its only repository (never the network) and the versionlock plugin on; the plugins Debian
+        enables that an EL host does not have are off."""
+        r = self.root
+        replace_file(r / "etc/rpm/macros", "%_dbpath /var/lib/rpm\n")
+        replace_file(r / "etc/dnf/dnf.conf", "[main]\ngpgcheck=1\ninstallonly_limit=3\nclean_requirements_on_remove=True\n"
+                     "best=True\nskip_if_unavailable=False\nreposdir=/etc/yum.repos.d\n")
+        replace_file(r / "etc/dnf/vars/releasever", f"{EL_RELEASEVER}\n")
+        repos = r / "etc/yum.repos.d"
+        repos.mkdir(parents=True, exist_ok=True)
+        for entry in repos.glob("*"):
+            entry.unlink()
+        replace_file(repos / "fleetctl-lab.repo", "[fleetctl-lab]\nname=fleetctl lab: emulated NVIDIA driver packages\n"
+                     f"baseurl=file://{self.config['lab_dir']}/repo/rpm\nenabled=1\ngpgcheck=0\nrepo_gpgcheck=0\n"
+                     "metadata_expire=0\n")
+        plugins = r / "etc/dnf/plugins"
+        replace_file(plugins / "versionlock.conf", "[main]\nenabled=1\nlocklist=/etc/dnf/plugins/versionlock.list\n")
+        replace_file(plugins / "versionlock.list", "")
+        for name in ("local", "show-leaves"):
+            replace_file(plugins / f"{name}.conf", "[main]\nenabled=0\n")
+
+    def hide_apt(self) -> None:
+        """An rpm host has no apt (in its root only: whiteouts in the overlay). dpkg stays (no NVIDIA package)."""
+        for tool in APT_TOOLS:
+            (self.root / tool).unlink(missing_ok=True)
 
     @staticmethod
     def repo_version(madison: str, driver: str) -> str | None:
@@ -356,24 +442,18 @@ class Host:
         return False
 
     def write_modules(self, module: tuple[str, str] | None, nouveau: bool) -> None:
-        sys_module, proc_driver = self.kernel / "sys-module", self.kernel / "proc-driver"
-        clear_dir(sys_module)
-        clear_dir(proc_driver)
+        modules = self.modules()
+        clear_dir(modules.sys_module)
+        clear_dir(modules.proc_driver)
         if module:
-            version, flavor = module
-            for name in ("nvidia", "nvidia_modeset", "nvidia_uvm"):
-                (sys_module / name).mkdir()
-                (sys_module / name / "version").write_text(version + "\n")
-                (sys_module / name / "initstate").write_text("live\n")
-            if self.config.get("nvswitch"):
-                for switch in NVSWITCHES:
-                    (proc_driver / "nvidia-nvswitch/devices" / switch).mkdir(parents=True)
-            (proc_driver / "nvidia").mkdir()
-            (proc_driver / "nvidia/version").write_text(
-                f"NVRM version: {nvrm_banner(version, flavor)}\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n")
+            for name in ("nvidia_drm", "nvidia_uvm"):
+                modules.load(name, module)  # with what they depend on; boot_log writes the boot's lines
         elif nouveau:
-            (sys_module / "nouveau").mkdir()
-            (sys_module / "nouveau/initstate").write_text("live\n")
+            (modules.sys_module / "nouveau").mkdir()
+            (modules.sys_module / "nouveau/initstate").write_text("live\n")
+
+    def modules(self) -> Modules:
+        return Modules(self.kernel, bool(self.config.get("nvswitch")))
 
     def write_pci(self, hw: dict[str, str]) -> None:
         pci = self.kernel / "pci-devices"
@@ -402,15 +482,20 @@ class Host:
         logfile.close()
         return proc.pid
 
+    def unit_state(self, unit: str) -> str | None:
+        """enabled (a wants link: an absolute symlink into the host's root, so only its presence is checked),
+        disabled, or None without a unit file."""
+        if not any(os.path.lexists(self.root / d / unit)
+                   for d in ("etc/systemd/system", "lib/systemd/system", "usr/lib/systemd/system")):
+            return None
+        wants = (self.root / "etc/systemd/system").glob("*.wants")
+        return "enabled" if any(os.path.lexists(w / unit) for w in wants) else "disabled"
+
     def start_daemon(self, program: str, unit: str, *args: str) -> bool:
-        """Start a daemon when installed and enabled (a wants link: an absolute symlink into the host's root, so
-        only its presence is checked) or installed without a unit file."""
+        """Start a daemon at boot when installed and enabled, or installed without a unit file."""
         if not (self.root / program).exists():
             return False
-        units = [d for d in ("etc/systemd/system", "lib/systemd/system", "usr/lib/systemd/system")
-                 if os.path.lexists(self.root / d / unit)]
-        enabled = [w for w in (self.root / "etc/systemd/system").glob("*.wants") if os.path.lexists(w / unit)]
-        if units and not enabled:
+        if self.unit_state(unit) == "disabled":
             log(f"{program} installed but not enabled: not started")
             return False
         pid = self.spawn("/" + program, *args, name=os.path.basename(program))
@@ -478,17 +563,21 @@ class Host:
     def boot(self) -> None:
         self.boots += 1
         self.set_state("booting")
+        for stale in [self.control / "serving", *self.control.glob("request.*")]:
+            stale.unlink(missing_ok=True)
         self.mount_run()
         self.boot_kernel()
         self.start_daemons()
         self.start_sshd()
         self.wait_sshd()
         self.set_state("up")
+        (self.control / "serving").touch()
         log(f"boot {self.boots} up: boot_id {self.boot_id}, module {self.module()}")
 
     def reboot(self, request: str) -> None:
         log(f"reboot requested: {request.strip()}")
         self.set_state("rebooting")
+        (self.control / "serving").unlink(missing_ok=True)
         self.sleep(REBOOT_GRACE_S)
         self.kill_all()
         faults = read_conf(self.hw / "faults.conf")
@@ -506,8 +595,10 @@ class Host:
         """What a reboot resets on real GPUs: persistence mode is off until nvidia-persistenced runs, volatile ECC
         counters restart at 0, pending row remaps are applied, a recovery action is done. Aggregate counts and lost GPUs
         stay."""
-        reset = {"persistence": str(int(persistent)), "ecc_unc_volatile": "0", "remap_pending": "0",
-                 "recovery_action": "0"}
+        self.set_every_gpu(persistence=str(int(persistent)), ecc_unc_volatile="0", remap_pending="0",
+                           recovery_action="0")
+
+    def set_every_gpu(self, **reset: str) -> None:
         hw_path = self.hw / "gpus.conf"
         lines = []
         for line in hw_path.read_text().splitlines():
@@ -522,22 +613,137 @@ class Host:
                                    "--output=/etc/cdi/nvidia.yaml"], env=HOST_ENV, capture_output=True, text=True)
             log(f"cdi generate: exit {proc.returncode} {proc.stderr.strip()[-200:]}")
 
+    # -- the host's modprobe, rmmod and systemctl (REQUEST_SHIM) ---------------------------------------------
+    def answer(self, request: Path) -> None:
+        try:
+            argv = [str(a) for a in json.loads(request.read_text())]
+            command = {"modprobe": self.modprobe, "rmmod": self.rmmod, "systemctl": self.systemctl}[argv[0]]
+            rc, out, err = command(argv[1:])
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            argv, rc, out, err = [request.name], 1, "", f"lab: cannot read the request {request.name}: {e}\n"
+        log(f"{' '.join(argv)}: exit {rc} {err.strip()}")
+        answer = request.with_suffix(".answer")
+        answer.write_text(json.dumps([rc, out, err]))
+        answer.replace(request.with_suffix(".done"))
+        request.unlink(missing_ok=True)
+
+    def modprobe(self, args: list[str]) -> tuple[int, str, str]:
+        names = [a.replace("-", "_") for a in args if not a.startswith("-")]
+        if not names:
+            return 1, "", "modprobe: ERROR: missing module name.\n"
+        if "-r" in args or "--remove" in args:
+            return self.rmmod([n for n in names if self.modules().loaded(n)])
+        messages: list[tuple[int, str]] = []
+        for name in names:
+            nvidia_before = self.modules().loaded("nvidia")
+            try:
+                messages += self.modules().load(name, self.module())
+            except OSError as e:
+                return 1, "", f"modprobe: FATAL: {e}\n"
+            if not nvidia_before and self.modules().loaded("nvidia"):
+                # A driver load is what a boot with it does to the GPUs: volatile counters restart, faults planted
+                # for this version happen (a GPU that fell off the bus stays lost).
+                self.set_every_gpu(ecc_unc_volatile="0")
+                hw = read_conf(self.hw / "gpus.conf")
+                messages += [(prio, msg) for prio, _usec, msg in self.boot_faults(hw, self.module())]
+        append_kmsg(self.kernel, messages)
+        return 0, "", ""
+
+    def rmmod(self, args: list[str]) -> tuple[int, str, str]:
+        for name in (a.replace("-", "_") for a in args if not a.startswith("-")):
+            rc, err = self.modules().unload(name, self.module_users)
+            if rc:
+                return rc, "", err + "\n"
+            if name == "nvidia":
+                self.set_every_gpu(persistence="0")
+        return 0, "", ""
+
+    def module_users(self, name: str) -> list[str]:
+        """What holds a module open: the driver's daemons and GPU processes (/dev/nvidia*), a console on nvidia_drm."""
+        users = []
+        if name in ("nvidia", "nvidia_uvm"):
+            hw = read_conf(self.hw / "gpus.conf")
+            users += [f"pid {v}" for k, v in hw.items()
+                      if k.endswith(".process") and v.isdigit() and v != "0" and (self.root / "proc" / v).exists()]
+        if name == "nvidia":
+            users += [os.path.basename(p) for p in UNITS.values() if self.daemon_pids(p)]
+        if name == "nvidia_drm" and read_conf(self.hw / "faults.conf").get("drm_in_use") == "1":
+            users.append("fbcon")
+        return users
+
+    def daemon_pids(self, program: str) -> list[int]:
+        pids = []
+        for pid in self.host_pids():
+            try:
+                argv0 = (self.root / "proc" / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0]
+            except OSError:
+                continue
+            if argv0.decode(errors="replace") == "/" + program:
+                pids.append(pid)
+        return pids
+
+    def systemctl(self, args: list[str]) -> tuple[int, str, str]:
+        """is-active, start, stop and restart of the driver's daemons; anything else as without systemd."""
+        words = [a for a in args if not a.startswith("-")]
+        quiet = "--quiet" in args or "-q" in args
+        unit = words[1] if len(words) == 2 and "." in words[1] else (words[1] + ".service" if len(words) == 2 else "")
+        if not words or words[0] not in ("is-active", "is-enabled", "start", "stop", "restart") or unit not in UNITS:
+            return 1, "", "System has not been booted with systemd as init system (PID 1). Can't operate.\n"
+        program, verb = UNITS[unit], words[0]
+        if verb == "is-active":
+            active = bool(self.daemon_pids(program))
+            return (0 if active else 3), ("" if quiet else ("active\n" if active else "inactive\n")), ""
+        if verb == "is-enabled":
+            state = self.unit_state(unit)
+            if state is None:
+                return 1, "", f"Failed to get unit file state for {unit}: No such file or directory\n"
+            return (0 if state == "enabled" else 1), ("" if quiet else state + "\n"), ""
+        if verb in ("stop", "restart"):
+            self.stop_daemon(program)
+        if verb in ("start", "restart"):
+            return self.start_unit(unit, program)
+        return 0, "", ""
+
+    def stop_daemon(self, program: str) -> None:
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            for pid in self.daemon_pids(program):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait
+            while self.daemon_pids(program) and time.monotonic() < deadline:
+                self.reap()
+                time.sleep(0.02)
+        if program == PERSISTENCED:
+            self.set_every_gpu(persistence="0")
+
+    def start_unit(self, unit: str, program: str) -> tuple[int, str, str]:
+        if not (self.root / program).exists():
+            return 5, "", f"Failed to start {unit}: Unit {unit} not found.\n"
+        if not self.daemon_pids(program):
+            args = ["--verbose"] if program == PERSISTENCED else []
+            proc = subprocess.run(["chroot", str(self.root), "/" + program, *args], env=HOST_ENV,
+                                  capture_output=True, text=True, timeout=30)
+            if proc.returncode != 0:
+                log(f"{program}: exit {proc.returncode} {proc.stderr.strip()[-200:]}")
+                return 1, "", (f"Job for {unit} failed because the control process exited with error code.\n"
+                               f"See \"systemctl status {unit}\" and \"journalctl -xeu {unit}\" for details.\n")
+        if program == PERSISTENCED:
+            self.set_every_gpu(persistence="1")
+        return 0, "", ""
+
     def serve(self) -> None:
         request = self.control / "reboot"
         while not self.stopping:
             self.reap()
+            for asked in sorted(self.control.glob("request.*.req")):
+                self.answer(asked)
             if request.exists():
                 text = request.read_text(errors="replace")
                 request.unlink()
                 self.reboot(text)
             time.sleep(POLL_S)  # an sshd that was stopped stays down until the next boot, like a stopped unit
-
-
-def nvrm_banner(version: str, flavor: str) -> str:
-    built = time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime(1735689600))
-    if flavor == "open":
-        return f"NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  (lab@fleetctl)  {built}"
-    return f"NVIDIA UNIX x86_64 Kernel Module  {version}  {built}"
 
 
 def sysfs_pci_name(bus_id: str) -> str:
@@ -560,14 +766,10 @@ def boot_log(hw: dict[str, str], module: tuple[str, str] | None, nouveau: bool) 
         lines.append((6, usec, f"pci {sysfs_pci_name(bus)}: [10de:{device_id}] type 00 class 0x030200 PCIe Endpoint"))
     if module:
         version, flavor = module
-        lines += [(4, 440013, "nvidia: loading out-of-tree module taints kernel."),
-                  (6, 512498, "nvidia-nvlink: Nvlink Core is being initialized, major device number 240"),
-                  (3, 512506, f"NVRM: loading {nvrm_banner(version, flavor)}"),
-                  (6, 601233, f"nvidia-modeset: Loading NVIDIA UNIX {'Open ' if flavor == 'open' else ''}Kernel "
-                              f"Mode Setting Driver for x86_64  {version}  Release Build  (lab@fleetctl)"),
-                  (6, 604871, "[drm] [nvidia-drm] [GPU ID 0x00001800] Loading driver"),
-                  (6, 612004, "nvidia_uvm: module uses symbols nvUvmInterfaceDisableAccessCntr from proprietary "
-                              "module nvidia, inheriting taint.")]
+        at = {"nvidia": (440013, 512498, 512506), "nvidia_modeset": (601233,), "nvidia_drm": (604871,),
+              "nvidia_uvm": (612004,)}
+        for name, times in at.items():
+            lines += [(prio, usec, msg) for usec, (prio, msg) in zip(times, load_messages(name, version, flavor))]
         for i, bus in enumerate(bus_ids):  # a GPU that fell off the bus does not come back with a warm reboot
             if hw.get(f"gpu.{i}.lost") == "1":
                 lines.append((3, 650000 + i, f"NVRM: GPU {sysfs_pci_name(bus)}: RmInitAdapter failed! (0x22:0x56:897)"))
@@ -606,6 +808,7 @@ def main(argv: list[str]) -> int:
         host.kill_all()
         return 1
     log("stopping: killing the host's processes")
+    (host.control / "serving").unlink(missing_ok=True)
     host.kill_all()
     host.set_state("stopped")
     return 0

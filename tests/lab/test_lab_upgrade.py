@@ -292,3 +292,98 @@ def test_host_faults_within_the_budget(tmp_path):
              "drain h100-05", "drain h100-06"]
         undrained = [line for line in drained if line.startswith("undrain ")]
         assert "undrain h100-06" in undrained and "undrain h100-02" in undrained  # released: left as they were
+
+
+# ---- activation by module reload (baseline campaign.activation: reload) ---------------------------------
+
+def boot_id(lab, host: str) -> str:
+    return lab.ssh(host, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+
+def test_module_reload_upgrades_and_rolls_back_without_rebooting(tmp_path):
+    """An HGX host (fabric manager) and an L40S reload the driver in place; a host whose console holds nvidia_drm
+    reboots instead, saying why. The daemons come back on the new driver; `fleetctl rollback` reloads too."""
+    with fleetctl_lab(tmp_path, (f"2xh100-sxm/2@{FROM}", f"1xl40s/2@{FROM}")) as lab:
+        names = ("h100-01", "h100-02", "l40s-01")
+        baseline = tmp_path / "reload.yml"
+        baseline.write_text("schema_version: 1\nname: lab-reload\ngroups:\n  all:\n"
+                            "    driver: {branches: ['550', '570'], held: true}\n"
+                            "    campaign: {budget_hosts: 1, activation: reload}\n")
+        lab.inject("h100-02", "drm-in-use")
+        dry = upgrade(lab, "--waves", "1,100%", "-b", str(baseline), "--dry-run")
+        assert dry.stdout.count("module reload (reboot if in use)") == 3, dry.stdout + dry.stderr
+        boots = {h: boot_id(lab, h) for h in names}
+        proc = upgrade(lab, "--waves", "1,100%", "-b", str(baseline))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+        hosts = hosts_of(show(lab))
+        activation = {h: next(s for s in hosts[h]["steps"] if s["step"] == "activate")["detail"] for h in names}
+        for h in ("h100-01", "l40s-01"):
+            assert activation[h] == {"rebooted": False, "reloaded": True}, activation
+            assert boot_id(lab, h) == boots[h]
+        assert activation["h100-02"]["rebooted"] and not activation["h100-02"]["reloaded"]
+        assert "Module nvidia_drm is in use" in activation["h100-02"]["reload_refused"]
+        assert boot_id(lab, "h100-02") != boots["h100-02"]
+        for h in names:
+            assert_on(lab, h, TO)
+        # persistenced (and on HGX fabric manager, which the package upgrade could not start against the old
+        # module) run again: the audit is clean, persistence and fabric manager controls included.
+        code, report = lab.audit("-b", str(baseline))
+        assert code == 0, [(h["name"], f["control"], f["message"]) for h in report["hosts"] for f in h["findings"]
+                           if f["status"] not in ("pass", "not_applicable")]
+        assert TO in lab.ssh("h100-01", "nv-fabricmanager --version").stdout
+        kmsg = lab.ssh("l40s-01", "cat /dev/kmsg").stdout
+        assert f"NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  {TO}" in kmsg and "Unregistered Nvlink" in kmsg
+
+        lab.inject("h100-02", "drm-in-use", "--restore")
+        boots = {h: boot_id(lab, h) for h in names}
+        back = lab.fleetctl("rollback", "1", "-b", str(baseline), timeout=900)
+        assert back.returncode == 4, back.stdout[-3000:] + back.stderr
+        hosts = hosts_of(show(lab))
+        for h in names:
+            assert hosts[h]["state"] == "rolled_back"
+            step = next(s for s in hosts[h]["steps"] if s["step"] == "rollback_activate")
+            assert step["detail"] == {"rebooted": False, "reloaded": True}, (h, step)
+            assert boot_id(lab, h) == boots[h]
+            assert_on(lab, h, FROM)
+        assert lab.audit("-b", str(baseline))[0] == 0
+
+
+# ---- dnf hosts: exact versions held with dnf versionlock ----------------------------------------------------
+
+def rpm_state(lab, host: str) -> dict:
+    """Installed NVIDIA rpms (name -> version-release), the versionlock entries and the loaded module."""
+    out = lab.ssh(host, "rpm -qa --qf '%{NAME} %{VERSION}-%{RELEASE}\\n' 'nvidia-*'; echo --; "
+                        "dnf -q versionlock list; echo --; cat /sys/module/nvidia/version").stdout
+    installed, locks, module = out.split("--\n")
+    return {"packages": dict(line.split() for line in installed.splitlines()),
+            "locks": sorted(locks.split()), "module": module.strip()}
+
+
+def test_dnf_hosts_upgrade_and_roll_back_held_by_versionlock(tmp_path):
+    with fleetctl_lab(tmp_path, (f"2xh100-sxm/2@{FROM}+rpm",)) as lab:
+        names = ("h100-01", "h100-02")
+        assert lab.ssh("h100-01", "command -v apt-get", check=False).returncode != 0  # an EL-like host: dnf only
+        proc = upgrade(lab, "--waves", "1,100%")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+        hosts = hosts_of(show(lab))
+        for h in names:
+            install = next(s for s in hosts[h]["steps"] if s["step"] == "install")["detail"]
+            assert sorted(install["requested"]) == ["nvidia-driver", "nvidia-fabric-manager", "nvidia-persistenced"]
+            s = rpm_state(lab, h)
+            assert {n: v for n, v in s["packages"].items() if n in install["requested"]} == {
+                n: f"{TO}-0lab1" for n in install["requested"]}, s
+            assert s["locks"] == sorted(f"{n}-3:{TO}-0lab1.*" for n in install["requested"]), s
+            assert s["module"] == TO
+        assert lab.audit()[0] == 0
+
+        # A versionlock really holds: a plain dnf upgrade moves nothing.
+        lab.ssh("h100-01", "dnf -y -q upgrade")
+        assert rpm_state(lab, "h100-01")["packages"]["nvidia-driver"] == f"{TO}-0lab1"
+
+        back = lab.fleetctl("rollback", "1", timeout=900)
+        assert back.returncode == 4, back.stdout[-3000:] + back.stderr
+        for h in names:
+            s = rpm_state(lab, h)
+            assert s["packages"]["nvidia-driver"] == f"{FROM}-0lab1" and s["module"] == FROM, s
+            assert f"nvidia-driver-3:{FROM}-0lab1.*" in s["locks"] and not any(TO in lock for lock in s["locks"]), s
+        assert lab.audit()[0] == 0

@@ -1,12 +1,12 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 """Put a host's NVIDIA driver packages in one exact state: these packages at these versions, held; the driver
-packages of any other branch removed.
+packages of any other branch removed. apt hosts (held with apt-mark) and dnf hosts (held with dnf versionlock).
 
 Used for an upgrade (versions given as the upstream driver version, e.g. 570.86.15: the one distro version
-apt knows for it is chosen) and for a rollback (versions given exactly as recorded before, e.g.
-550.163.01-0ubuntu1). Idempotent: a host already in that state is left alone (changed=false). An install that
-was interrupted (dpkg left half-configured, e.g. by a crashed controller) is finished first.
+the package manager knows for it is chosen) and for a rollback (versions given exactly as recorded before, e.g.
+550.163.01-0ubuntu1 or 570.86.15-1.el9). Idempotent: a host already in that state is left alone (changed=false).
+An apt install that was interrupted (dpkg left half-configured, e.g. by a crashed controller) is finished first.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -15,10 +15,10 @@ __metaclass__ = type
 
 DOCUMENTATION = r"""
 module: nvidia_driver_packages
-short_description: Exact NVIDIA driver package set, pinned and held (apt)
+short_description: Exact NVIDIA driver package set, pinned and held (apt or dnf)
 description:
-  - Installs exactly the given packages at the given versions, holds them (apt-mark hold) and removes the
-    branch-suffixed NVIDIA packages of other driver branches.
+  - Installs exactly the given packages at the given versions, holds them (apt-mark hold, or dnf versionlock)
+    and removes the branch-suffixed NVIDIA packages of other driver branches.
 options:
   packages:
     description: Package name -> version (upstream driver version, or the exact distro version).
@@ -29,20 +29,26 @@ options:
     type: bool
     default: true
   update_cache:
-    description: Run apt-get update when a requested version is not known to apt.
+    description: Refresh the package index when a requested version is not known (apt-get update, dnf makecache).
     type: bool
     default: true
   lock_timeout_s:
-    description: How long to wait for the dpkg lock.
+    description: How long to wait for the dpkg lock (apt).
     type: int
     default: 300
+  manager:
+    description: The package manager; auto picks apt where apt-get exists, else dnf.
+    type: str
+    choices: [auto, apt, dnf]
+    default: auto
 author: fleetctl
 """
 
 RETURN = r"""
+manager: {description: The package manager used (apt or dnf), type: str, returned: always}
 before: {description: Installed NVIDIA packages before, name -> version, type: dict, returned: always}
 after: {description: Installed NVIDIA packages after, name -> version, type: dict, returned: always}
-installed: {description: Exact name=version strings given to apt, type: list, returned: when changed}
+installed: {description: Exact name=version strings installed, type: list, returned: when changed}
 removed: {description: Packages of other branches removed, type: list, returned: always}
 boot_id: {description: The boot id at the time of the change (a reboot after it loads the new module), type: str, returned: always}
 """
@@ -55,25 +61,11 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 # Packages whose name carries the driver branch (nvidia-driver-570-open, libnvidia-compute-570,
-# nvidia-fabricmanager-570, nvidia-dkms-570-server ...): a branch change replaces them all.
+# nvidia-fabricmanager-570, nvidia-dkms-570-server, cuda-drivers-570 ...): a branch change replaces them all.
 BRANCHED = re.compile(r"^((lib)?nvidia-[a-z0-9-]*?|cuda-drivers(-fabricmanager)?)-(?P<branch>\d{3})"
                       r"(-open|-server|-server-open)?$")
-NVIDIA = re.compile(r"^(lib)?nvidia-|^cuda-drivers")
+NVIDIA = re.compile(r"^(lib)?nvidia-|^cuda-drivers|^kmod-nvidia")
 ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "NEEDRESTART_MODE": "l"}
-
-
-def installed(module):
-    """name -> (version, held) of installed NVIDIA packages."""
-    rc, out, err = module.run_command(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${Status}\n"],
-                                      environ_update=ENV)
-    if rc not in (0, 1):
-        module.fail_json(msg="dpkg-query failed: %s" % err.strip())
-    found = {}
-    for line in out.splitlines():
-        parts = line.split("\t")
-        if len(parts) == 3 and NVIDIA.match(parts[0]) and parts[2].endswith(" installed"):
-            found[parts[0]] = (parts[1], parts[2].split(" ")[0] == "hold")
-    return found
 
 
 def matches(wanted, candidate):
@@ -82,60 +74,161 @@ def matches(wanted, candidate):
     return candidate == wanted or bare == wanted or bare.startswith(wanted + "-")
 
 
-def candidates(module, name):
-    rc, out, _ = module.run_command(["apt-cache", "madison", name], environ_update=ENV)
-    return [p[1].strip() for p in (line.split("|") for line in out.splitlines()) if len(p) >= 2] if rc == 0 else []
+class Manager(object):
+    """What the module needs of a package manager. Versions are as the facts record them (dpkg's Version,
+    rpm's VERSION-RELEASE)."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def run(self, argv):
+        rc, out, err = self.module.run_command(argv, environ_update=ENV)
+        if rc != 0:
+            lines = [line.strip() for line in (out + err).splitlines() if line.strip()]
+            telling = [line for line in lines if re.search(r"error|fail|conflict|broken|no match", line, re.I)]
+            tail = " | ".join(telling[:4] if telling else lines[-4:])
+            self.module.fail_json(msg="%s failed (exit %d): %s" % (" ".join(argv[:2]), rc, tail), rc=rc)
+        return out
+
+    def resolve(self, packages, update_cache):
+        """name -> the one distro version the package manager will install for the requested version."""
+        resolved, missing = {}, []
+        for name, wanted in sorted(packages.items()):
+            found = [c for c in self.candidates(name) if matches(wanted, c)]
+            if found:
+                resolved[name] = found[0]
+            else:
+                missing.append(name)
+        if missing and update_cache:
+            self.refresh()
+            return self.resolve(packages, False)
+        if missing:
+            self.module.fail_json(msg="no package version in the configured repositories for: %s"
+                                  % ", ".join("%s=%s" % (n, packages[n]) for n in missing))
+        return resolved
 
 
-def resolve(module, packages, update_cache):
-    """name -> the one distro version apt will install for the requested version."""
-    resolved, missing = {}, []
-    for name, wanted in sorted(packages.items()):
-        found = [c for c in candidates(module, name) if matches(wanted, c)]
-        if found:
-            resolved[name] = found[0]
-        else:
-            missing.append(name)
-    if missing and update_cache:
-        run(module, ["apt-get", "update"])
-        return resolve(module, packages, False)
-    if missing:
-        module.fail_json(msg="no package version in the configured repositories for: %s"
-                         % ", ".join("%s=%s" % (n, packages[n]) for n in missing))
-    return resolved
+class Apt(Manager):
+    name = "apt"
+
+    def prepare(self, lock_timeout_s):
+        """Wait until no dpkg frontend holds the lock, then finish an install a crash interrupted."""
+        self.lock = ("-o", "DPkg::Lock::Timeout=%d" % lock_timeout_s)
+        deadline = time.time() + lock_timeout_s
+        path = "/var/lib/dpkg/lock-frontend"
+        while os.path.exists(path):
+            fd = os.open(path, os.O_RDWR)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(fd, fcntl.LOCK_UN)
+                break
+            except (IOError, OSError):
+                if time.time() > deadline:
+                    self.module.fail_json(msg="dpkg is busy (%s held) for more than %ds" % (path, lock_timeout_s))
+                time.sleep(1)
+            finally:
+                os.close(fd)
+        rc, out, _ = self.module.run_command(["dpkg", "--audit"], environ_update=ENV)
+        interrupted = bool(out.strip())
+        if interrupted and not self.module.check_mode:
+            self.run(["dpkg", "--configure", "-a"])
+        return interrupted
+
+    def installed(self):
+        """name -> (version, held) of installed NVIDIA packages."""
+        rc, out, err = self.module.run_command(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${Status}\n"],
+                                               environ_update=ENV)
+        if rc not in (0, 1):
+            self.module.fail_json(msg="dpkg-query failed: %s" % err.strip())
+        found = {}
+        for line in out.splitlines():
+            parts = line.split("\t")
+            if len(parts) == 3 and NVIDIA.match(parts[0]) and parts[2].endswith(" installed"):
+                found[parts[0]] = (parts[1], parts[2].split(" ")[0] == "hold")
+        return found
+
+    def candidates(self, name):
+        rc, out, _ = self.module.run_command(["apt-cache", "madison", name], environ_update=ENV)
+        return [p[1].strip() for p in (line.split("|") for line in out.splitlines()) if len(p) >= 2] if rc == 0 else []
+
+    def refresh(self):
+        self.run(["apt-get", "update"])
+
+    def change(self, install, remove):
+        # One transaction: the new branch in, the old branch out (they conflict; held packages may go).
+        if install:
+            self.run(["apt-get", "install", "-y", "--allow-downgrades", "--allow-change-held-packages"]
+                     + list(self.lock) + ["-o", "Dpkg::Options::=--force-confold"] + install
+                     + [n + "-" for n in remove])
+        still = sorted(n for n in remove if n in self.installed())
+        if still:
+            self.run(["apt-get", "purge", "-y", "--allow-change-held-packages"] + list(self.lock) + still)
+
+    def hold(self, resolved):
+        self.run(["apt-mark", "hold"] + sorted(resolved))
 
 
-def run(module, argv):
-    rc, out, err = module.run_command(argv, environ_update=ENV)
-    if rc != 0:
-        lines = [line.strip() for line in (out + err).splitlines() if line.strip()]
-        telling = [line for line in lines if re.search(r"error|fail|conflict|broken", line, re.I)]
-        tail = " | ".join((telling or lines)[:4] if telling else lines[-4:])
-        module.fail_json(msg="%s failed (exit %d): %s" % (" ".join(argv[:2]), rc, tail), rc=rc)
-    return out
+class Dnf(Manager):
+    name = "dnf"
+
+    def prepare(self, lock_timeout_s):
+        return False  # rpm transactions do not stay half-done the way dpkg's do; dnf waits for its own lock
+
+    def locked(self):
+        """Names with a versionlock entry ('name-epoch:version-release.arch'; '!' entries exclude, hold nothing)."""
+        rc, out, _ = self.module.run_command(["dnf", "-q", "versionlock", "list"], environ_update=ENV)
+        names = set()
+        for line in out.splitlines() if rc == 0 else []:
+            m = re.match(r"^(?:\d+:)?(.+?)-[^-]+-[^-]+$", line.strip())
+            if m and not line.startswith("!"):
+                names.add(m.group(1))
+        return names
+
+    def installed(self):
+        rc, out, err = self.module.run_command(["rpm", "-qa", "--qf", "%{NAME}\t%{VERSION}-%{RELEASE}\n"],
+                                               environ_update=ENV)
+        if rc != 0:
+            self.module.fail_json(msg="rpm -qa failed: %s" % err.strip())
+        locked = self.locked()
+        return dict((p[0], (p[1], p[0] in locked)) for p in (line.split("\t") for line in out.splitlines())
+                    if len(p) == 2 and NVIDIA.match(p[0]))
+
+    def candidates(self, name):
+        # Locks hide the other versions from queries: look past them (the install lifts this package's lock).
+        rc, out, _ = self.module.run_command(["dnf", "-q", "--disableplugin=versionlock", "repoquery",
+                                              "--qf", "%{version}-%{release}", name], environ_update=ENV)
+        return sorted(set(out.split()), reverse=True) if rc == 0 else []
+
+    def refresh(self):
+        self.run(["dnf", "-q", "makecache"])
+
+    def change(self, install, remove):
+        names = [spec.split("=", 1)[0] for spec in install]
+        locked = sorted(self.locked() & set(names + remove))
+        if locked:
+            self.run(["dnf", "-q", "versionlock", "delete"] + locked)
+        if install:
+            # dnf install of an exact version upgrades or downgrades to it; --allowerasing lets it replace conflicts.
+            self.run(["dnf", "-y", "-q", "install", "--allowerasing"]
+                     + ["%s-%s" % tuple(spec.split("=", 1)) for spec in install])
+        still = sorted(n for n in remove if n in self.installed())
+        if still:
+            self.run(["dnf", "-y", "-q", "remove"] + still)
+
+    def hold(self, resolved):
+        locked = sorted(self.locked() & set(resolved))
+        if locked:
+            self.run(["dnf", "-q", "versionlock", "delete"] + locked)
+        self.run(["dnf", "-q", "versionlock", "add"] + ["%s-%s" % kv for kv in sorted(resolved.items())])
 
 
-def wait_for_dpkg(module, timeout_s):
-    """Wait until no dpkg frontend (apt, or an install a crashed controller left running) holds the lock."""
-    deadline = time.time() + timeout_s
-    path = "/var/lib/dpkg/lock-frontend"
-    while os.path.exists(path):
-        fd = os.open(path, os.O_RDWR)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.lockf(fd, fcntl.LOCK_UN)
-            return
-        except (IOError, OSError):
-            if time.time() > deadline:
-                module.fail_json(msg="dpkg is busy (%s held) for more than %ds" % (path, timeout_s))
-            time.sleep(1)
-        finally:
-            os.close(fd)
-
-
-def dpkg_interrupted(module):
-    rc, out, _ = module.run_command(["dpkg", "--audit"], environ_update=ENV)
-    return bool(out.strip())
+def manager_for(module):
+    choice = module.params["manager"]
+    if choice == "auto":
+        choice = "apt" if os.path.exists("/usr/bin/apt-get") else "dnf" if os.path.exists("/usr/bin/dnf") else None
+    if choice is None:
+        module.fail_json(msg="neither apt-get nor dnf on this host: fleetctl changes apt and dnf hosts only")
+    return {"apt": Apt, "dnf": Dnf}[choice](module)
 
 
 def boot_id():
@@ -149,43 +242,33 @@ def boot_id():
 def main():
     module = AnsibleModule(
         argument_spec=dict(packages=dict(type="dict", required=True), hold=dict(type="bool", default=True),
-                           update_cache=dict(type="bool", default=True), lock_timeout_s=dict(type="int", default=300)),
+                           update_cache=dict(type="bool", default=True), lock_timeout_s=dict(type="int", default=300),
+                           manager=dict(type="str", default="auto", choices=["auto", "apt", "dnf"])),
         supports_check_mode=True)
     packages = dict((str(k), str(v)) for k, v in module.params["packages"].items())
     if not packages:
         module.fail_json(msg="packages: give at least one package")
-    if not os.path.exists("/usr/bin/apt-get"):
-        module.fail_json(msg="only apt-based hosts are supported (dnf versionlock: not yet)")
     for name in packages:
         if not re.match(r"^[a-z0-9][a-z0-9+.-]+$", name) or not re.match(r"^[A-Za-z0-9.+:~-]+$", packages[name]):
             module.fail_json(msg="not a package name and version: %r=%r" % (name, packages[name]))
+    pm = manager_for(module)
     branches = set(m.group("branch") for m in (BRANCHED.match(n) for n in packages) if m)
-    lock = "-o", "DPkg::Lock::Timeout=%d" % module.params["lock_timeout_s"]
-    wait_for_dpkg(module, module.params["lock_timeout_s"])
-    interrupted = dpkg_interrupted(module)
-    if interrupted and not module.check_mode:
-        run(module, ["dpkg", "--configure", "-a"])
-    before = installed(module)
-    resolved = resolve(module, packages, module.params["update_cache"])
+    interrupted = pm.prepare(module.params["lock_timeout_s"])
+    before = pm.installed()
+    resolved = pm.resolve(packages, module.params["update_cache"])
     stale = sorted(n for n in before if BRANCHED.match(n) and BRANCHED.match(n).group("branch") not in branches
                    and n not in packages)
     to_install = sorted(n for n, v in resolved.items() if before.get(n, (None,))[0] != v)
     to_hold = sorted(n for n in resolved if module.params["hold"] and not before.get(n, (None, False))[1])
-    result = dict(before=dict((n, v[0]) for n, v in before.items()), removed=stale, boot_id=boot_id(),
-                  installed=["%s=%s" % (n, resolved[n]) for n in to_install], resolved=resolved)
+    result = dict(manager=pm.name, before=dict((n, v[0]) for n, v in before.items()), removed=stale,
+                  boot_id=boot_id(), installed=["%s=%s" % (n, resolved[n]) for n in to_install], resolved=resolved)
     changed = bool(interrupted or to_install or stale or to_hold)
     if module.check_mode or not changed:
         module.exit_json(changed=changed, after=result["before"], **result)
-    if to_install:
-        # One transaction: the new branch in, the old branch out (they conflict; held packages may go).
-        run(module, ["apt-get", "install", "-y", "--allow-downgrades", "--allow-change-held-packages", *lock,
-                     "-o", "Dpkg::Options::=--force-confold"] + result["installed"] + [n + "-" for n in stale])
-    still = sorted(n for n in stale if n in installed(module))
-    if still:
-        run(module, ["apt-get", "purge", "-y", "--allow-change-held-packages", *lock] + still)
+    pm.change(result["installed"], stale)
     if module.params["hold"]:
-        run(module, ["apt-mark", "hold"] + sorted(resolved))
-    after = installed(module)
+        pm.hold(resolved)
+    after = pm.installed()
     wrong = ["%s (%s)" % (n, after.get(n, ("not installed",))[0]) for n, v in resolved.items()
              if after.get(n, (None,))[0] != v]
     if wrong:
