@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import audit, baseline as baseline_mod, inventory, plan, runs
-from .campaign import hooks, packages, progress, transitions
+from .campaign import hooks, packages, progress, steps, transitions
 from .campaign.engine import READ_ONLY_STEPS, Engine, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .errors import InputError, OperationError
@@ -86,8 +86,7 @@ def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.B
 def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: dict[str, Any],
                  base: baseline_mod.Baseline) -> str:
     facts = {e["name"]: e["facts"] for e in entries}
-    activation = {e["name"]: base.policy_for(list(e["groups"])).get("campaign", {}).get("activation", "reboot")
-                  for e in entries}
+    activation = {e["name"]: steps.activation(base.policy_for(list(e["groups"]))) for e in entries}
     lines = [f"dry run: nothing will be changed. Campaign to {made['target']}, "
              f"{sum(w['size'] for w in made['waves'])} hosts in {len(made['waves'])} waves"]
     for w in made["waves"]:

@@ -38,7 +38,12 @@ class Context:
         return self.base.policy_for(list(self.fleet.host(host).groups))
 
     def activation(self, host: str) -> str:
-        return str(self.policy(host).get("campaign", {}).get("activation", "reboot"))
+        return activation(self.policy(host))
+
+
+def activation(policy: dict[str, Any]) -> str:
+    """How a host's new driver is loaded: reboot (default) or reload (baseline campaign.activation)."""
+    return str(policy.get("campaign", {}).get("activation", "reboot"))
 
 
 def unreachable_or_failed(outcome: runner.HostOutcome) -> Outcome | None:
@@ -200,11 +205,12 @@ def activation_detail(results: dict[str, Any]) -> dict[str, Any]:
         r = results.get(task)
         return r if r and not r.get("skipped") else None
     reboot, reload = ran("ansible.builtin.reboot"), ran("nvidia_module_reload")
-    refused = reload is not None and "msg" in reload  # the module's own failure, kept by failed_when: false
     detail: dict[str, Any] = {"rebooted": reboot is not None,
-                              "reloaded": bool(reload and reload.get("changed") and not refused)}
-    if refused:
-        detail["reload_refused"] = str(reload["msg"])[:500]
+                              "reloaded": bool(reload and reload.get("changed") and reload.get("outcome") == "loaded")}
+    if reload and reload.get("outcome") == "refused":
+        detail["reload_refused"] = str(reload.get("msg"))[:500]
+    if reload and reload.get("not_started"):
+        detail["units_not_started"] = reload["not_started"]
     return detail
 
 

@@ -19,6 +19,7 @@ SPEC = re.compile(r"^(?P<count>\d+)x(?P<sku>[a-z0-9-]+)(?:/(?P<gpus>\d+))?(?:@(?
                   r"(?P<drift>(?:\+[a-z-]+)*)$")
 DRIFTS = ("nouveau", "persistence-off", "runtime")
 PACKAGINGS = ("deb", "rpm")  # +rpm: an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt)
+FLAGS = set(DRIFTS) | {"rpm"}  # what may follow a spec's '+'
 
 
 def parse_specs(specs: tuple[str, ...], hosts: int, sku: str, gpus: int | None, driver: str | None,
@@ -34,8 +35,8 @@ def parse_specs(specs: tuple[str, ...], hosts: int, sku: str, gpus: int | None, 
         if m["sku"] not in SKUS:
             raise InputError(f"--spec {text!r}: unknown SKU {m['sku']!r} (known: {', '.join(SKUS)})")
         drifts = set(filter(None, m["drift"].split("+")))
-        if drifts - set(DRIFTS) - {"rpm"}:
-            raise InputError(f"--spec {text!r}: unknown drift {sorted(drifts - set(DRIFTS) - {'rpm'})[0]!r} "
+        if drifts - FLAGS:
+            raise InputError(f"--spec {text!r}: unknown drift {sorted(drifts - FLAGS)[0]!r} "
                              f"(known: {', '.join(DRIFTS)}; +rpm for an rpm host)")
         groups.append((int(m["count"]), m["sku"], int(m["gpus"]) if m["gpus"] else None, m["driver"], drifts))
     out, extra_drift, serial = [], {}, {}

@@ -71,6 +71,20 @@ class Modules:
     def loaded(self, name: str) -> bool:
         return (self.sys_module / name / "initstate").exists()
 
+    def version(self, name: str) -> str | None:
+        try:
+            return (self.sys_module / name / "version").read_text().strip()
+        except OSError:
+            return None
+
+    def write_refcnt(self, users: Callable[[str], list[str]]) -> None:
+        """Each loaded module's refcnt: the modules holding it plus what uses it (open device files, a console)."""
+        for path in self.sys_module.iterdir():
+            if (path / "initstate").exists() and path.name in STACK:
+                count = str(len(self.holders(path.name)) + len(users(path.name))) + "\n"
+                if not (path / "refcnt").exists() or (path / "refcnt").read_text() != count:
+                    (path / "refcnt").write_text(count)
+
     def holders(self, name: str) -> list[str]:
         try:
             return sorted(os.listdir(self.sys_module / name / "holders"))
@@ -80,16 +94,19 @@ class Modules:
     def load(self, name: str, module: tuple[str, str] | None) -> list[tuple[int, str]]:
         """Load NAME (and what it depends on) from the installed driver MODULE (version, flavor); the kernel log
         lines it writes. OSError when the module is not installed."""
-        if name not in STACK:
-            raise OSError(f"Module {name} not found in directory /lib/modules/{os.uname().release}")
-        if module is None:
-            raise OSError(f"Module {name} not found in directory /lib/modules/{os.uname().release}")
+        if module is None or name not in STACK:
+            raise OSError(f"FATAL: Module {name} not found in directory /lib/modules/{os.uname().release}")
         if self.loaded(name):
             return []
         messages = []
         for dependency in STACK[name]:
             messages += self.load(dependency, module)
         version, flavor = module
+        for dependency in STACK[name]:
+            theirs = self.version(dependency)
+            if theirs not in (None, version):  # the new module's symbols do not match the loaded one's
+                raise OSError(f"ERROR: could not insert '{name}': Invalid argument "
+                              f"({name} {version} disagrees about version of symbol with {dependency} {theirs})")
         path = self.sys_module / name
         (path / "holders").mkdir(parents=True, exist_ok=True)
         if name != "nvidia_drm":

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .conf import read_conf
 from .faults import xid_line
-from .kernel import Modules, append_kmsg, load_messages
+from .kernel import STACK, Modules, append_kmsg, load_messages
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_ENV = {"PATH": HOST_PATH, "LANG": "C.UTF-8", "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
@@ -242,7 +242,7 @@ class Host:
         self.configure_sshd()
         replace_file(r / "usr/sbin/shutdown", SHUTDOWN_SHIM, 0o755)
         replace_file(r / "usr/sbin/reboot", REBOOT_SHIM, 0o755)
-        for shim in ("usr/sbin/modprobe", "usr/sbin/rmmod", "usr/bin/systemctl"):
+        for shim in ("usr/sbin/modprobe", "usr/sbin/rmmod", "usr/sbin/modinfo", "usr/bin/systemctl"):
             replace_file(r / shim, REQUEST_SHIM, 0o755)
         # Package scripts never start daemons behind the supervisor's back (it starts them at boot).
         replace_file(r / "usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
@@ -568,6 +568,7 @@ class Host:
         self.mount_run()
         self.boot_kernel()
         self.start_daemons()
+        self.modules().write_refcnt(self.module_users)
         self.start_sshd()
         self.wait_sshd()
         self.set_state("up")
@@ -617,10 +618,15 @@ class Host:
     def answer(self, request: Path) -> None:
         try:
             argv = [str(a) for a in json.loads(request.read_text())]
-            command = {"modprobe": self.modprobe, "rmmod": self.rmmod, "systemctl": self.systemctl}[argv[0]]
+            command = {"modprobe": self.modprobe, "rmmod": self.rmmod, "modinfo": self.modinfo,
+                       "systemctl": self.systemctl}[argv[0]]
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            argv, command = [request.name], lambda _args: (1, "", f"lab: cannot read the request: {e}\n")
+        try:
             rc, out, err = command(argv[1:])
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            argv, rc, out, err = [request.name], 1, "", f"lab: cannot read the request {request.name}: {e}\n"
+        except (OSError, subprocess.SubprocessError) as e:  # the host's command fails, never its supervisor
+            rc, out, err = 1, "", f"{argv[0]}: {e}\n"
+        self.modules().write_refcnt(self.module_users)
         log(f"{' '.join(argv)}: exit {rc} {err.strip()}")
         answer = request.with_suffix(".answer")
         answer.write_text(json.dumps([rc, out, err]))
@@ -639,7 +645,7 @@ class Host:
             try:
                 messages += self.modules().load(name, self.module())
             except OSError as e:
-                return 1, "", f"modprobe: FATAL: {e}\n"
+                return 1, "", f"modprobe: {e}\n"
             if not nvidia_before and self.modules().loaded("nvidia"):
                 # A driver load is what a boot with it does to the GPUs: volatile counters restart, faults planted
                 # for this version happen (a GPU that fell off the bus stays lost).
@@ -648,6 +654,14 @@ class Host:
                 messages += [(prio, msg) for prio, _usec, msg in self.boot_faults(hw, self.module())]
         append_kmsg(self.kernel, messages)
         return 0, "", ""
+
+    def modinfo(self, args: list[str]) -> tuple[int, str, str]:
+        """modinfo [-F version] M: what modprobe would load (the version installed in the root)."""
+        names = [a for a in args if not a.startswith("-") and a != "version"]
+        module = self.module()
+        if len(names) != 1 or module is None or names[0].replace("-", "_") not in STACK:
+            return 1, "", f"modinfo: ERROR: Module {names[0] if names else '?'} not found.\n"
+        return 0, (module[0] + "\n" if "-F" in args else f"version:        {module[0]}\n"), ""
 
     def rmmod(self, args: list[str]) -> tuple[int, str, str]:
         for name in (a.replace("-", "_") for a in args if not a.startswith("-")):
@@ -735,10 +749,15 @@ class Host:
 
     def serve(self) -> None:
         request = self.control / "reboot"
+        seen = None
         while not self.stopping:
             self.reap()
             for asked in sorted(self.control.glob("request.*.req")):
                 self.answer(asked)
+            changed = [p.stat().st_mtime_ns for p in (self.hw / "gpus.conf", self.hw / "faults.conf") if p.exists()]
+            if changed != seen:  # a GPU process or a console planted or gone: what uses the modules changed
+                seen = changed
+                self.modules().write_refcnt(self.module_users)
             if request.exists():
                 text = request.read_text(errors="replace")
                 request.unlink()

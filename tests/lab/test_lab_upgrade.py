@@ -302,7 +302,8 @@ def boot_id(lab, host: str) -> str:
 
 def test_module_reload_upgrades_and_rolls_back_without_rebooting(tmp_path):
     """An HGX host (fabric manager) and an L40S reload the driver in place; a host whose console holds nvidia_drm
-    reboots instead, saying why. The daemons come back on the new driver; `fleetctl rollback` reloads too."""
+    is refused before anything is unloaded and reboots instead, saying why. The daemons come back on the new driver;
+    `fleetctl rollback` reloads too."""
     with fleetctl_lab(tmp_path, (f"2xh100-sxm/2@{FROM}", f"1xl40s/2@{FROM}")) as lab:
         names = ("h100-01", "h100-02", "l40s-01")
         baseline = tmp_path / "reload.yml"
@@ -321,7 +322,7 @@ def test_module_reload_upgrades_and_rolls_back_without_rebooting(tmp_path):
             assert activation[h] == {"rebooted": False, "reloaded": True}, activation
             assert boot_id(lab, h) == boots[h]
         assert activation["h100-02"]["rebooted"] and not activation["h100-02"]["reloaded"]
-        assert "Module nvidia_drm is in use" in activation["h100-02"]["reload_refused"]
+        assert "in use: nvidia_drm (refcnt 1, 0 from modules)" in activation["h100-02"]["reload_refused"]
         assert boot_id(lab, "h100-02") != boots["h100-02"]
         for h in names:
             assert_on(lab, h, TO)

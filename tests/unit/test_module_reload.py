@@ -90,14 +90,18 @@ def test_loading_brings_the_installed_version_with_its_dependencies_and_logs_it(
 
 @pytest.mark.parametrize("results, detail", [
     ({"ansible.builtin.reboot": {"changed": True}}, {"rebooted": True, "reloaded": False}),
-    ({"ansible.builtin.reboot": {"skipped": True}, "nvidia_module_reload": {"changed": True, "loaded": "570.86.15"}},
+    ({"ansible.builtin.reboot": {"skipped": True},
+      "nvidia_module_reload": {"changed": True, "outcome": "loaded", "loaded": "570.86.15", "not_started": {}}},
      {"rebooted": False, "reloaded": True}),
-    ({"nvidia_module_reload": {"changed": False, "loaded": "570.86.15"}}, {"rebooted": False, "reloaded": False}),
-    ({"nvidia_module_reload": {"changed": True, "msg": "unloading nvidia_drm: rmmod: ERROR: Module nvidia_drm is in use",
+    ({"nvidia_module_reload": {"changed": False, "outcome": "loaded", "loaded": "570.86.15"}},
+     {"rebooted": False, "reloaded": False}),
+    ({"nvidia_module_reload": {"changed": False, "outcome": "refused", "msg": "in use: nvidia_drm (refcnt 1, 0 from modules)",
                                "failed_when_result": False},
       "ansible.builtin.reboot": {"changed": True}},
-     {"rebooted": True, "reloaded": False,
-      "reload_refused": "unloading nvidia_drm: rmmod: ERROR: Module nvidia_drm is in use"}),
+     {"rebooted": True, "reloaded": False, "reload_refused": "in use: nvidia_drm (refcnt 1, 0 from modules)"}),
+    ({"nvidia_module_reload": {"changed": True, "outcome": "loaded",
+                               "not_started": {"nvidia-fabricmanager.service": "no NVSwitch"}}},
+     {"rebooted": False, "reloaded": True, "units_not_started": {"nvidia-fabricmanager.service": "no NVSwitch"}}),
 ])
 def test_the_campaign_records_how_the_driver_was_loaded(results, detail):
     assert activation_detail(results) == detail
@@ -114,3 +118,147 @@ def test_activation_is_a_baseline_choice(tmp_path):
     bad.write_text("schema_version: 1\nname: x\ngroups:\n  all:\n    campaign: {activation: kexec}\n")
     with pytest.raises(InputError, match="activation"):
         baseline.load(bad)
+
+
+# ---- the module's main() against the lab's kernel rules (a stand-in AnsibleModule runs its commands) ---------
+
+class Done(Exception):
+    pass
+
+
+class Host:
+    """modprobe/rmmod/modinfo/systemctl of a host whose kernel is orchestrator.lab.kernel.Modules."""
+
+    UNITS = ("nvidia-persistenced.service", "nvidia-fabricmanager.service")
+
+    def __init__(self, tmp_path, loaded="550.163.01", installed="570.86.15"):
+        self.kernel = Modules(tmp_path / "kernel", nvswitch=True)
+        for name in ("nvidia_drm", "nvidia_uvm"):
+            self.kernel.load(name, (loaded, "open"))
+        self.installed = installed
+        self.active, self.enabled, self.cannot_start = set(self.UNITS), set(self.UNITS), set()
+        self.others: dict[str, list[str]] = {}  # module -> users beyond the units (a GPU process, a console)
+        self.calls: list[list[str]] = []
+        self.crash_after: int | None = None  # rmmods before the controller "dies"
+        self.refresh()
+
+    def users(self, name):
+        daemons = ["nvidia-persistenced", "nv-fabricmanager"] if name == "nvidia" else []
+        return [d for d, u in zip(daemons, self.UNITS) if u in self.active] + self.others.get(name, [])
+
+    def refresh(self):
+        self.kernel.write_refcnt(self.users)
+
+    def run_command(self, argv):
+        self.calls.append(argv)
+        try:
+            return self.command(argv)
+        finally:
+            self.refresh()
+
+    def command(self, argv):
+        tool, unit = argv[0], argv[-1]
+        if tool == "modinfo":
+            return 0, self.installed + "\n", ""
+        if tool == "rmmod":
+            if self.crash_after is not None and sum(c[0] == "rmmod" for c in self.calls) > self.crash_after:
+                raise KeyboardInterrupt("the controller died")
+            rc, err = self.kernel.unload(argv[1], self.users)
+            return rc, "", err
+        if tool == "modprobe":
+            try:
+                self.kernel.load(argv[1], (self.installed, "open"))
+                return 0, "", ""
+            except OSError as e:
+                return 1, "", f"modprobe: {e}"
+        verb = argv[1]
+        if verb == "is-active":
+            return (0 if unit in self.active else 3), "", ""
+        if verb == "is-enabled":
+            return (0 if unit in self.enabled else 1), "", ""
+        if verb == "stop":
+            self.active.discard(unit)
+            return 0, "", ""
+        if unit in self.cannot_start:
+            return 1, "", f"Job for {unit} failed because the control process exited with error code."
+        self.active.add(unit)
+        return 0, "", ""
+
+
+def run_module(host, monkeypatch, tmp_path, version="570.86.15"):
+    module = reload_module()
+    monkeypatch.setattr(module, "SYS_MODULE", str(host.kernel.sys_module))
+    monkeypatch.setattr(module, "MARKER", str(tmp_path / "run/nvidia-module-reload.json"))
+
+    class Stand(object):
+        params = {"version": version, "units": list(Host.UNITS)}
+        check_mode = False
+        run_command = staticmethod(host.run_command)
+
+        def exit_json(self, **kw):
+            raise Done(dict(kw, failed=False))
+
+        def fail_json(self, **kw):
+            raise Done(dict(kw, failed=True))
+    monkeypatch.setattr(module, "AnsibleModule", lambda **_kw: Stand())
+    with pytest.raises(Done) as done:
+        module.main()
+    return done.value.args[0]
+
+
+def versions(host):
+    return {n: host.kernel.version(n) for n in ("nvidia", "nvidia_modeset", "nvidia_uvm")}
+
+
+def test_reload_loads_the_installed_driver_and_the_daemons_come_back(tmp_path, monkeypatch):
+    host = Host(tmp_path)
+    result = run_module(host, monkeypatch, tmp_path)
+    assert not result["failed"] and result["changed"] and result["outcome"] == "loaded"
+    assert result["unloaded"] == ["nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia"]
+    assert set(versions(host).values()) == {"570.86.15"} and host.kernel.loaded("nvidia_drm")
+    assert host.active == set(Host.UNITS) and not (tmp_path / "run/nvidia-module-reload.json").exists()
+    again = run_module(host, monkeypatch, tmp_path)
+    assert not again["failed"] and not again["changed"]  # idempotent
+
+
+def test_a_module_in_use_is_refused_before_anything_is_unloaded(tmp_path, monkeypatch):
+    host = Host(tmp_path)
+    host.others["nvidia"] = ["nv-hostengine (pid 4242)"]  # DCGM: not one of the units
+    result = run_module(host, monkeypatch, tmp_path)
+    assert result["failed"] and result["outcome"] == "refused"
+    assert "nvidia (refcnt 3, 2 from modules)" in result["msg"]
+    assert not any(c[0] == "rmmod" for c in host.calls)
+    assert set(versions(host).values()) == {"550.163.01"} and host.kernel.loaded("nvidia_drm")
+    assert host.active == set(Host.UNITS) and not (tmp_path / "run/nvidia-module-reload.json").exists()
+
+
+def test_a_module_not_built_for_the_kernel_is_found_before_anything_stops(tmp_path, monkeypatch):
+    host = Host(tmp_path, installed="550.163.01")  # the package changed, its DKMS build did not
+    result = run_module(host, monkeypatch, tmp_path)
+    assert result["outcome"] == "not_installed" and "installed for this kernel is 550.163.01" in result["msg"]
+    assert [c[0] for c in host.calls] == ["modinfo"]
+
+
+def test_a_run_killed_with_the_modules_out_is_finished_by_the_next(tmp_path, monkeypatch):
+    host = Host(tmp_path)
+    host.crash_after = 2
+    with pytest.raises(KeyboardInterrupt):
+        run_module(host, monkeypatch, tmp_path)
+    assert not host.active and not host.kernel.loaded("nvidia_modeset") and host.kernel.loaded("nvidia")
+    host.crash_after = None
+    result = run_module(host, monkeypatch, tmp_path)
+    assert result["outcome"] == "loaded" and set(versions(host).values()) == {"570.86.15"}
+    assert host.kernel.loaded("nvidia_drm") and host.active == set(Host.UNITS)  # remembered across the crash
+
+
+def test_units_that_were_running_must_start_only_enabled_ones_may_not(tmp_path, monkeypatch):
+    host = Host(tmp_path)
+    host.active.discard("nvidia-fabricmanager.service")  # enabled from an image, cannot run here
+    host.cannot_start.add("nvidia-fabricmanager.service")
+    result = run_module(host, monkeypatch, tmp_path)
+    assert result["outcome"] == "loaded" and "nvidia-fabricmanager.service" in result["not_started"]
+    host = Host(tmp_path / "second")
+    host.cannot_start.add("nvidia-persistenced.service")
+    result = run_module(host, monkeypatch, tmp_path)
+    assert result["failed"] and result["outcome"] == "failed"
+    assert "driver 570.86.15 loaded, but starting nvidia-persistenced.service failed" in result["msg"]

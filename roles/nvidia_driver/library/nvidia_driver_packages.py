@@ -81,14 +81,20 @@ class Manager(object):
     def __init__(self, module):
         self.module = module
 
-    def run(self, argv):
+    def attempt(self, argv):
+        """None, or why ARGV failed: its telling lines."""
         rc, out, err = self.module.run_command(argv, environ_update=ENV)
-        if rc != 0:
-            lines = [line.strip() for line in (out + err).splitlines() if line.strip()]
-            telling = [line for line in lines if re.search(r"error|fail|conflict|broken|no match", line, re.I)]
-            tail = " | ".join(telling[:4] if telling else lines[-4:])
-            self.module.fail_json(msg="%s failed (exit %d): %s" % (" ".join(argv[:2]), rc, tail), rc=rc)
-        return out
+        if rc == 0:
+            return None
+        lines = [line.strip() for line in (out + err).splitlines() if line.strip()]
+        telling = [line for line in lines if re.search(r"error|fail|conflict|broken|no match", line, re.I)]
+        tail = " | ".join(telling[:4] if telling else lines[-4:])
+        return "%s failed (exit %d): %s" % (" ".join(argv[:2]), rc, tail)
+
+    def run(self, argv):
+        problem = self.attempt(argv)
+        if problem:
+            self.module.fail_json(msg=problem)
 
     def resolve(self, packages, update_cache):
         """name -> the one distro version the package manager will install for the requested version."""
@@ -170,27 +176,38 @@ class Apt(Manager):
 
 class Dnf(Manager):
     name = "dnf"
+    ARCH_SUFFIX = re.compile(r"\.(\*|x86_64|aarch64|noarch|i686)$")
 
     def prepare(self, lock_timeout_s):
-        return False  # rpm transactions do not stay half-done the way dpkg's do; dnf waits for its own lock
+        """dnf 4 with its versionlock plugin, checked before anything changes. (rpm transactions do not stay
+        half-done the way dpkg's do; dnf waits for its own lock.)"""
+        rc, out, err = self.module.run_command(["dnf", "--version"], environ_update=ENV)
+        if "dnf5" in out or out.strip().startswith("5."):
+            self.module.fail_json(msg="dnf5 is not supported yet (its versionlock is built in and lists differently)")
+        rc, out, err = self.module.run_command(["dnf", "-q", "versionlock", "list"], environ_update=ENV)
+        if rc != 0:
+            self.module.fail_json(msg="dnf versionlock does not work here (install python3-dnf-plugin-versionlock): %s"
+                                  % " | ".join((err or out).strip().splitlines()[-2:]))
+        return False
 
-    def locked(self):
-        """Names with a versionlock entry ('name-epoch:version-release.arch'; '!' entries exclude, hold nothing)."""
+    def locks(self):
+        """name -> locked version-release, from 'name-[epoch:]version-release.arch' entries ('!' ones exclude)."""
         rc, out, _ = self.module.run_command(["dnf", "-q", "versionlock", "list"], environ_update=ENV)
-        names = set()
-        for line in out.splitlines() if rc == 0 else []:
-            m = re.match(r"^(?:\d+:)?(.+?)-[^-]+-[^-]+$", line.strip())
-            if m and not line.startswith("!"):
-                names.add(m.group(1))
-        return names
+        found = {}
+        for line in (line.strip() for line in out.splitlines()):
+            parts = self.ARCH_SUFFIX.sub("", line).rsplit("-", 2)
+            if len(parts) == 3 and not line.startswith(("!", "#")):
+                found[parts[0]] = "%s-%s" % (parts[1].split(":", 1)[-1], parts[2])
+        return found
 
     def installed(self):
+        """name -> (version-release, held): held means locked at exactly the installed version."""
         rc, out, err = self.module.run_command(["rpm", "-qa", "--qf", "%{NAME}\t%{VERSION}-%{RELEASE}\n"],
                                                environ_update=ENV)
         if rc != 0:
             self.module.fail_json(msg="rpm -qa failed: %s" % err.strip())
-        locked = self.locked()
-        return dict((p[0], (p[1], p[0] in locked)) for p in (line.split("\t") for line in out.splitlines())
+        locks = self.locks()
+        return dict((p[0], (p[1], locks.get(p[0]) == p[1])) for p in (line.split("\t") for line in out.splitlines())
                     if len(p) == 2 and NVIDIA.match(p[0]))
 
     def candidates(self, name):
@@ -200,25 +217,31 @@ class Dnf(Manager):
         return sorted(set(out.split()), reverse=True) if rc == 0 else []
 
     def refresh(self):
-        self.run(["dnf", "-q", "makecache"])
+        self.run(["dnf", "-q", "makecache", "--refresh"])
 
     def change(self, install, remove):
         names = [spec.split("=", 1)[0] for spec in install]
-        locked = sorted(self.locked() & set(names + remove))
-        if locked:
-            self.run(["dnf", "-q", "versionlock", "delete"] + locked)
+        unlocked = sorted(set(self.locks()) & set(names + remove))
+        if unlocked:
+            self.run(["dnf", "-q", "versionlock", "delete"] + unlocked)
         if install:
             # dnf install of an exact version upgrades or downgrades to it; --allowerasing lets it replace conflicts.
-            self.run(["dnf", "-y", "-q", "install", "--allowerasing"]
-                     + ["%s-%s" % tuple(spec.split("=", 1)) for spec in install])
-        still = sorted(n for n in remove if n in self.installed())
-        if still:
-            self.run(["dnf", "-y", "-q", "remove"] + still)
+            problem = self.attempt(["dnf", "-y", "-q", "install", "--allowerasing"]
+                                   + ["%s-%s" % tuple(spec.split("=", 1)) for spec in install])
+            if problem:
+                # Whatever is installed now stays locked: dnf-automatic must not move a host that failed.
+                still = sorted(n for n in unlocked if n in self.installed())
+                if still:
+                    self.attempt(["dnf", "-q", "versionlock", "add"] + still)
+                self.module.fail_json(msg=problem)
+        gone = sorted(n for n in remove if n in self.installed())
+        if gone:
+            self.run(["dnf", "-y", "-q", "remove", "--noautoremove"] + gone)
 
     def hold(self, resolved):
-        locked = sorted(self.locked() & set(resolved))
-        if locked:
-            self.run(["dnf", "-q", "versionlock", "delete"] + locked)
+        relock = sorted(set(self.locks()) & set(resolved))
+        if relock:
+            self.run(["dnf", "-q", "versionlock", "delete"] + relock)
         self.run(["dnf", "-q", "versionlock", "add"] + ["%s-%s" % kv for kv in sorted(resolved.items())])
 
 

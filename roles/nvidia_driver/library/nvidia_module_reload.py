@@ -1,14 +1,16 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Load the installed NVIDIA kernel module without a reboot: stop the driver's daemons, unload every nvidia module
-(holders first), load the same set again, start the daemons (those active or enabled before).
+"""Load the installed NVIDIA kernel module without a reboot: stop the driver's daemons, unload nvidia and every
+module holding it (holders first), load the same set again, start the daemons again.
+
+Before anything is unloaded: the module on disk must be the wanted version (modinfo), and after the daemons are
+stopped no module may be in use beyond its holders (refcnt, the rule NVIDIA's driver container uses). Otherwise
+outcome "refused" (the daemons are started again, nothing else changed; the role may reboot instead) or
+"not_installed". Past that point a failure is outcome "failed": the host needs a person or a reboot.
 
 Idempotent and safe to run again after an interruption: nothing happens when the loaded module already is the
 wanted version; the daemons it stopped are remembered in /run (cleared by a reboot, when they start anyway), so a
 run that died with the modules unloaded starts them on the next run.
-
-Fails, changing nothing more, when a module cannot be unloaded (still in use: a display on nvidia_drm, a process
-holding /dev/nvidia*). Whoever called it decides what then (the role reboots instead).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -19,16 +21,18 @@ DOCUMENTATION = r"""
 module: nvidia_module_reload
 short_description: Reload the NVIDIA kernel modules so the installed driver runs
 description:
-  - Stops the given systemd units when active, unloads the loaded nvidia modules (each after the modules that
-    hold it), loads the same modules again (the installed version), checks the loaded version and starts the
-    units again.
+  - Checks that the installed module is the wanted version, stops the given systemd units when active, refuses
+    when a module is still in use, unloads nvidia and the modules holding it (holders first), loads the same
+    modules again, checks the loaded version and starts the units again.
 options:
   version:
     description: The driver version that must be loaded afterwards; nothing is done when it already is.
     type: str
     required: true
   units:
-    description: Units holding the driver open, stopped before and started after (when active or enabled).
+    description:
+      - Units holding the driver open, stopped before and started after. Those active before must start again;
+        those only enabled are started when they can be (fabric manager on a host without NVSwitch cannot).
     type: list
     elements: str
     default: [nvidia-persistenced.service, nvidia-fabricmanager.service]
@@ -36,11 +40,13 @@ author: fleetctl
 """
 
 RETURN = r"""
+outcome: {description: loaded | refused (nothing changed) | not_installed | failed, type: str, returned: always}
 before: {description: The module version loaded before (null when none), type: str, returned: always}
 loaded: {description: The module version loaded after, type: str, returned: always}
 unloaded: {description: Modules unloaded, in order, type: list, returned: always}
 reloaded: {description: Modules loaded, in order, type: list, returned: always}
-units: {description: Units stopped (when active) and started after, type: list, returned: always}
+units: {description: Units started again after the reload, type: list, returned: always}
+not_started: {description: Enabled (not active) units that did not start, with why, type: dict, returned: always}
 """
 
 import json
@@ -51,7 +57,6 @@ from ansible.module_utils.basic import AnsibleModule
 
 SYS_MODULE = "/sys/module"
 MARKER = "/run/fleetctl/nvidia-module-reload.json"
-NVIDIA_MODULE = re.compile(r"^nvidia(_[a-z0-9_]+)?$")
 UNIT = re.compile(r"^[A-Za-z0-9@._:-]+$")
 
 
@@ -63,7 +68,7 @@ def read(path):
         return None
 
 
-def loaded_version(sys_module=SYS_MODULE):
+def loaded_version(sys_module):
     return read(os.path.join(sys_module, "nvidia", "version"))
 
 
@@ -74,13 +79,11 @@ def holders(sys_module, name):
         return []
 
 
-def unload_order(sys_module=SYS_MODULE):
-    """The loaded nvidia modules and every module holding one, each listed after all modules holding it."""
-    try:
-        names = os.listdir(sys_module)
-    except OSError:
+def unload_order(sys_module):
+    """nvidia and every module holding it, directly or not (nvidia_uvm, nvidia_modeset, nvidia_drm, nvidia_peermem,
+    gdrdrv ...), each listed after all modules holding it. Empty when nvidia is not loaded."""
+    if not os.path.exists(os.path.join(sys_module, "nvidia", "initstate")):
         return []
-    roots = sorted(n for n in names if NVIDIA_MODULE.match(n) and os.path.exists(os.path.join(sys_module, n, "initstate")))
     order, seen = [], set()
 
     def visit(name, path):
@@ -92,9 +95,32 @@ def unload_order(sys_module=SYS_MODULE):
             visit(holder, path + [name])
         seen.add(name)
         order.append(name)
-    for root in roots:
-        visit(root, [])
+    visit("nvidia", [])
     return order
+
+
+def in_use(order, sys_module):
+    """Modules of ORDER used beyond their holders: 'name (refcnt N, held by M modules)'."""
+    busy = []
+    for name in order:
+        count = read(os.path.join(sys_module, name, "refcnt"))
+        held = len(holders(sys_module, name))
+        if count is not None and count.isdigit() and int(count) > held:
+            busy.append("%s (refcnt %s, %d from modules)" % (name, count, held))
+    return busy
+
+
+def device_users():
+    """'comm (pid N)' of processes with a /dev/nvidia* file open."""
+    users = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fds = os.listdir("/proc/%s/fd" % pid)
+            if any(os.readlink("/proc/%s/fd/%s" % (pid, fd)).startswith("/dev/nvidia") for fd in fds):
+                users.append("%s (pid %s)" % (read("/proc/%s/comm" % pid) or "?", pid))
+        except OSError:
+            continue
+    return users
 
 
 def remembered():
@@ -107,28 +133,48 @@ def remembered():
 
 
 def remember(data):
-    os.makedirs(os.path.dirname(MARKER), exist_ok=True)
+    if not os.path.isdir(os.path.dirname(MARKER)):
+        os.makedirs(os.path.dirname(MARKER))
     tmp = MARKER + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f)
     os.rename(tmp, MARKER)
 
 
-def run(module, argv, what):
-    rc, out, err = module.run_command(argv)
-    if rc != 0:
-        text = " | ".join(line.strip() for line in (err or out).strip().splitlines()[-2:]) or "exit %d" % rc
-        return "%s: %s" % (what, text)
-    return None
+def forget():
+    if os.path.exists(MARKER):
+        os.unlink(MARKER)
 
 
-def restore(module, state):
-    """An unload refused: put back what was unloaded and started what was stopped, as it was before."""
-    for name in state["modules"]:
-        module.run_command(["modprobe", name])
-    for unit in state["units"]:
-        module.run_command(["systemctl", "start", unit])
-    os.unlink(MARKER)
+class Reload(object):
+    def __init__(self, module, want):
+        self.module, self.want = module, want
+        self.result = dict(outcome="loaded", before=loaded_version(SYS_MODULE), loaded=None, unloaded=[], reloaded=[], units=[],
+                           not_started={})
+
+    def run(self, argv):
+        """None, or why ARGV failed (its last lines)."""
+        rc, out, err = self.module.run_command(argv)
+        if rc == 0:
+            return None
+        return " | ".join(line.strip() for line in (err or out).strip().splitlines()[-2:]) or "exit %d" % rc
+
+    def stop(self, outcome, msg):
+        self.result["outcome"] = outcome
+        self.result["loaded"] = loaded_version(SYS_MODULE)
+        self.module.fail_json(msg=msg, **self.result)
+
+    def start_units(self, state):
+        """The units active before must start; the only-enabled ones are started when they can be."""
+        for unit in state["active"] + state["enabled"]:
+            problem = self.run(["systemctl", "start", unit])
+            if problem and unit in state["active"]:
+                self.stop("failed", "driver %s loaded, but starting %s failed: %s"
+                          % (loaded_version(SYS_MODULE), unit, problem))
+            if problem:
+                self.result["not_started"][unit] = problem
+            else:
+                self.result["units"].append(unit)
 
 
 def main():
@@ -140,56 +186,63 @@ def main():
     want, units = module.params["version"], module.params["units"]
     for unit in units:
         if not UNIT.match(unit):
-            module.fail_json(msg="not a unit name: %r" % unit)
-    before = loaded_version()
-    result = dict(before=before, loaded=before, unloaded=[], reloaded=[], units=[])
+            module.fail_json(msg="not a unit name: %r" % unit, outcome="refused")
+    r = Reload(module, want)
     state = remembered()
-    if before == want and not state:
-        module.exit_json(changed=False, **result)
+    if r.result["before"] == want and not state:
+        r.result["loaded"] = want
+        module.exit_json(changed=False, **r.result)
     if module.check_mode:
-        module.exit_json(changed=True, **result)
+        module.exit_json(changed=True, **r.result)
 
-    # What to put back: the modules and units loaded/active before the first attempt, even if it was interrupted.
-    try:
-        order = unload_order()
-    except ValueError as e:
-        module.fail_json(msg=str(e), **result)
-    state.setdefault("modules", list(reversed(order)) or ["nvidia"])
-    state.setdefault("units", [])
-    for unit in units:
-        # Enabled counts too: a package upgrade restarts fabric manager, which fails against the old module.
-        if unit not in state["units"] and any(module.run_command(["systemctl", verb, "--quiet", unit])[0] == 0
-                                              for verb in ("is-active", "is-enabled")):
-            state["units"].append(unit)
-    remember(state)
-    result["units"] = state["units"]
-
-    if before != want:
-        for unit in reversed(state["units"]):
-            problem = run(module, ["systemctl", "stop", unit], "stopping %s" % unit)
+    if r.result["before"] != want:
+        on_disk = r.module.run_command(["modinfo", "-F", "version", "nvidia"])[1].strip()
+        if on_disk != want:
+            r.stop("not_installed", "the nvidia module installed for this kernel is %s, not %s (a failed DKMS build, "
+                   "an unsigned module under Secure Boot, another kernel?)" % (on_disk or "missing", want))
+        try:
+            order = unload_order(SYS_MODULE)
+        except ValueError as e:
+            r.stop("refused", str(e))
+        # What to put back, remembered before anything changes: the modules loaded, the units running or enabled.
+        state.setdefault("modules", list(reversed(order)) or ["nvidia"])
+        if "active" not in state:
+            active = [u for u in units if r.module.run_command(["systemctl", "is-active", "--quiet", u])[0] == 0]
+            enabled = [u for u in units if u not in active
+                       and r.module.run_command(["systemctl", "is-enabled", "--quiet", u])[0] == 0]
+            state.update(active=active, enabled=enabled)
+        remember(state)
+        for unit in reversed(state["active"]):
+            problem = r.run(["systemctl", "stop", unit])
             if problem:
-                module.fail_json(msg=problem, **result)
+                r.start_units(state)
+                forget()
+                r.stop("refused", "stopping %s failed: %s" % (unit, problem))
+        busy = in_use(order, SYS_MODULE)
+        if busy:
+            users = device_users()
+            r.start_units(state)
+            forget()
+            r.stop("refused", "in use: %s%s" % (", ".join(busy), "; /dev/nvidia* open by " + ", ".join(users[:5])
+                                                if users else ""))
         for name in order:
-            problem = run(module, ["rmmod", name], "unloading %s" % name)
+            problem = r.run(["rmmod", name])
             if problem:
-                restore(module, state)
-                module.fail_json(msg=problem, **result)
-            result["unloaded"].append(name)
+                r.stop("failed", "unloading %s: %s (unloaded before it: %s)"
+                       % (name, problem, ", ".join(r.result["unloaded"]) or "none"))
+            r.result["unloaded"].append(name)
         for name in state["modules"]:
-            problem = run(module, ["modprobe", name], "loading %s" % name)
+            problem = r.run(["modprobe", name])
             if problem:
-                module.fail_json(msg=problem, **result)
-            result["reloaded"].append(name)
-    result["loaded"] = loaded_version()
-    if result["loaded"] != want:
-        module.fail_json(msg="after the reload the loaded module is %s, not %s (is the installed kernel module %s?)"
-                         % (result["loaded"] or "none", want, want), **result)
-    for unit in state["units"]:
-        problem = run(module, ["systemctl", "start", unit], "starting %s" % unit)
-        if problem:
-            module.fail_json(msg=problem, **result)
-    os.unlink(MARKER)
-    module.exit_json(changed=True, **result)
+                r.stop("failed", "loading %s: %s" % (name, problem))
+            r.result["reloaded"].append(name)
+    if loaded_version(SYS_MODULE) != want:
+        r.stop("failed", "after the reload the loaded module is %s, not %s"
+               % (loaded_version(SYS_MODULE) or "none", want))
+    r.start_units(state)
+    r.result["loaded"] = want
+    forget()
+    module.exit_json(changed=True, **r.result)
 
 
 if __name__ == "__main__":
