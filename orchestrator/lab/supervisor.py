@@ -151,6 +151,7 @@ class Host:
         self.kernel = self.dir / "kernel"
         self.hw = self.dir / "hw"
         self.control = self.dir / "control"
+        self.kernel_modules = Modules(self.kernel, bool(self.config.get("nvswitch")))  # the emulated kernel's modules
         self.stopping = False
         self.boots = 0
         self.sshd_pid: int | None = None
@@ -442,7 +443,7 @@ class Host:
         return False
 
     def write_modules(self, module: tuple[str, str] | None, nouveau: bool) -> None:
-        modules = self.modules()
+        modules = self.kernel_modules
         clear_dir(modules.sys_module)
         clear_dir(modules.proc_driver)
         if module:
@@ -451,9 +452,6 @@ class Host:
         elif nouveau:
             (modules.sys_module / "nouveau").mkdir()
             (modules.sys_module / "nouveau/initstate").write_text("live\n")
-
-    def modules(self) -> Modules:
-        return Modules(self.kernel, bool(self.config.get("nvswitch")))
 
     def write_pci(self, hw: dict[str, str]) -> None:
         pci = self.kernel / "pci-devices"
@@ -568,7 +566,7 @@ class Host:
         self.mount_run()
         self.boot_kernel()
         self.start_daemons()
-        self.modules().write_refcnt(self.module_users)
+        self.kernel_modules.write_refcnt(self.module_users)
         self.start_sshd()
         self.wait_sshd()
         self.set_state("up")
@@ -626,7 +624,7 @@ class Host:
             rc, out, err = command(argv[1:])
         except (OSError, subprocess.SubprocessError) as e:  # the host's command fails, never its supervisor
             rc, out, err = 1, "", f"{argv[0]}: {e}\n"
-        self.modules().write_refcnt(self.module_users)
+        self.kernel_modules.write_refcnt(self.module_users)
         log(f"{' '.join(argv)}: exit {rc} {err.strip()}")
         answer = request.with_suffix(".answer")
         answer.write_text(json.dumps([rc, out, err]))
@@ -638,15 +636,15 @@ class Host:
         if not names:
             return 1, "", "modprobe: ERROR: missing module name.\n"
         if "-r" in args or "--remove" in args:
-            return self.rmmod([n for n in names if self.modules().loaded(n)])
+            return self.rmmod([n for n in names if self.kernel_modules.loaded(n)])
         messages: list[tuple[int, str]] = []
         for name in names:
-            nvidia_before = self.modules().loaded("nvidia")
+            nvidia_before = self.kernel_modules.loaded("nvidia")
             try:
-                messages += self.modules().load(name, self.module())
+                messages += self.kernel_modules.load(name, self.module())
             except OSError as e:
                 return 1, "", f"modprobe: {e}\n"
-            if not nvidia_before and self.modules().loaded("nvidia"):
+            if not nvidia_before and self.kernel_modules.loaded("nvidia"):
                 # A driver load is what a boot with it does to the GPUs: volatile counters restart, faults planted
                 # for this version happen (a GPU that fell off the bus stays lost).
                 self.set_every_gpu(ecc_unc_volatile="0")
@@ -665,7 +663,7 @@ class Host:
 
     def rmmod(self, args: list[str]) -> tuple[int, str, str]:
         for name in (a.replace("-", "_") for a in args if not a.startswith("-")):
-            rc, err = self.modules().unload(name, self.module_users)
+            rc, err = self.kernel_modules.unload(name, self.module_users)
             if rc:
                 return rc, "", err + "\n"
             if name == "nvidia":
@@ -757,7 +755,7 @@ class Host:
             changed = [p.stat().st_mtime_ns for p in (self.hw / "gpus.conf", self.hw / "faults.conf") if p.exists()]
             if changed != seen:  # a GPU process or a console planted or gone: what uses the modules changed
                 seen = changed
-                self.modules().write_refcnt(self.module_users)
+                self.kernel_modules.write_refcnt(self.module_users)
             if request.exists():
                 text = request.read_text(errors="replace")
                 request.unlink()
