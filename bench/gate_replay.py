@@ -2,8 +2,8 @@
 """Replay the throughput gate on REAL samples: how often does it roll back a healthy host, and catch a regression?
 
 Usage: .venv/bin/python bench/gate_replay.py [PROBE_RESULT.json ...] [--samples 10] [--trials 2000] [--seed 0]
-Without paths it reads tests/testdata/probe/*.json (probe results captured on real GPUs) and exits 2 when there
-are none. For every (file, GPU, metric) series it draws, with replacement, two sides of --samples values:
+Without paths it reads tests/testdata/probe/*.json (probe results captured on real GPUs, and *-series.json: repeated
+interconnect runs of one host, each run read as a probe result of its own) and exits 2 when there are none. For every (file, GPU, metric) series it draws, with replacement, two sides of --samples values:
   no regression   both sides from the real series                    -> false-rollback rate (fail)
   3% / 5% drop    the 'after' side worse by 3% / 5% (x0.97 / x0.95;  -> detection rate (fail)
                   x1.03 / x1.05 for a lower-is-better metric)
@@ -28,6 +28,7 @@ import os
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -46,6 +47,21 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+INTERCONNECT = {"allreduce": "allreduce_busbw_gbs", "p2p": "p2p_gbs"}
+
+
+def series_runs(name: str, doc: dict) -> dict[str, dict]:
+    """A *-series.json of scripts/device-nvlink-capture.py: every repeated run -> a probe result's throughput."""
+    runs = {}
+    for family, metric in INTERCONNECT.items():
+        for run in doc.get(family, []):
+            runs[f"{name}#{family}{run['repeat']}"] = {"throughput": {
+                "engine": "builtin", "trial_s": 0.5, "device": f"{doc['gpus']} GPUs, torch {doc['torch']}, NCCL {doc['nccl']}",
+                "metrics": {metric: {"unit": "GB/s", "higher_is_better": True}},
+                "samples": [{"gpu": s["gpu"], "metric": metric, "value": s["value"]} for s in run["samples"]]}}
+    return runs
+
+
 def load_docs(paths: list[Path]) -> dict[str, dict]:
     docs = {}
     for path in paths:
@@ -53,6 +69,9 @@ def load_docs(paths: list[Path]) -> dict[str, dict]:
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             fail(f"{path}: cannot read a probe result: {e}")
+        if path.name.endswith("-series.json"):
+            docs.update(series_runs(path.name, doc))
+            continue
         error = schemas.first_error("probe-result", doc)
         if error is not None:
             fail(f"{path}: {schemas.json_path(error)}: {error.message}")
@@ -100,13 +119,24 @@ def real_pairs(docs: dict[str, dict], console: Console) -> None:
         table.add_column(col)
     common = os.path.commonprefix(list(docs)) if len(docs) > 1 else ""
     common = common[:common.rfind("-") + 1]
+    groups: dict[str, dict[str, Any]] = {}  # the runs of one series file: summed up, not listed pair by pair
     for (na, a), (nb, b) in itertools.permutations(docs.items(), 2):
         ta, tb = a["throughput"], b["throughput"]
-        if (ta["device"], ta["engine"], ta["trial_s"]) != (tb["device"], tb["engine"], tb["trial_s"]):
+        if (ta["device"], ta["engine"], ta["trial_s"], set(ta["metrics"])) != \
+                (tb["device"], tb["engine"], tb["trial_s"], set(tb["metrics"])):
             continue
         v = gate.judge_throughput(ta, tb, gate.DEFAULTS)
         drop, metric = max((f["drop"] or 0.0, m) for (_, m), f in v.figures.items())
+        if "#" in na and na.split("#")[0] == nb.split("#")[0]:
+            g = groups.setdefault(f"{na.split('#')[0]} {metric}", {"pairs": 0, "statuses": defaultdict(int), "drop": 0.0})
+            g["pairs"] += 1
+            g["statuses"][v.status] += 1
+            g["drop"] = max(g["drop"], drop)
+            continue
         table.add_row(na[len(common):], nb[len(common):], v.status, f"{max(drop, 0.0):.1%} {metric}")
+    for name, g in groups.items():
+        table.add_row(f"{name}: every run", f"every other run ({g['pairs']} pairs)",
+                      ", ".join(f"{k} {n}" for k, n in sorted(g["statuses"].items())), f"{g['drop']:.1%}")
     if table.row_count:
         console.print(table)
 

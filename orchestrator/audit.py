@@ -41,7 +41,8 @@ def host_entry(host: inventory.Host, facts: dict[str, Any] | None, findings: lis
             "error": error, "facts": facts, "findings": findings}
 
 
-def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: baseline_mod.Baseline) -> dict[str, Any]:
+def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: baseline_mod.Baseline,
+                  reference: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     if outcome.status == "unreachable":
         return host_entry(host, None, [policy.error_finding("host.reachable", "Host reachable", outcome.message)],
                           False, outcome.message)
@@ -53,15 +54,28 @@ def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: basel
     if problem is not None:
         message = f"the host returned facts fleetctl cannot trust: {schemas.json_path(problem)}: {problem.message[:200]}"
         return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
-    return host_entry(host, facts, policy.evaluate(facts, base.policy_for(list(host.groups))), True, None)
+    return host_entry(host, facts, policy.evaluate(facts, base.policy_for(list(host.groups)), reference), True, None)
+
+
+def references(fleet: inventory.Fleet, history: Store | None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each host's facts at its latest recorded audit where a history-comparing control (gpu.nvlink, gpu.topology)
+    passed: {host: {control: facts}}, one query for the fleet. Without a store given, the user's history is read."""
+    names, controls = [h.name for h in fleet.hosts], policy.reference_controls()
+    if history is not None:
+        return history.passing_facts(names, controls)
+    with Store() as store:
+        return store.passing_facts(names, controls)
 
 
 def collect(fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | None = None,
-            preflight: bool = True) -> list[dict[str, Any]]:
-    """Every host's facts (one gpu_facts call each) evaluated against the baseline: audit, plan and upgrade."""
+            preflight: bool = True, history: Store | None = None) -> list[dict[str, Any]]:
+    """Every host's facts (one gpu_facts call each) evaluated against the baseline: audit, plan, upgrade and the
+    campaigns' precheck/verify. Controls that compare a host with itself get its last passing audit from HISTORY
+    (the user's history when None)."""
     outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
                                    forks, preflight)
-    return [evaluate_host(h, outcomes[h.name], base) for h in fleet.hosts]
+    refs = references(fleet, history)
+    return [evaluate_host(h, outcomes[h.name], base, refs.get(h.name)) for h in fleet.hosts]
 
 
 def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
@@ -87,7 +101,7 @@ def run(opts: AuditOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "audit", argv, fleet, base, opts.limit) as run_:
-        hosts = collect(fleet, base, opts.forks, opts.preflight)
+        hosts = collect(fleet, base, opts.forks, opts.preflight, store)
         summary = summarize(hosts, opts.fail_on)
         summary["duration_s"] = round(time.monotonic() - started, 3)
         store.finish_run(run_.id, summary["exit_code"], summary, hosts)

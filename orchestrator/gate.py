@@ -28,9 +28,11 @@ import numpy as np
 import yaml
 
 from . import resources
-from .policy import severity_rank
+from .policy import nvlink_errors, severity_rank
 
-DEFAULT_MAX_DROP = {"gemm_tflops": 0.03, "bandwidth_gbs": 0.02}
+# Interconnect limits from real 2x H200 series (tests/testdata/probe/h200x2-580.159.04-*): the all-reduce busbw
+# medians of 15 separate probes spread 1.2% (min to max), so 3% leaves 2.5x that; one NVLink of 18 lost is 5.6%.
+DEFAULT_MAX_DROP = {"gemm_tflops": 0.03, "bandwidth_gbs": 0.02, "allreduce_busbw_gbs": 0.03, "p2p_gbs": 0.03}
 FLOOR_SLACK = 1e-9  # float rounding at the boundaries: a drop of exactly 1 - floor (or max_drop) is not 'more'
 
 
@@ -43,6 +45,7 @@ class GatePolicy:
     default_max_drop: float = 0.03  # metrics not named in max_drop (e.g. a command engine's)
     xid_fail_on: str = "high"
     xid_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nvlink_errors_fail: int | None = None  # the baseline's interconnect.nvlink.errors_fail: errors counted since
 
     def max_drop_for(self, metric: str) -> float:
         return self.max_drop.get(metric, self.default_max_drop)
@@ -58,7 +61,8 @@ def gate_policy(policy: dict[str, Any]) -> GatePolicy:
     default_drop = drops.pop("default", DEFAULTS.default_max_drop)
     return GatePolicy(alpha=gate.get("alpha", DEFAULTS.alpha), min_samples=gate.get("min_samples", DEFAULTS.min_samples),
                       floor=gate.get("floor", DEFAULTS.floor), max_drop=drops, default_max_drop=default_drop,
-                      xid_fail_on=xid.get("fail_on", DEFAULTS.xid_fail_on), xid_overrides=xid.get("overrides", {}))
+                      xid_fail_on=xid.get("fail_on", DEFAULTS.xid_fail_on), xid_overrides=xid.get("overrides", {}),
+                      nvlink_errors_fail=policy.get("interconnect", {}).get("nvlink", {}).get("errors_fail"))
 
 
 @dataclass
@@ -185,8 +189,10 @@ def _series(throughput: dict[str, Any]) -> dict[tuple[int | None, str], list[Any
     return out
 
 
-def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None, pol: GatePolicy = DEFAULTS) -> Verdict:
-    """The probe results' "throughput" objects (either may be None) -> Verdict."""
+def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None, pol: GatePolicy = DEFAULTS,
+                     broken: dict[str, str] | None = None) -> Verdict:
+    """The probe results' "throughput" objects (either may be None) -> Verdict. BROKEN: the after probe's
+    throughput.* errors: a series missing after because its measurement broke is inconclusive, not a regression."""
     if before is None or after is None or not before["samples"] or not after["samples"]:
         side = " and ".join(s for s, t in (("before", before), ("after", after)) if t is None or not t["samples"])
         return Verdict("pass", [f"no throughput samples to compare (none {side})"])
@@ -197,9 +203,12 @@ def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None
         gpu, metric = key
         label = _label(gpu, metric)
         if key not in sa:
-            statuses.append("fail")
-            verdict.reasons.append(f"{'GPU ' + str(gpu) if gpu is not None else 'the host'} gave no {metric} samples after")
-            verdict.figures[key] = {"n_before": len(sb[key]), "n_after": 0, "status": "fail"}
+            status = "inconclusive" if broken else "fail"
+            statuses.append(status)
+            verdict.reasons.append(f"{'GPU ' + str(gpu) if gpu is not None else 'the host'} gave no {metric} samples after"
+                                   + (f" (the measurement broke: {'; '.join(sorted(broken.values()))}; measure again)"
+                                      if broken else ""))
+            verdict.figures[key] = {"n_before": len(sb[key]), "n_after": 0, "status": status}
             continue
         if key not in sb:
             verdict.reasons.append(f"{label}: new after the change, nothing to compare with")
@@ -271,6 +280,41 @@ def _xid_lines(after: dict[str, Any], pol: GatePolicy) -> tuple[list[str], list[
     return bad, [f"{line} (below {pol.xid_fail_on}: warning)" for line in low]
 
 
+FABRIC_OK = ("completed", "not_supported")
+
+
+def interconnect_lines(before: dict[str, Any] | None, after: dict[str, Any] | None, same_driver_load: bool = False,
+                       errors_fail: int | None = None) -> list[str]:
+    """A fabric not completed now (CUDA error 802 for every multi-GPU program), NVLink links up before and not
+    now, and with the baseline's errors_fail, more NVLink errors counted since the previous probe (since the driver
+    loaded when it reloaded in between: the counters restart): the faults that leave single-GPU checks green."""
+    if not after:
+        return []
+    fails = []
+    def key(g: dict[str, Any]) -> Any:  # the same GPU after a reboot: by its PCI slot, as NVML's order may change
+        return g.get("pci_bus_id") or g["index"]
+
+    was = {key(g): g for g in (before or {}).get("gpus", [])}
+    for g in after["gpus"]:
+        fabric = g.get("fabric") or {}
+        if fabric.get("state") not in (None, *FABRIC_OK) or fabric.get("status") not in (None, "success"):
+            fails.append(f"GPU {g['index']}: fabric {fabric['state'].replace('_', ' ')}"
+                         + (f" ({fabric['status']})" if fabric.get("status") else "")
+                         + ": multi-GPU CUDA programs fail (error 802) until it completes")
+        now, prev = g.get("nvlink") or {}, (was.get(key(g)) or {}).get("nvlink") or {}
+        if prev.get("up") is not None and now.get("up") is not None and now["up"] < prev["up"]:
+            down = [str(link["link"]) for link in now.get("links", []) if link["state"] != "up"]
+            fails.append(f"GPU {g['index']}: NVLink links up {prev['up']} -> {now['up']}"
+                         + (f" (down: {', '.join(down)})" if down else ""))
+        if errors_fail is not None:
+            counted = nvlink_errors(g) - (nvlink_errors(was.get(key(g)) or {}) if same_driver_load else 0)
+            if counted > errors_fail:
+                fails.append(f"GPU {g['index']}: {counted} NVLink errors (replay, recovery, CRC) since "
+                             + ("the previous probe" if same_driver_load else "the driver loaded")
+                             + f", over the baseline's {errors_fail}")
+    return fails
+
+
 def judge_health(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAULTS,
                  expected_gpus: int | None = None) -> Verdict:
     """Probe results (whole documents) -> Verdict on their "health"; Xid events after are already new."""
@@ -308,6 +352,7 @@ def judge_health(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy 
                     f"GPU {g['index']}: {what}" + (" - already before the change" if prev_rows.get(flag) else ""))
         if g.get("recovery_action") not in (None, "None"):
             fails.append(f"GPU {g['index']}: the driver asks for recovery action '{g['recovery_action']}'")
+    fails += interconnect_lines(hb.get("interconnect"), ha.get("interconnect"), same_driver_load, pol.nvlink_errors_fail)
     return Verdict("fail" if fails else "pass", fails + notes if fails or notes else ["GPU health unchanged: no new faults"])
 
 
@@ -315,7 +360,8 @@ def judge(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAU
           expected_gpus: int | None = None) -> Verdict:
     """Both probe results of one host -> one Verdict: fail if any part fails, inconclusive if throughput is."""
     health = judge_health(before, after, pol, expected_gpus)
-    tp = judge_throughput(before["throughput"], after["throughput"], pol)
+    broken = {k: v for k, v in after.get("errors", {}).items() if k.startswith("throughput")}
+    tp = judge_throughput(before["throughput"], after["throughput"], pol, broken)
     status = worst([health.status, tp.status])
     reasons = health.reasons + tp.reasons
     blind = {k: v for k, v in after.get("errors", {}).items() if k in ("nvml", "xid")}
@@ -323,9 +369,8 @@ def judge(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAU
         # Nothing read is not the same as nothing wrong.
         status = worst([status, "inconclusive"])
         reasons += [f"could not check {k}: {v}" for k, v in blind.items()]
-    measure_error = {k: v for k, v in after.get("errors", {}).items() if k.startswith("throughput")}
-    if before["throughput"] and before["throughput"]["samples"] and after["throughput"] is None and measure_error:
+    if before["throughput"] and before["throughput"]["samples"] and after["throughput"] is None and broken:
         # Measured before, and the measurement broke after: not evidence of health.
         status = worst([status, "inconclusive"])
-        reasons += [f"throughput could not be measured after: {k}: {v}" for k, v in measure_error.items()]
+        reasons += [f"throughput could not be measured after: {k}: {v}" for k, v in broken.items()]
     return Verdict(status, reasons, tp.figures)

@@ -64,7 +64,12 @@ def print_audit(report: dict[str, Any], console: Console, show_all: bool = False
 def probe_table(report: dict[str, Any]) -> Table:
     """One row per host: health verdict, GPUs, new Xids, and the throughput medians when sampled."""
     table = Table(title="fleetctl probe", title_justify="left")
-    for name in ("Host", "Health", "GPUs", "Xid", "GEMM TFLOP/s (median, CV)", "Copy GB/s (median, CV)", "Why"):
+    metrics = ["gemm_tflops", "bandwidth_gbs"]
+    if any(s["metric"] == "allreduce_busbw_gbs" for h in report["hosts"]
+           for s in ((h["probe"] or {}).get("throughput") or {}).get("samples", [])):
+        metrics.append("allreduce_busbw_gbs")  # hosts with 2+ GPUs: the interconnect's headline figure
+    heads = {"gemm_tflops": "GEMM TFLOP/s", "bandwidth_gbs": "Copy GB/s", "allreduce_busbw_gbs": "All-reduce busbw GB/s"}
+    for name in ("Host", "Health", "GPUs", "Xid", *(f"{heads[m]} (median, CV)" for m in metrics), "Why"):
         table.add_column(name, overflow="fold")
     for host in sorted(report["hosts"], key=lambda h: h["name"]):
         p = host["probe"]
@@ -73,7 +78,7 @@ def probe_table(report: dict[str, Any]) -> Table:
         gpus = f"{p['health']['gpu_count']}/{len(p['health']['gpus'])}" if p else "-"
         xids = ", ".join(str(e["code"]) for e in p["health"]["xid"]["events"]) if p else "-"
         table.add_row(host["name"], Text(status, style=style), gpus, xids or "none",
-                      _spread(p, "gemm_tflops"), _spread(p, "bandwidth_gbs"), "; ".join(host["health"]["reasons"]))
+                      *(_spread(p, m) for m in metrics), "; ".join(host["health"]["reasons"]))
     return table
 
 

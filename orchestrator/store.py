@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS findings (
     PRIMARY KEY (run_id, host, control)
 );
 CREATE INDEX IF NOT EXISTS findings_by_control ON findings (control, status);
+CREATE INDEX IF NOT EXISTS findings_by_host ON findings (host, control, status, run_id);
 CREATE TABLE IF NOT EXISTS probe_results (
     run_id INTEGER NOT NULL REFERENCES runs(id),
     host TEXT NOT NULL,
@@ -187,6 +188,27 @@ class Store:
             if tp.get("samples") and tp.get("engine") == engine and tp.get("trial_s") == trial_s:
                 return tp
         return None
+
+    def passing_facts(self, hosts: list[str], controls: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        """{host: {control: facts}}: each host's facts at its latest recorded audit (audit or plan run) in which
+        the control passed, for every host and control at once (one query, whatever the fleet's size)."""
+        if not hosts or not controls:
+            return {}
+        rows = self.db.execute(
+            "WITH latest AS (SELECT f.host, f.control, MAX(f.run_id) AS run_id FROM findings f"
+            " JOIN runs r ON r.id = f.run_id"
+            " WHERE f.host IN (SELECT value FROM json_each(?)) AND f.control IN (SELECT value FROM json_each(?))"
+            " AND f.status = 'pass' AND r.status = 'done' GROUP BY f.host, f.control)"
+            " SELECT l.host, l.control, l.run_id, h.facts FROM latest l"
+            " JOIN host_results h ON h.run_id = l.run_id AND h.host = l.host WHERE h.facts IS NOT NULL",
+            (json.dumps(sorted(set(hosts))), json.dumps(sorted(set(controls))))).fetchall()
+        parsed: dict[tuple[int, str], dict[str, Any]] = {}  # one parse per stored document, shared by its controls
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for host, control, run_id, facts in rows:
+            if (run_id, host) not in parsed:
+                parsed[(run_id, host)] = json.loads(facts)
+            out.setdefault(host, {})[control] = parsed[(run_id, host)]
+        return out
 
     def probe_results(self, run_id: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM probe_results WHERE run_id=? ORDER BY host", (run_id,)).fetchall()

@@ -3,12 +3,18 @@ returns every host's outcome: ok | fail | inconclusive | skip, a reason, and wha
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import audit, baseline as baseline_mod, gate, inventory, plan, policy, probe, runner
 from . import hooks, packages
 from .journal import Journal
+
+
+INTERCONNECT_CONTROLS = ("gpu.fabric", "gpu.topology", "gpu.nvlink")  # verify: none may fail that passed before
+FABRIC_WAIT_S, FABRIC_POLL_S = 120.0, 10.0  # verify waits this long for the fabric manager to register the GPUs
+FABRIC_PENDING = ("not_started", "in_progress")
 
 
 @dataclass
@@ -80,7 +86,9 @@ def precheck(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
             before = {"version": detail, "boot_id": facts["host"]["boot_id"],
                       "gpus": len(policy.live_gpus(facts)),
                       "packages": packages.driver_versioned(facts["driver"]["packages"], detail),
-                      "held": facts["driver"]["held"]}
+                      "held": facts["driver"]["held"], "nvlink_up": nvlink_up(facts),
+                      "interconnect": {f["control"]: f["status"] for f in entry["findings"]
+                                       if f["control"] in INTERCONNECT_CONTROLS}}
             if not before["packages"]:
                 out[name] = Outcome("fail", f"pre-check: no installed package carries driver {detail}: "
                                             "fleetctl only changes package-managed drivers")
@@ -218,10 +226,56 @@ def activate(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     return _activate(ctx, hosts, "install", lambda h: ctx.target)
 
 
+def nvlink_up(facts: dict[str, Any]) -> dict[str, int]:
+    """NVLink links up per GPU (by UUID, else index) of a host's facts; empty without NVLink."""
+    uuids = {g["index"]: g.get("uuid") for g in facts.get("gpus", [])}
+    return {str(uuids.get(g["index"]) or g["index"]): g["nvlink"]["up"]
+            for g in (facts.get("interconnect") or {}).get("gpus", []) if g.get("nvlink") and g["nvlink"]["supported"]}
+
+
+def interconnect_problems(entry: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    """What the change broke between the GPUs: a control failing now that did not fail at the precheck (a fabric
+    not completed, a pair fallen off NVLink, link errors past the baseline's limit), and a link that was up at the
+    precheck and is not now (one that trains down after the reboot leaves every single-GPU check green). A
+    problem the host already had at the precheck is not the change's doing and does not roll it back."""
+    was = before.get("interconnect") or {}
+    problems = [f"{f['control']}: {f['message']}" for f in entry["findings"]
+                if f["control"] in INTERCONNECT_CONTROLS and f["status"] in ("fail", "error")
+                and was.get(f["control"]) not in ("fail", "error")]
+    now = nvlink_up(entry["facts"])
+    for gpu, up in sorted((before.get("nvlink_up") or {}).items()):
+        if gpu in now and now[gpu] < up:  # a GPU gone altogether is the GPU count's problem
+            problems.append(f"GPU {gpu}: {now[gpu]} of the {up} NVLink links up at the pre-check are up")
+    return problems
+
+
+def fabric_pending(entry: dict[str, Any]) -> bool:
+    """The fabric manager has not registered every GPU yet (not an error state: it may just be starting)."""
+    ic = (entry["facts"] or {}).get("interconnect") or {}
+    return any((g.get("fabric") or {}).get("state") in FABRIC_PENDING for g in ic.get("gpus", []))
+
+
+def facts_after_activation(ctx: Context, hosts: list[str]) -> dict[str, dict[str, Any]]:
+    """facts_of, collected again (every FABRIC_POLL_S, up to the baseline's campaign.fabric_wait_s) for hosts whose
+    NVSwitch fabric is still being registered: the fabric manager starts after sshd is back."""
+    entries = facts_of(ctx, hosts)
+    deadline = {h: time.monotonic() + ctx.policy(h).get("campaign", {}).get("fabric_wait_s", FABRIC_WAIT_S)
+                for h in hosts}
+    waiting = [h for h, e in entries.items() if e["facts"] is not None and fabric_pending(e)]
+    while True:
+        waiting = [h for h in waiting if time.monotonic() + FABRIC_POLL_S <= deadline[h]]
+        if not waiting:
+            return entries
+        time.sleep(FABRIC_POLL_S)
+        entries.update(facts_of(ctx, waiting))
+        waiting = [h for h in waiting if entries[h]["facts"] is not None and fabric_pending(entries[h])]
+
+
 def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str]) -> dict[str, Outcome]:
-    """The running module and the userspace are VERSION, NVML answers, every GPU is back, packages held."""
+    """The running module and the userspace are VERSION, NVML answers, every GPU is back, packages held, and the
+    interconnect is as whole as at the precheck (fabric completed, every NVLink link up again)."""
     out = {}
-    for name, entry in facts_of(ctx, hosts).items():
+    for name, entry in facts_after_activation(ctx, hosts).items():
         if entry["facts"] is None:
             out[name] = Outcome("fail", entry["error"] or "no facts")
             continue
@@ -238,7 +292,9 @@ def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str]) ->
             problems.append(f"{len(gpus)} of {expected} GPUs answer NVML")
         if d["held"] is False:
             problems.append("driver packages are not held")
-        detail = {"running": running, "state": d["state"], "gpus": len(gpus), "held": d["held"]}
+        problems += interconnect_problems(entry, ctx.befores[name])
+        detail = {"running": running, "state": d["state"], "gpus": len(gpus), "held": d["held"],
+                  "nvlink_up": nvlink_up(facts)}
         out[name] = Outcome("fail", "verify: " + "; ".join(problems), detail) if problems else Outcome("ok", None, detail)
     return out
 

@@ -282,3 +282,32 @@ def inject_persistence_off(host, gpu) -> None:
 def inject_runtime(host) -> None:
     """containerd's config loses the nvidia runtime."""
     _report(host, faults.runtime_misconfigured(host))
+
+
+@inject.command("nvlink-down")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--link", type=int, required=True)
+@click.option("--driver", metavar="VERSION", help="Instead: the link trains down at every load of driver VERSION.")
+@click.pass_obj
+def inject_nvlink_down(host, gpu, link, driver) -> None:
+    """An NVLink of GPU trains down (and stays down across reboots under that driver)."""
+    _report(host, faults.nvlink_down(host, gpu, link, driver))
+
+
+@inject.command("nvlink-errors")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--link", type=int, default=0, show_default=True)
+@click.option("--count", type=int, required=True, help="Errors added to the link's CRC, replay, symbol and effective counters.")
+@click.option("--driver", metavar="VERSION", help="Instead: right after every load of driver VERSION.")
+@click.pass_obj
+def inject_nvlink_errors(host, gpu, link, count, driver) -> None:
+    """COUNT NVLink errors on a link of GPU (volatile counters: a driver load restarts them)."""
+    _report(host, faults.nvlink_errors(host, gpu, count, link, driver))
+
+
+@inject.command("fabric-stuck")
+@click.option("--driver", metavar="VERSION", help="Instead: from the next load of driver VERSION.")
+@click.pass_obj
+def inject_fabric_stuck(host, driver) -> None:
+    """The NVSwitch fabric stays in progress whatever the fabric manager does (CUDA: error 802)."""
+    _report(host, faults.fabric_stuck(host, driver))

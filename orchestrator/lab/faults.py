@@ -16,6 +16,7 @@ from ..errors import InputError
 from . import state
 from .conf import read_conf, write_conf
 from .kernel import append_kmsg
+from .skus import SKUS
 
 # Real driver wording for the Xids the lab plants (kernel logs in bug reports and NVIDIA's catalog).
 XID_TEXT = {
@@ -154,6 +155,141 @@ def at_boot(host: Host, driver: str, kind: str, code: int, gpu: int) -> str:
         return f"Xid {code} on GPU {gpu} at every boot with driver {version}"
     update_conf(host.faults_conf, **{f"boot_lost__{version}": gpu})
     return f"GPU {gpu} falls off the bus at the next boot with driver {version}"
+
+
+# ---- NVLink and the NVSwitch fabric (docs/lab.md) -----------------------------------------------------------
+#
+# The hardware state is in gpus.conf: gpu.N.nvlink_down ("3,7": links trained down), gpu.N.nvlink_<counter>
+# ("LINK:COUNT,...": replay, recovery, crc_flit, crc_data, symbol, effective, recovery_failed) and fabric_stuck.
+# Link training happens at a driver load: the supervisor then rewrites that state from faults.conf (apply_link_faults):
+#   nvlink_down.<version|any>=G:L,...     links that train down with that driver (every load)
+#   nvlink_errors.<version|any>=G:L:N,... links that count N errors right after each load with that driver
+#   fabric_stuck.<version|any>=1          the fabric never completes with that driver
+# so a link that trained down stays down across reboots under that driver, and comes back with another one.
+
+NVLINK_ERROR_KEYS = ("crc_flit", "replay", "symbol", "effective")  # what nvlink-errors adds N to
+
+
+def add_link(spec: str, link: int) -> str:
+    """'3,7' + link -> the comma list with LINK in it (sorted, once)."""
+    links = {int(p) for p in spec.split(",") if p.strip().isdigit()} | {link}
+    return ",".join(str(n) for n in sorted(links))
+
+
+def add_link_count(spec: str, link: int, count: int) -> str:
+    """'LINK:COUNT,...' with COUNT added to LINK's."""
+    counts: dict[int, int] = {}
+    for part in spec.split(","):
+        where, _, n = part.partition(":")
+        if where.strip().isdigit() and n.strip().isdigit():
+            counts[int(where)] = counts.get(int(where), 0) + int(n)
+    counts[link] = counts.get(link, 0) + count
+    return ",".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+
+
+def planted(faults: dict[str, str], kind: str, version: str) -> list[list[int]]:
+    """The entries of faults.conf's KIND.<version> and KIND.any, each as its ':'-separated numbers."""
+    out = []
+    for key in (f"{kind}.{version}", f"{kind}.any"):
+        for entry in faults.get(key, "").split(","):
+            numbers = entry.strip().split(":")
+            if entry.strip() and all(n.isdigit() for n in numbers):
+                out.append([int(n) for n in numbers])
+    return out
+
+
+def apply_link_faults(hw: dict[str, str], faults: dict[str, str], version: str) -> bool:
+    """What the links and the fabric look like right after driver VERSION loaded: counters restart at 0, the links
+    planted for VERSION train down, the planted error bursts are counted, a planted fabric_stuck holds the fabric.
+    Changes HW (gpus.conf as a dict) in place; True when it changed."""
+    before = dict(hw)
+    for key in [k for k in hw if re.match(r"^gpu\.\d+\.nvlink_", k)]:
+        del hw[key]
+    for gpu, link in (e[:2] for e in planted(faults, "nvlink_down", version) if len(e) == 2):
+        key = f"gpu.{gpu}.nvlink_down"
+        hw[key] = add_link(hw.get(key, ""), link)
+    for gpu, link, count in (e for e in planted(faults, "nvlink_errors", version) if len(e) == 3):
+        for counter in NVLINK_ERROR_KEYS:
+            key = f"gpu.{gpu}.nvlink_{counter}"
+            hw[key] = add_link_count(hw.get(key, ""), link, count)
+    stuck = any(faults.get(f"fabric_stuck.{v}") == "1" for v in (version, "any"))
+    if stuck or "fabric_stuck" in hw:
+        hw["fabric_stuck"] = "1" if stuck else "0"
+    return hw != before
+
+
+def loaded_driver(host: Host) -> str | None:
+    try:
+        return (host.dir / "kernel" / "sys-module" / "nvidia" / "version").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def nvlink_gpu(host: Host, gpu: int, link: int | None = None):
+    """The host's SKU, after checking that GPU (and LINK) exist and have NVLink."""
+    conf = read_conf(host.gpus_conf)
+    sku = SKUS.get(conf.get("sku", ""))
+    host.gpu_key(gpu, "pci")
+    if sku is None or not sku.nvlinks:
+        raise InputError(f"{host.record.name} ({sku.name if sku else conf.get('sku')}) has no NVLink")
+    if link is not None and not 0 <= link < sku.nvlinks:
+        raise InputError(f"GPU {gpu} of {host.record.name} has NVLinks 0..{sku.nvlinks - 1}, not {link}")
+    return sku
+
+
+def plant(host: Host, kind: str, version: str, entry: str) -> None:
+    faults = read_conf(host.faults_conf)
+    key = f"{kind}.{version}"
+    entries = [e for e in faults.get(key, "").split(",") if e]
+    if entry not in entries:
+        entries.append(entry)
+    update_conf(host.faults_conf, **{key.replace(".", "__"): ",".join(entries)})
+
+
+def nvlink_down(host: Host, gpu: int, link: int, driver: str | None = None) -> str:
+    """Link LINK of GPU trains down: with DRIVER, at every load of that driver; else now (Xid 74 in the kernel log)
+    and at every later load of the driver loaded now (of any driver when none is loaded)."""
+    nvlink_gpu(host, gpu, link)
+    if driver:
+        plant(host, "nvlink_down", check_version(driver), f"{gpu}:{link}")
+        return f"NVLink {link} of GPU {gpu} trains down at every load of driver {driver}"
+    version = loaded_driver(host) or "any"
+    plant(host, "nvlink_down", version, f"{gpu}:{link}")
+    conf = read_conf(host.gpus_conf)
+    host.set_gpu(gpu, nvlink_down=add_link(conf.get(f"gpu.{gpu}.nvlink_down", ""), link))
+    host.kernel_log(xid_line(74, host.pci(gpu)).replace("link 4(", f"link {link}("))
+    return f"NVLink {link} of GPU {gpu} down (and at every load of driver {version})"
+
+
+def nvlink_errors(host: Host, gpu: int, count: int, link: int = 0, driver: str | None = None) -> str:
+    """COUNT errors on link LINK of GPU: its CRC (flit), replay, symbol and effective error counters grow by COUNT -
+    now (volatile: a reboot or driver load restarts them at 0), or with DRIVER right after every load of it."""
+    if count < 0:
+        raise InputError(f"--count must be 0 or more, not {count}")
+    nvlink_gpu(host, gpu, link)
+    if driver:
+        plant(host, "nvlink_errors", check_version(driver), f"{gpu}:{link}:{count}")
+        return f"{count} NVLink errors on link {link} of GPU {gpu} after every load of driver {driver}"
+    conf = read_conf(host.gpus_conf)
+    host.set_gpu(gpu, **{f"nvlink_{c}": add_link_count(conf.get(f"gpu.{gpu}.nvlink_{c}", ""), link, count)
+                         for c in NVLINK_ERROR_KEYS})
+    return f"{count} NVLink CRC and replay errors on link {link} of GPU {gpu}"
+
+
+def fabric_stuck(host: Host, driver: str | None = None) -> str:
+    """The NVSwitch fabric stays in progress whatever the fabric manager does: with DRIVER, from its next load on;
+    else now and under the driver loaded now (any driver when none is)."""
+    conf = read_conf(host.gpus_conf)
+    sku = SKUS.get(conf.get("sku", ""))
+    if sku is None or not sku.nvswitch:
+        raise InputError(f"{host.record.name} ({sku.name if sku else conf.get('sku')}) has no NVSwitch fabric")
+    if driver:
+        update_conf(host.faults_conf, **{f"fabric_stuck__{check_version(driver)}": 1})
+        return f"the NVSwitch fabric stays in progress from the next load of driver {driver}"
+    version = loaded_driver(host) or "any"
+    update_conf(host.faults_conf, **{f"fabric_stuck__{version}": 1})
+    update_conf(host.gpus_conf, fabric_stuck=1)
+    return f"the NVSwitch fabric stays in progress (driver {version})"
 
 
 def gpu_in_use(host: Host, gpu: int) -> str:

@@ -18,12 +18,40 @@ class Sku:
     gemm_tflops: float  # bf16 dense GEMM, sustained (the lab benchmark's centre)
     bandwidth_gbs: float  # device-to-device copy
     nvswitch: bool  # HGX boards with NVSwitch need fabric manager
+    # NVLink (docs/lab.md, docs/interconnect.md): links per GPU, all to NVSwitches on an NVSwitch board (every GPU
+    # pair then shows NV<links>); 0 for a PCIe-only GPU (NVML answers NOT_SUPPORTED).
+    nvlinks: int = 0
+    nvlink_version: int = 0  # nvmlNvlinkVersion_t: 4 = 3.0 (A100), 6 = 4.0 (Hopper)
+    nvlink_gbs: float = 0.0  # per link and direction, as `nvidia-smi nvlink -s` prints it
+    nvswitch_links: tuple[int, ...] = ()  # how a GPU's links spread over the board's NVSwitches, in link order
+    # The benchmark's interconnect centres (hosts with 2+ GPUs, every link up): NCCL all-reduce bus bandwidth
+    # (NVLS off) with 2 GPUs and with 8 (interpolated linearly between), and one GPU -> GPU copy.
+    allreduce_busbw_gbs: tuple[float, float] = (0.0, 0.0)
+    p2p_gbs: float = 0.0
+
+
+# PCIe-only GPU pairs (L40S, or NVLink pairs with every link down): a host with 3+ GPUs has two CPU sockets; GPUs
+# 0..n/2-1 hang off socket 0, the rest off socket 1, each GPU under its own PCIe host bridge. Same socket: NODE;
+# across: SYS. A host with 1 or 2 GPUs has them on socket 0 (as the real 2x H200 host: CPU affinity 0-31, NUMA 0).
+SOCKETS = 2
+
+
+def socket_of(index: int, count: int) -> int:
+    """The CPU socket (NUMA node) GPU INDEX of COUNT hangs off."""
+    return 0 if count <= 2 else index * SOCKETS // count
 
 
 SKUS = {s.key: s for s in (
-    Sku("h100-sxm", "NVIDIA H100 80GB HBM3", 8, "96.00.99.00.01", 5, 16, 71000, 700000, 680.0, 3000.0, True),
-    Sku("h200-sxm", "NVIDIA H200", 8, "96.00.A5.00.01", 5, 16, 76000, 700000, 700.0, 4245.0, True),
-    Sku("a100-sxm", "NVIDIA A100-SXM4-80GB", 8, "92.00.45.00.06", 4, 16, 60000, 400000, 280.0, 1700.0, True),
-    Sku("l40s", "NVIDIA L40S", 4, "95.02.66.00.02", 4, 16, 36000, 350000, 330.0, 760.0, False),
+    Sku("h100-sxm", "NVIDIA H100 80GB HBM3", 8, "96.00.99.00.01", 5, 16, 71000, 700000, 680.0, 3000.0, True,
+        nvlinks=18, nvlink_version=6, nvlink_gbs=26.562, nvswitch_links=(5, 4, 4, 5),
+        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0),
+    Sku("h200-sxm", "NVIDIA H200", 8, "96.00.A5.00.01", 5, 16, 76000, 700000, 700.0, 4245.0, True,
+        nvlinks=18, nvlink_version=6, nvlink_gbs=26.562, nvswitch_links=(5, 4, 4, 5),
+        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0),
+    Sku("a100-sxm", "NVIDIA A100-SXM4-80GB", 8, "92.00.45.00.06", 4, 16, 60000, 400000, 280.0, 1700.0, True,
+        nvlinks=12, nvlink_version=4, nvlink_gbs=25.0, nvswitch_links=(2, 2, 2, 2, 2, 2),
+        allreduce_busbw_gbs=(155.0, 230.0), p2p_gbs=230.0),
+    Sku("l40s", "NVIDIA L40S", 4, "95.02.66.00.02", 4, 16, 36000, 350000, 330.0, 760.0, False,
+        allreduce_busbw_gbs=(20.0, 20.0), p2p_gbs=25.0),
 )}
 DEFAULT_SKU = "h100-sxm"

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from .conf import read_conf
-from .faults import xid_line
+from .faults import apply_link_faults, xid_line
 from .kernel import STACK, Modules, append_kmsg, load_messages
 
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -407,7 +407,9 @@ class Host:
             for seq, (prio, usec, msg) in enumerate(boot_log(hw, module, nouveau) + extra)))
 
     def boot_faults(self, hw: dict[str, str], module: tuple[str, str] | None) -> list[tuple[int, int, str]]:
-        """Faults planted for boots with the loaded driver version (lab inject xid/fall-off-bus --at-boot)."""
+        """Faults planted for boots with the loaded driver version (lab inject xid/fall-off-bus --at-boot), and the
+        NVLinks training as that driver loads: error counters restart, planted links train down, a planted
+        fabric_stuck holds the fabric (faults.apply_link_faults)."""
         faults = read_conf(self.hw / "faults.conf")
         if module is None:
             return []
@@ -421,6 +423,8 @@ class Host:
             hw[f"gpu.{lost}.lost"] = "1"
             write_in_place(self.hw / "gpus.conf", "".join(f"{k}={v}\n" for k, v in hw.items()))
             lines.append((3, 3200000, xid_line(79, hw[f"gpu.{lost}.pci"])))
+        if apply_link_faults(hw, faults, module[0]):
+            write_in_place(self.hw / "gpus.conf", "".join(f"{k}={v}\n" for k, v in hw.items()))
         return lines
 
     def module(self) -> tuple[str, str] | None:

@@ -39,8 +39,10 @@ def test_first_probe_then_noise_alone_passes(lab):
     first = hosts["h100-01"]["probe"]
     assert first["sources"]["gpus"] == "nvml" and first["throughput"]["engine"] == "command"
     assert first["throughput"]["device"] == "command: nvidia-lab-bench"
-    assert {s["metric"] for s in first["throughput"]["samples"]} == {"gemm_tflops", "bandwidth_gbs"}
-    assert len(first["throughput"]["samples"]) == 2 * 2 * 10  # 2 GPUs x 2 metrics x 10 samples
+    assert {s["metric"] for s in first["throughput"]["samples"]} == \
+        {"gemm_tflops", "bandwidth_gbs", "allreduce_busbw_gbs", "p2p_gbs"}
+    # 2 GPUs x (GEMM, copy, P2P to the other) x 10 samples, and one host-wide all-reduce per sample
+    assert len(first["throughput"]["samples"]) == 2 * 3 * 10 + 10
     code, hosts = probe(lab)  # against the first: the same hardware, new noise
     assert code == 0, {n: h["health"] for n, h in hosts.items()}
 

@@ -41,8 +41,7 @@ def show(lab, cid: int = 1) -> dict:
 def driver_state(lab, host: str) -> dict:
     """What is on the host: installed NVIDIA driver packages (version, held) and the loaded module."""
     out = lab.ssh(host, "dpkg-query -W -f='${Package} ${Version} ${Status}\\n' 'nvidia-driver-*' "
-                        "'nvidia-persistenced' 'nvidia-fabricmanager-*' 2>/dev/null; echo module $(cat /sys/module/nvidia/version 2>/dev/null)",
-                  check=False).stdout
+                        "'nvidia-persistenced' 'nvidia-fabricmanager-*' 2>/dev/null; echo module $(cat /sys/module/nvidia/version 2>/dev/null)").stdout
     pkgs, module = {}, None
     for line in out.splitlines():
         words = line.split()
@@ -51,6 +50,14 @@ def driver_state(lab, host: str) -> dict:
         elif len(words) >= 5 and words[-1] == "installed":
             pkgs[words[0]] = (words[1], words[2] == "hold")
     return {"packages": pkgs, "module": module}
+
+
+def wait_for_ssh(lab, host: str, within: float = 30) -> None:
+    """Until HOST answers ssh again (bounded); then one more try whose failure names ssh's error."""
+    deadline = time.monotonic() + within
+    while lab.ssh(host, "true", check=False).returncode != 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    lab.ssh(host, "true")
 
 
 def assert_on(lab, host: str, version: str) -> None:
@@ -73,7 +80,7 @@ def steps_of(host: dict) -> list[str]:
 def write_baseline(path: Path, budget_hosts: int) -> str:
     path.write_text("schema_version: 1\nname: lab-upgrade\ngroups:\n  all:\n"
                     "    driver: {branches: ['550', '570'], held: true}\n"
-                    f"    campaign: {{budget_hosts: {budget_hosts}, budget_percent: 10}}\n")
+                    f"    campaign: {{budget_hosts: {budget_hosts}, budget_percent: 10, fabric_wait_s: 15}}\n")
     return str(path)
 
 
@@ -274,8 +281,11 @@ def test_host_faults_within_the_budget(tmp_path):
         assert unreachable["state"] == "failed" and not unreachable["changed"]
         assert "unreachable" in unreachable["reason"] and steps_of(unreachable)[-1] == "release"
         failed_install = hosts["h100-03"]
-        assert failed_install["state"] == "rolled_back"
         assert "lab fault install_fail" in next(s["reason"] for s in failed_install["steps"] if s["step"] == "install")
+        # Its packages are back on 550 (below), but the fabric manager the failed install stopped is not running
+        # again (its package does not start it, as NVIDIA's does not): the fabric never completes, and the
+        # rollback's verify says so instead of reporting "rolled back" (issue 15: restart what ran before).
+        assert failed_install["state"] == "rollback_failed" and "gpu.fabric" in failed_install["reason"], failed_install
         lost = hosts["h100-04"]
         assert "1 of 2 GPUs" in next(s["reason"] for s in lost["steps"] if s["step"] == "verify")
         assert lost["state"] == "rollback_failed" and "1 of 2 GPUs" in lost["reason"]  # back on 550, GPU still lost
@@ -283,6 +293,7 @@ def test_host_faults_within_the_budget(tmp_path):
         assert busy["state"] == "failed" and not busy["changed"] and steps_of(busy)[-2:] == ["wait_idle", "release"]
         assert "the driver is in use after 20s: sleep (pid" in busy["reason"]
         lab.fleetctl("lab", "inject", "h100-02", "unreachable", "--restore")
+        wait_for_ssh(lab, "h100-02")  # the link is up again; ARP and the bridge may take a moment
         for name, version in (("h100-01", TO), ("h100-02", FROM), ("h100-03", FROM), ("h100-04", FROM),
                               ("h100-05", TO), ("h100-06", FROM)):
             assert_on(lab, name, version)

@@ -23,8 +23,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 # role -> (lab specs, `fleetctl lab` commands run before molecule, whether its converge changes the hosts)
 SCENARIOS = {
-    "gpu_facts": (("1xh100-sxm@570.86.15", "1xa100-sxm+nouveau"), (), False),
-    "gpu_probe": (("1xh100-sxm/2@570.86.15",), (("inject", "h100-01", "xid", "79", "--gpu", "1"),), False),
+    "gpu_facts": (("1xh100-sxm@570.86.15", "1xa100-sxm+nouveau"),
+                  (("inject", "h100-01", "nvlink-down", "--gpu", "3", "--link", "7"),
+                   ("inject", "h100-01", "nvlink-errors", "--gpu", "0", "--count", "50"),
+                   ("inject", "h100-01", "fabric-stuck")), False),
+    "gpu_probe": (("1xh100-sxm/2@570.86.15",), (("inject", "h100-01", "xid", "79", "--gpu", "1"),
+                                                ("inject", "h100-01", "nvlink-down", "--gpu", "1", "--link", "5")), False),
     "nvidia_driver": (("1xh100-sxm/2@550.163.01",), (), True),
 }
 LAB_TIMEOUT_S = 900           # builds the apt repo and installs the driver inside the host

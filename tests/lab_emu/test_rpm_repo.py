@@ -55,7 +55,7 @@ def test_driver_rpm_holds_the_debs_files(repo):
     lib = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.86.15"
     assert set(dump) == {lib, "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/bin/nvidia-smi",
                          "/usr/bin/nvidia-lab-bench", "/usr/lib/nvidia-lab/modules/nvidia.version",
-                         "/usr/lib/nvidia-lab/skus.json"}
+                         "/usr/lib/nvidia-lab/skus.json", "/usr/lib/nvidia-lab/nvidia_lab_interconnect.py"}
     deb = path / "nvidia-driver-570-open_570.86.15-0lab1_amd64.deb"
     tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True).stdout
     extracted = subprocess.run(["tar", "-xO", "." + lib], input=tar, check=True, capture_output=True).stdout

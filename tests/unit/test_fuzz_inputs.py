@@ -36,6 +36,7 @@ from jsonschema import Draft202012Validator
 # Ansible's Display wraps sys.stderr when first imported: let that be the real one, not a test's StringIO.
 import ansible.inventory.manager  # noqa: F401
 from ansible.module_utils import fleetctl_gpus, fleetctl_kernel_log as klog, fleetctl_throughput
+from ansible.module_utils import fleetctl_interconnect
 from orchestrator import audit, baseline, cli, inventory, policy, schemas
 from orchestrator.errors import InputError
 from orchestrator.runner import HostOutcome
@@ -809,6 +810,93 @@ def test_huge_host_outputs_are_parsed_whole_or_refused(outputs):
     last = events[-1]  # the endless line: an event whose raw text is kept to 1024 characters
     assert last["code"] == 13 and last["raw"].startswith("NVRM: Xid (PCI:0000:01:00): 13, ") and len(last["raw"]) == 1024
     check_xid_events(events[:20] + events[-20:])
+
+
+# ---- what multi-GPU hosts print: nvidia-smi nvlink -s / -e, topo -m, the <fabric> of -q -x -------------------------
+
+H200 = TESTDATA / "h200x2-580.159.04"
+H200_XML = (H200 / "nvidia-smi-q-x.xml").read_text()
+H200_SMI = {head: body.rsplit("rc=", 1)[0] for head, _, body in
+            (part.partition("\n") for part in re.split(r"^===== ", (H200 / "nvidia-smi-interconnect.txt").read_text(),
+                                                        flags=re.M)[1:])}
+INTERCONNECT_OUTPUTS = {"status": H200_SMI["nvidia-smi nvlink -s"], "counters": H200_SMI["nvidia-smi nvlink -e"],
+                        "topo": H200_SMI["nvidia-smi topo -m"]}
+INTERCONNECT_SCHEMA = Draft202012Validator({"$schema": FACTS_SCHEMA["$schema"], "$defs": FACTS_SCHEMA["$defs"],
+                                            **FACTS_SCHEMA["properties"]["interconnect"]})
+ERROR_KEY = re.compile(FACTS_SCHEMA["properties"]["errors"]["propertyNames"]["pattern"])
+
+
+def assert_one_line(message: str) -> None:
+    assert "\n" not in message and "\r" not in message, message
+
+
+@st.composite
+def garbled_interconnect_output(draw) -> str:
+    """A real nvidia-smi nvlink/topo output, lines cut, doubled, dropped or with a value replaced, odd bytes."""
+    lines = draw(st.sampled_from(sorted(INTERCONNECT_OUTPUTS.values()))).split("\n")
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(lines) - 1))
+        how = draw(st.sampled_from(["value", "value", "cut", "double", "drop", "insert"]))
+        line = lines[at]
+        if how == "value":
+            tokens = re.split(r"(\s+|: )", line)
+            spots = [i for i, t in enumerate(tokens) if t.strip() and t.strip() != ":"]
+            if spots:
+                tokens[draw(st.sampled_from(spots))] = draw(odd_values | st.sampled_from(
+                    ["<inactive>", "NV0", "NV999999", "SOC", "X", "GPU0", "GPU 7: x", "Link 99: 1 GB/s", "\x1b[4m"]))
+                lines[at] = "".join(tokens)
+        elif how == "cut":
+            lines[at] = line[:draw(st.integers(0, len(line)))]
+        elif how == "double":
+            lines.insert(at, line)
+        elif how == "drop":
+            del lines[at]
+        else:
+            lines.insert(at, draw(odd_values))
+    return "\n".join(lines)
+
+
+@fuzz(200)
+@given(which=st.sampled_from(["status", "counters", "topo"]), out=garbled_interconnect_output(),
+       xml=st.sampled_from([H200_XML]) | garbled_smi_output())
+@example(which="counters", out=INTERCONNECT_OUTPUTS["counters"].replace(
+    "Link 2: Recovery Errors: 0\n", "Link 2: Recovery Errors: 0\n\t Link 2: Recovery Errors: 9\n", 1), xml=H200_XML)
+@example(which="topo", out="\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\t" + "9" * 5000 + "\t X \n", xml=H200_XML)
+@example(which="status", out="GPU " + "9" * 5000 + ": x\n\t Link 0: 26.562 GB/s\n", xml=H200_XML)
+def test_garbled_nvlink_and_topology_output_is_read_or_an_errors_entry(which, out, xml):
+    """Each parser reads the output or refuses it (SmiOutputError); the interconnect built from it is always valid
+    against the schema, and what could not be read is null with an errors entry (one line) - never a crash."""
+    parser = {"status": fleetctl_interconnect.parse_nvlink_status, "counters": fleetctl_interconnect.parse_nvlink_errors,
+              "topo": fleetctl_interconnect.parse_topo_matrix}[which]
+    try:
+        parser(out)
+    except fleetctl_interconnect.SmiOutputError as e:
+        assert_one_line(str(e))
+    try:
+        fleetctl_interconnect.parse_smi_fabric(xml)
+    except fleetctl_interconnect.SmiOutputError as e:
+        assert str(e).startswith("nvidia-smi -q -x output is not XML")
+    _, gpus = fleetctl_gpus.parse_smi_xml(H200_XML)
+    outputs = {name: (INTERCONNECT_OUTPUTS[name], None) for name in INTERCONNECT_OUTPUTS}
+    outputs[which] = (out, None)
+    errors = {}
+    interconnect = fleetctl_interconnect.from_smi(gpus, xml, outputs["status"], outputs["counters"], outputs["topo"],
+                                                  errors, sys_module="/nonexistent")
+    assert INTERCONNECT_SCHEMA.is_valid(interconnect), list(INTERCONNECT_SCHEMA.iter_errors(interconnect))[:1]
+    for key, message in errors.items():
+        assert ERROR_KEY.match(key) and key.startswith("interconnect"), key
+        assert_one_line(message)
+        assert len(message) <= 600
+    for gpu in interconnect["gpus"]:
+        for part in ("nvlink", "fabric"):
+            if gpu[part] is None:
+                assert "interconnect.gpus[%d].%s" % (gpu["index"], part) in errors
+    if interconnect["topology"] is None:
+        assert "interconnect.topology" in errors
+    facts = copy.deepcopy(REAL_FACTS)
+    facts["interconnect"], facts["errors"] = interconnect, dict(errors)
+    facts["sources"]["interconnect"] = "nvidia-smi"
+    host_entry(facts)
 
 
 # ---- last: the history the bad input met is still whole -----------------------------------------------------------

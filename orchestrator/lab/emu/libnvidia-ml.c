@@ -9,7 +9,10 @@
  * State is read at call time, under an optional root prefix ($NVIDIA_LAB_ROOT, default ""):
  *   /sys/module/nvidia/version           absent: NVML_ERROR_DRIVER_NOT_LOADED at init;
  *                                        != LAB_DRIVER_VERSION: NVML_ERROR_LIB_RM_VERSION_MISMATCH at init
- *   /var/lib/nvidia-lab/hw/gpus.conf     the GPUs (key=value, re-read at every query)
+ *   /var/lib/nvidia-lab/hw/gpus.conf     the GPUs (key=value, re-read at every query), their NVLink state
+ *                                        (gpu.N.nvlink_down, gpu.N.nvlink_<counter>) and fabric_stuck
+ *   /var/run/nvidia-fabricmanager/       nv-fabricmanager.pid and .version: the fabric of an NVSwitch board is
+ *                                        completed only while that process runs at the loaded driver's version
  * A GPU with lost=1 still counts (the kernel driver still enumerates it, as on a real host), but
  * nvmlDeviceGetHandleByIndex_v2 on it and every query on a handle taken before it was lost answer
  * NVML_ERROR_GPU_IS_LOST.
@@ -50,14 +53,36 @@ enum {
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
 typedef unsigned int nvmlEnableState_t; /* NVML_FEATURE_DISABLED 0 / ENABLED 1 */
 enum { NVML_TEMPERATURE_GPU = 0 };
 enum { NVML_MEMORY_ERROR_TYPE_CORRECTED = 0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1 };
 enum { NVML_VOLATILE_ECC = 0, NVML_AGGREGATE_ECC = 1 };
-enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1 };
+enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3 };
 #define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+#define NVML_FI_DEV_NVLINK_LINK_COUNT 91
+#define NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY 161
+#define NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY 162
+#define NVML_FI_DEV_NVLINK_ERROR_DL_CRC 163
+#define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS 214
+#define NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS 219
+#define NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS 221
+/* nvmlNvLinkErrorCounter_t */
+enum { NVML_NVLINK_ERROR_DL_REPLAY = 0, NVML_NVLINK_ERROR_DL_RECOVERY = 1, NVML_NVLINK_ERROR_DL_CRC_FLIT = 2,
+       NVML_NVLINK_ERROR_DL_CRC_DATA = 3, NVML_NVLINK_ERROR_DL_ECC_DATA = 4, NVML_NVLINK_ERROR_COUNT = 5 };
+enum { NVML_NVLINK_CAP_COUNT = 6 }; /* nvmlNvLinkCapability_t: P2P_SUPPORTED 0 .. VALID 5 */
+enum { NVML_NVLINK_DEVICE_TYPE_GPU = 0, NVML_NVLINK_DEVICE_TYPE_SWITCH = 2 }; /* nvmlIntNvLinkDeviceType_t */
+/* nvmlGpuTopologyLevel_t */
+enum { NVML_TOPOLOGY_INTERNAL = 0, NVML_TOPOLOGY_NODE = 40, NVML_TOPOLOGY_SYSTEM = 50 };
+/* nvmlGpuP2PCapsIndex_t, nvmlGpuP2PStatus_t */
+enum { NVML_P2P_CAPS_INDEX_READ = 0, NVML_P2P_CAPS_INDEX_WRITE = 1, NVML_P2P_CAPS_INDEX_NVLINK = 2,
+       NVML_P2P_CAPS_INDEX_ATOMICS = 3, NVML_P2P_CAPS_INDEX_PCI = 4, NVML_P2P_CAPS_INDEX_UNKNOWN = 5 };
+enum { NVML_P2P_STATUS_OK = 0, NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED = 3, NVML_P2P_STATUS_NOT_SUPPORTED = 5 };
+/* nvmlGpuFabricState_t */
+enum { NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0, NVML_GPU_FABRIC_STATE_NOT_STARTED = 1,
+       NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2, NVML_GPU_FABRIC_STATE_COMPLETED = 3 };
 
 /* nvmlPciInfo_t as of NVML 9 (nvmlDeviceGetPciInfo_v3), pynvml's nvmlPciInfo_t:
  * offset 0 busIdLegacy[16] "%04X:%02X:%02X.0", 16 domain, 20 bus, 24 device, 28 pciDeviceId,
@@ -113,6 +138,35 @@ typedef struct {
     nvmlValue_t value;
 } nvmlFieldValue_t;
 
+/* nvmlGpuFabricInfo_t (nvmlDeviceGetGpuFabricInfo, pynvml c_nvmlGpuFabricInfo_t): clusterUuid[16] 0, status 16,
+ * cliqueId 20, state 24; sizeof 28. */
+#define NVML_GPU_FABRIC_UUID_LEN 16
+typedef struct {
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+} nvmlGpuFabricInfo_t;
+
+/* nvmlGpuFabricInfo_v2_t (pynvml c_nvmlGpuFabricInfo_v2_t): version 0, clusterUuid 4, status 20, cliqueId 24,
+ * state 28, healthMask 32; sizeof 36, nvmlGpuFabricInfo_v2 = 0x02000024. v3 adds healthSummary (u8) at 36: sizeof
+ * 40, nvmlGpuFabricInfo_v3 = 0x03000028 (nvml.h's nvmlGpuFabricInfoV_t). */
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfo_v3_t;
+#define NVML_GPU_FABRIC_INFO_V2 (unsigned int)(36 | (2 << 24))
+#define NVML_GPU_FABRIC_INFO_V3 (unsigned int)(sizeof(nvmlGpuFabricInfo_v3_t) | (3 << 24))
+
+_Static_assert(sizeof(nvmlGpuFabricInfo_t) == 28, "nvmlGpuFabricInfo_t layout");
+_Static_assert(offsetof(nvmlGpuFabricInfo_v3_t, healthMask) == 32, "nvmlGpuFabricInfo_v2_t layout");
+_Static_assert(sizeof(nvmlGpuFabricInfo_v3_t) == 40, "nvmlGpuFabricInfo_v3_t layout");
+_Static_assert(NVML_GPU_FABRIC_INFO_V2 == 0x02000024 && NVML_GPU_FABRIC_INFO_V3 == 0x03000028, "fabric versions");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 _Static_assert(offsetof(nvmlPciInfo_t, busId) == 36, "nvmlPciInfo_t.busId offset");
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
@@ -134,10 +188,14 @@ struct lab_gpu {
     unsigned long long remap_corr, remap_unc, remap_pending, remap_failure, mig, mig_pending;
     unsigned long long pcie_gen, pcie_gen_max, pcie_width, pcie_width_max, temp, power_mw, power_limit_mw;
     unsigned long long clock_events, recovery_action, lost, process;
+    /* NVLink: links trained down ("3,7") and per-link error counters ("LINK:COUNT,...") */
+    char nvlink_down[256], nvlink_replay[256], nvlink_recovery[256], nvlink_crc_flit[256], nvlink_crc_data[256];
+    char nvlink_symbol[256], nvlink_effective[256], nvlink_recovery_failed[256];
 };
 
 struct lab_hw {
     unsigned int count;
+    unsigned int fabric_stuck; /* lab inject fabric-stuck: the fabric never completes */
     const struct lab_sku *sku;
 };
 
@@ -146,6 +204,8 @@ static const struct { const char *key; size_t off; size_t size; } LAB_KEYS[] = {
 #define S(k) {#k, offsetof(struct lab_gpu, k), sizeof(((struct lab_gpu *)0)->k)}
 #define N(k) {#k, offsetof(struct lab_gpu, k), 0}
     S(name), S(uuid), S(serial), S(pci), S(vbios),
+    S(nvlink_down), S(nvlink_replay), S(nvlink_recovery), S(nvlink_crc_flit), S(nvlink_crc_data),
+    S(nvlink_symbol), S(nvlink_effective), S(nvlink_recovery_failed),
     N(persistence), N(ecc), N(ecc_pending), N(ecc_unc_volatile), N(ecc_unc_aggregate),
     N(remap_corr), N(remap_unc), N(remap_pending), N(remap_failure), N(mig), N(mig_pending),
     N(pcie_gen), N(pcie_gen_max), N(pcie_width), N(pcie_width_max), N(temp), N(power_mw), N(power_limit_mw),
@@ -186,7 +246,7 @@ static void lab_read_hw(struct lab_hw *hw, int index, struct lab_gpu *g)
 {
     char path[4096], line[512];
     char sku_key[64] = "";
-    unsigned int max_index = 0, count = 0;
+    unsigned int max_index = 0, count = 0, fabric_stuck = 0;
     int have_count = 0;
     FILE *f;
 
@@ -206,6 +266,8 @@ static void lab_read_hw(struct lab_hw *hw, int index, struct lab_gpu *g)
         value = lab_trim(eq + 1);
         if (strcmp(key, "sku") == 0) {
             snprintf(sku_key, sizeof sku_key, "%s", value);
+        } else if (strcmp(key, "fabric_stuck") == 0) {
+            fabric_stuck = (unsigned int)strtoul(value, NULL, 0) != 0;
         } else if (strcmp(key, "count") == 0) {
             count = (unsigned int)strtoul(value, NULL, 0);
             have_count = 1;
@@ -232,6 +294,7 @@ static void lab_read_hw(struct lab_hw *hw, int index, struct lab_gpu *g)
     if (f)
         fclose(f);
     hw->sku = lab_find_sku(sku_key);
+    hw->fabric_stuck = fabric_stuck;
     hw->count = have_count ? count : max_index;
     if (hw->count > LAB_MAX_GPUS)
         hw->count = LAB_MAX_GPUS;
@@ -748,9 +811,304 @@ API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsign
     return NVML_SUCCESS;
 }
 
+/* ---- NVLink ------------------------------------------------------------------------------------- */
+
+/* Every NVLink of a lab GPU goes to one of its board's NVSwitches (sku->nvswitch_links: links per switch, in link
+ * order; NVSwitch s is at PCI 00000000:(05+s):00.0, as the kernel's /proc/driver/nvidia-nvswitch lists them). A
+ * GPU without NVLink answers NOT_SUPPORTED for any link; a link number past its links INVALID_ARGUMENT. */
+static nvmlReturn_t lab_link_check(const struct lab_hw *hw, unsigned int link)
+{
+    if (!hw->sku->nvlinks)
+        return NVML_ERROR_NOT_SUPPORTED;
+    return link < hw->sku->nvlinks ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+/* Is LINK in the comma list SPEC ("3,7")? */
+static int lab_link_listed(const char *spec, unsigned int link)
+{
+    const char *p = spec;
+    while (*p) {
+        char *end;
+        unsigned long n = strtoul(p, &end, 10);
+        if (end != p && n == link)
+            return 1;
+        p = strchr(end, ',');
+        if (!p)
+            break;
+        p++;
+    }
+    return 0;
+}
+
+/* LINK's count in "LINK:COUNT,..." (the sum when a link is listed more than once; 0 when absent). */
+static unsigned long long lab_link_count(const char *spec, unsigned int link)
+{
+    unsigned long long total = 0;
+    const char *p = spec;
+    while (*p) {
+        char *end;
+        unsigned long n = strtoul(p, &end, 10);
+        if (end != p && *end == ':' && n == link)
+            total += strtoull(end + 1, NULL, 10);
+        p = strchr(end, ',');
+        if (!p)
+            break;
+        p++;
+    }
+    return total;
+}
+
+static unsigned int lab_links_up(const struct lab_hw *hw, const struct lab_gpu *g)
+{
+    unsigned int up = 0;
+    for (unsigned int l = 0; l < hw->sku->nvlinks; l++)
+        up += !lab_link_listed(g->nvlink_down, l);
+    return up;
+}
+
+/* Begins an NVLink query: QUERY plus the link's checks. */
+#define LINK_QUERY(dev, link, out)                          \
+    QUERY(dev, out);                                        \
+    rc_ = lab_link_check(&hw, link);                        \
+    if (rc_ != NVML_SUCCESS)                                \
+        return rc_
+
+API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, nvmlEnableState_t *isActive)
+{
+    LINK_QUERY(dev, link, isActive);
+    *isActive = lab_link_listed(g.nvlink_down, link) ? 0 : 1;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t dev, unsigned int link, unsigned int *version)
+{
+    LINK_QUERY(dev, link, version);
+    *version = hw.sku->nvlink_version;
+    return NVML_SUCCESS;
+}
+
+/* P2P, system memory access, P2P and system memory atomics, SLI bridge, valid: all true on the lab's SXM boards
+ * (the real H200 capture's `nvidia-smi nvlink -c`). */
+API nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t dev, unsigned int link, int capability,
+                                               unsigned int *capResult)
+{
+    LINK_QUERY(dev, link, capResult);
+    if (capability < 0 || capability >= NVML_NVLINK_CAP_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *capResult = 1;
+    return NVML_SUCCESS;
+}
+
+/* The remote end of an active link: an NVSwitch. A link that is down has none (NOT_SUPPORTED). */
+static unsigned int lab_link_switch(const struct lab_sku *sku, unsigned int link)
+{
+    unsigned int first = 0;
+    for (unsigned int s = 0; s < sku->nvswitch_count; s++) {
+        first += sku->nvswitch_links[s];
+        if (link < first)
+            return s;
+    }
+    return sku->nvswitch_count ? sku->nvswitch_count - 1 : 0;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link, nvmlPciInfo_t *pci)
+{
+    LINK_QUERY(dev, link, pci);
+    if (lab_link_listed(g.nvlink_down, link))
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int bus = 0x05 + lab_link_switch(hw.sku, link);
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", 0, bus, 0);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", 0, bus, 0);
+    pci->bus = bus;
+    /* NVSwitch: LS10 (third generation, Hopper boards) 0x22A3, else the A100 boards' 0x1AF1 */
+    pci->pciDeviceId = hw.sku->nvlink_version >= 6 ? 0x22A310DE : 0x1AF110DE;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t dev, unsigned int link, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(dev, link, pci);
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link, int *type)
+{
+    LINK_QUERY(dev, link, type);
+    if (lab_link_listed(g.nvlink_down, link))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *type = hw.sku->nvswitch ? NVML_NVLINK_DEVICE_TYPE_SWITCH : NVML_NVLINK_DEVICE_TYPE_GPU;
+    return NVML_SUCCESS;
+}
+
+/* What the legacy DL_CRC_DATA / DL_ECC_DATA counters read on a healthy NVLink 4 link: the real 2x H200
+ * (tests/testdata/h200x2-580.159.04) showed 0-36 on every link while nvidia-smi and the field values said 0 (data
+ * errors corrected by ECC). Fixed per GPU UUID, link and counter. */
+static unsigned long long lab_link_noise(const struct lab_hw *hw, const struct lab_gpu *g, unsigned int link, int counter)
+{
+    unsigned int h = 2166136261u;
+    if (hw->sku->nvlink_version < 6)
+        return 0;
+    for (const char *c = g->uuid; *c; c++)
+        h = (h ^ (unsigned char)*c) * 16777619u;
+    h = (h ^ link) * 16777619u;
+    h = (h ^ (unsigned int)counter) * 16777619u;
+    return h % 37;
+}
+
+/* DL error counters; volatile (a driver load restarts them: the lab supervisor rewrites gpus.conf). */
+API nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t dev, unsigned int link, int counter,
+                                                 unsigned long long *counterValue)
+{
+    LINK_QUERY(dev, link, counterValue);
+    switch (counter) {
+    case NVML_NVLINK_ERROR_DL_REPLAY: *counterValue = lab_link_count(g.nvlink_replay, link); break;
+    case NVML_NVLINK_ERROR_DL_RECOVERY: *counterValue = lab_link_count(g.nvlink_recovery, link); break;
+    case NVML_NVLINK_ERROR_DL_CRC_FLIT: *counterValue = lab_link_count(g.nvlink_crc_flit, link); break;
+    case NVML_NVLINK_ERROR_DL_CRC_DATA:
+        *counterValue = lab_link_count(g.nvlink_crc_data, link) + lab_link_noise(&hw, &g, link, counter);
+        break;
+    case NVML_NVLINK_ERROR_DL_ECC_DATA: *counterValue = lab_link_noise(&hw, &g, link, counter); break;
+    default: return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    return NVML_SUCCESS;
+}
+
+/* ---- NVSwitch fabric ---------------------------------------------------------------------------- */
+
+/* Is nv-fabricmanager running at VERSION? Its pid file names a live process whose argv[0] is nv-fabricmanager,
+ * and the version file it writes next to it says VERSION. */
+static int lab_fabric_manager_at(const char *version)
+{
+    char path[4096], buf[256] = "";
+    unsigned long pid = 0;
+    FILE *f;
+
+    lab_path(path, sizeof path, "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid");
+    f = fopen(path, "r");
+    if (!f)
+        return 0;
+    if (fgets(buf, sizeof buf, f))
+        pid = strtoul(buf, NULL, 10);
+    fclose(f);
+    if (!pid)
+        return 0;
+    snprintf(path, sizeof path, "/proc/%lu/cmdline", pid);
+    f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *base = strrchr(buf, '/');
+    if (strcmp(base ? base + 1 : buf, "nv-fabricmanager") != 0)
+        return 0;
+    lab_path(path, sizeof path, "/var/run/nvidia-fabricmanager/nv-fabricmanager.version");
+    f = fopen(path, "r");
+    if (!f)
+        return 0;
+    if (!fgets(buf, sizeof buf, f))
+        buf[0] = '\0';
+    fclose(f);
+    return strcmp(lab_trim(buf), version) == 0;
+}
+
+/* not_supported off an NVSwitch board; completed only while the fabric manager runs at this (the loaded) driver's
+ * version and no fabric-stuck fault holds it; in_progress otherwise. */
+static unsigned int lab_fabric_state(const struct lab_hw *hw)
+{
+    if (!hw->sku->nvswitch)
+        return NVML_GPU_FABRIC_STATE_NOT_SUPPORTED;
+    if (hw->fabric_stuck || !lab_fabric_manager_at(LAB_DRIVER_VERSION))
+        return NVML_GPU_FABRIC_STATE_IN_PROGRESS;
+    return NVML_GPU_FABRIC_STATE_COMPLETED;
+}
+
+/* The legacy call: on the real H200 with driver 580 it answered not_supported where the V call and nvidia-smi said
+ * completed (docs/interconnect.md); the lab's Hopper boards do the same from branch 580 on. */
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info)
+{
+    QUERY(dev, info);
+    memset(info, 0, sizeof *info); /* cluster UUID zero, clique 0: a single HGX board */
+    info->state = lab_branch() >= 580 && hw.sku->nvlink_version >= 6 ? NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+                                                                      : lab_fabric_state(&hw);
+    info->status = NVML_SUCCESS;
+    return NVML_SUCCESS;
+}
+
+/* nvmlGpuFabricInfo_v2 or _v3 in info->version; anything else ARGUMENT_VERSION_MISMATCH. The health mask's fields are
+ * all NOT_SUPPORTED (0), as on the real H200 board (its Health section is N/A throughout). */
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo_v3_t *info)
+{
+    QUERY(dev, info);
+    unsigned int version = info->version;
+    if (version != NVML_GPU_FABRIC_INFO_V2 && version != NVML_GPU_FABRIC_INFO_V3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memset(info, 0, version == NVML_GPU_FABRIC_INFO_V2 ? 36 : sizeof *info);
+    info->version = version;
+    info->state = lab_fabric_state(&hw);
+    info->status = NVML_SUCCESS;
+    return NVML_SUCCESS;
+}
+
+/* ---- topology and P2P --------------------------------------------------------------------------- */
+
+/* Two CPU sockets; GPUs 0..n/2-1 on the first, all of them with 1 or 2 GPUs (orchestrator/lab/skus.py socket_of),
+ * each under its own PCIe host bridge: the same socket is NODE, across sockets SYSTEM. */
+static unsigned int lab_socket(unsigned int index, unsigned int count)
+{
+    return count <= 2 ? 0 : index * 2 / count;
+}
+
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t dev1, nvmlDevice_t dev2, int *pathInfo)
+{
+    struct lab_gpu g2;
+    QUERY(dev1, pathInfo);
+    rc_ = lab_dev(dev2, &hw, &g2);
+    if (rc_ != NVML_SUCCESS)
+        return rc_;
+    if (dev1->index == dev2->index)
+        *pathInfo = NVML_TOPOLOGY_INTERNAL;
+    else if (lab_socket(dev1->index, hw.count) == lab_socket(dev2->index, hw.count))
+        *pathInfo = NVML_TOPOLOGY_NODE;
+    else
+        *pathInfo = NVML_TOPOLOGY_SYSTEM;
+    return NVML_SUCCESS;
+}
+
+/* NVSwitch boards: every capability OK between two GPUs with links up while the fabric is completed (nothing
+ * works before: NOT_SUPPORTED); a GPU with every link down falls back to PCIe. PCIe: read, write and PCI OK within
+ * a socket, not across (IOH topology not supported); no NVLink; no atomics. */
+API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t dev1, nvmlDevice_t dev2, int p2pIndex, int *p2pStatus)
+{
+    struct lab_gpu g2;
+    QUERY(dev1, p2pStatus);
+    rc_ = lab_dev(dev2, &hw, &g2);
+    if (rc_ != NVML_SUCCESS)
+        return rc_;
+    if (p2pIndex < 0 || p2pIndex >= NVML_P2P_CAPS_INDEX_UNKNOWN || dev1->index == dev2->index)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (hw.sku->nvswitch && lab_fabric_state(&hw) != NVML_GPU_FABRIC_STATE_COMPLETED) {
+        *p2pStatus = NVML_P2P_STATUS_NOT_SUPPORTED;
+        return NVML_SUCCESS;
+    }
+    if (hw.sku->nvlinks && lab_links_up(&hw, &g) && lab_links_up(&hw, &g2)) {
+        *p2pStatus = NVML_P2P_STATUS_OK;
+        return NVML_SUCCESS;
+    }
+    if (p2pIndex == NVML_P2P_CAPS_INDEX_NVLINK || p2pIndex == NVML_P2P_CAPS_INDEX_ATOMICS)
+        *p2pStatus = NVML_P2P_STATUS_NOT_SUPPORTED;
+    else if (lab_socket(dev1->index, hw.count) == lab_socket(dev2->index, hw.count))
+        *p2pStatus = NVML_P2P_STATUS_OK;
+    else
+        *p2pStatus = NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
 /* ---- field values ------------------------------------------------------------------------------- */
 
-/* Only NVML_FI_DEV_GET_GPU_RECOVERY_ACTION is answered; other fields get NOT_SUPPORTED in their nvmlReturn. */
+/* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and the per-link NVLink error fields (scopeId = link: DL replay, recovery,
+ * CRC; recovery failed events, symbol errors, effective errors) and NVML_FI_DEV_NVLINK_LINK_COUNT are answered; other
+ * fields get NOT_SUPPORTED in their nvmlReturn. */
 API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int valuesCount, nvmlFieldValue_t *values)
 {
     struct timeval now;
@@ -767,6 +1125,31 @@ API nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int valuesCount, nvm
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->nvmlReturn = NVML_SUCCESS;
             v->value.uiVal = (unsigned int)g.recovery_action;
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT) {
+            /* the GPU's NVLinks (18 on the real H200); a GPU without NVLink: NOT_SUPPORTED */
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->nvmlReturn = hw.sku->nvlinks ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+            v->value.uiVal = hw.sku->nvlinks;
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY || v->fieldId == NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY ||
+                   v->fieldId == NVML_FI_DEV_NVLINK_ERROR_DL_CRC) {
+            /* what `nvidia-smi nvlink -e` shows: Replay, Recovery, CRC (the flit CRC counter) */
+            const char *spec = v->fieldId == NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY ? g.nvlink_replay
+                             : v->fieldId == NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY ? g.nvlink_recovery
+                             : g.nvlink_crc_flit;
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v->nvmlReturn = lab_link_check(&hw, v->scopeId);
+            if (v->nvmlReturn == NVML_SUCCESS)
+                v->value.ullVal = lab_link_count(spec, v->scopeId);
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS ||
+                   v->fieldId == NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS ||
+                   v->fieldId == NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS) {
+            const char *spec = v->fieldId == NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS ? g.nvlink_symbol
+                             : v->fieldId == NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS ? g.nvlink_effective
+                             : g.nvlink_recovery_failed;
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v->nvmlReturn = lab_link_check(&hw, v->scopeId);
+            if (v->nvmlReturn == NVML_SUCCESS)
+                v->value.ullVal = lab_link_count(spec, v->scopeId);
         } else {
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;

@@ -8,13 +8,16 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: gpu_facts
-short_description: NVIDIA driver, nouveau, persistence, container runtime, fabric manager and GPU health facts
+short_description: NVIDIA driver, nouveau, persistence, container runtime, fabric manager, GPU health and interconnect facts
 description:
   - Gathers in one process everything C(fleetctl audit) evaluates, as JSON valid against
     schemas/host-facts.schema.json (returned under C(facts)).
   - GPU facts come from NVML through pynvml when the host's Python can import it, else from
     C(nvidia-smi -q -x), else only from kernel files. Each fact says where it came from (C(sources)),
     and a fact that could not be read gets an entry in C(errors) instead of failing the module.
+  - Multi-GPU interconnect (C(facts.interconnect), docs/interconnect.md) is read in the same NVML session, else from
+    C(nvidia-smi nvlink -s), C(nvidia-smi nvlink -e), C(nvidia-smi topo -m) and the fabric elements of
+    C(nvidia-smi -q -x); these extra nvidia-smi commands run only when pynvml cannot be imported.
   - Read-only; never changes the host.
 options:
   xid_catalog:
@@ -42,6 +45,42 @@ facts:
   description: The host's facts (schemas/host-facts.schema.json).
   returned: always
   type: dict
+  contains:
+    interconnect:
+      description:
+        - NVLink, NVSwitch fabric, GPU pair topology and GPUDirect RDMA (docs/interconnect.md); null when no driver
+          answers. C(sources.interconnect) says whether it came from C(nvml) or C(nvidia-smi).
+      returned: always
+      type: dict
+      contains:
+        gpus:
+          description:
+            - Per GPU (index, pci_bus_id) its C(nvlink) (supported, up, total, links with state, version, remote
+              type and PCI id, error counters replay, recovery, crc (as nvidia-smi nvlink -e shows them),
+              crc_flit, crc_data, ecc_data (the legacy counters), recovery_failed, symbol, effective) and C(fabric)
+              (state, status, clique_id, cluster_uuid, health_mask).
+            - A part that could not be read is null, with an entry in C(errors) (C(interconnect.gpus[I].nvlink),
+              C(interconnect.gpus[I].fabric)); a counter the driver does not support is null.
+          returned: always
+          type: list
+          elements: dict
+          sample: [{"index": 0, "pci_bus_id": "00000000:00:06.0",
+                    "nvlink": {"supported": true, "up": 18, "total": 18, "links": []},
+                    "fabric": {"state": "completed", "status": "success", "clique_id": 0,
+                               "cluster_uuid": "00000000-0000-0000-0000-000000000000", "health_mask": 0}}]
+        topology:
+          description:
+            - Each unordered GPU pair once, as nvidia-smi topo -m shows it (NV<n>, PIX, PXB, PHB, NODE, SYS) with its
+              number of bonded NVLinks; empty with fewer than 2 GPUs, null when unread (C(interconnect.topology) in
+              C(errors)).
+          returned: always
+          type: list
+          elements: dict
+          sample: [{"gpus": [0, 1], "link": "NV18", "nvlinks": 18}]
+        peermem_loaded:
+          description: The nvidia_peermem (or nv_peermem) kernel module is loaded (GPUDirect RDMA).
+          returned: always
+          type: bool
 """
 
 import glob
@@ -61,6 +100,7 @@ from ansible.module_utils.fleetctl_gpus import (
     SmiParseError,
     parse_smi_xml,
 )
+from ansible.module_utils.fleetctl_interconnect import NvmlInterconnect, from_smi
 from ansible.module_utils.fleetctl_kernel_log import KernelLogUnreadable, catalog_index, read_kernel_log, xid_events
 
 FACTS_SCHEMA_VERSION = 1
@@ -206,6 +246,8 @@ class Collector:
         self.errors = {}
         self.sources = {}
         self.processes = None
+        self.smi_xml = None  # the `nvidia-smi -q -x` output parsed for the GPU facts, when that was the source
+        self.interconnect = None
 
     # -- helpers ---------------------------------------------------------------------------------
     def run(self, argv, fact):
@@ -323,9 +365,43 @@ class Collector:
             return {}, [], e.value
         try:
             reader = NvmlReader(pynvml, self.errors)
-            return reader.system(), reader.gpus(), None
+            system, gpus = reader.system(), reader.gpus()
+            self.interconnect = self.guarded(NvmlInterconnect(pynvml, self.errors).read)  # same NVML session
+            if self.interconnect is not None:
+                self.sources["interconnect"] = "nvml"
+            return system, gpus, None
         finally:
             pynvml.nvmlShutdown()
+
+    def guarded(self, read):
+        """One part's reader failing in a way nobody foresaw costs that part (an errors entry), not the host's facts."""
+        try:
+            return read()
+        except Exception as e:  # the other facts must still be returned
+            self.errors["interconnect"] = "reading the interconnect failed: %s: %s" % (type(e).__name__, e)
+            return None
+
+    def smi_interconnect(self, gpus):
+        """facts.interconnect from nvidia-smi (no pynvml): nvlink -s, nvlink -e, topo -m (2+ GPUs), and the <fabric>
+        elements of the -q -x output already read."""
+        outputs = {}
+        for name, argv in (("status", ["nvidia-smi", "nvlink", "-s"]), ("counters", ["nvidia-smi", "nvlink", "-e"]),
+                           ("topo", ["nvidia-smi", "topo", "-m"])):
+            if not gpus or (name == "topo" and len(gpus) < 2):
+                outputs[name] = None if name == "topo" else ("", None)
+                continue
+            path = self.module.get_bin_path(argv[0], opt_dirs=BIN_DIRS)
+            if path is None:
+                outputs[name] = ("", "nvidia-smi is not installed")
+                continue
+            rc, out, err = self.module.run_command([path] + argv[1:], environ_update={"LC_ALL": "C"})
+            outputs[name] = (out, None) if rc == 0 else \
+                ("", "%s exited %d: %s" % (" ".join(argv), rc, " ".join((err or out or "").split())[:300]))
+        interconnect = self.guarded(lambda: from_smi(gpus, self.smi_xml, outputs["status"], outputs["counters"],
+                                                     outputs["topo"], self.errors))
+        if interconnect is not None:
+            self.sources["interconnect"] = "nvidia-smi"
+        return interconnect
 
     def nvidia_smi(self):
         rc, out = self.run(["nvidia-smi", "-q", "-x"], "gpus")
@@ -347,6 +423,7 @@ class Collector:
         except SmiParseError as e:
             self.errors["gpus"] = str(e)
             return {}, [], None
+        self.smi_xml = out
         return system, gpus, None
 
     def driver_and_gpus(self, packages):
@@ -373,6 +450,8 @@ class Collector:
         if result is None:
             gpu_source = "nvidia-smi -q -x"
             result = self.nvidia_smi()
+            if result is not None and self.smi_xml is not None:
+                self.interconnect = self.smi_interconnect(result[1])
         if result is None:
             gpu_source, result = None, ({}, [], None)
         system, gpus, error_code = result
@@ -508,6 +587,7 @@ class Collector:
             "container_runtime": self.container_runtime(packages),
             "fabric_manager": self.fabric_manager(packages),
             "gpus": gpus,
+            "interconnect": self.interconnect,
             "xid": self.xid(params["xid_catalog"], params["xid_overrides"], params["kmsg_since_seq"]),
         }
         facts["sources"] = self.sources

@@ -11,8 +11,11 @@ module: gpu_probe
 short_description: GPU health snapshot (NVML, kernel-log Xids since a marker) and throughput samples
 description:
   - Returns C(probe), valid against schemas/probe-result.schema.json.
-  - Health comes from NVML through pynvml; Xid events from the kernel log after I(kmsg_since_seq), plus the
-    critical Xid events NVML delivers while the probe waits I(nvml_event_wait_ms).
+  - Health comes from NVML through pynvml (GPUs, and NVLink links, fabric state and GPU pair topology as in
+    gpu_facts' C(interconnect)); Xid events from the kernel log after I(kmsg_since_seq), plus the critical Xid
+    events NVML delivers while the probe waits I(nvml_event_wait_ms).
+  - On hosts with 2+ GPUs the builtin engine also samples NCCL all-reduce bus bandwidth and GPU-to-GPU copy
+    bandwidth (docs/interconnect.md).
   - With I(throughput), takes I(samples) samples per metric and GPU after a warm-up, with the engine named.
   - Read-only; never changes the host.
 options:
@@ -76,6 +79,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.fleetctl_gpus import NVML_ERROR_LIB_RM_VERSION_MISMATCH, NVML_ERROR_LIBRARY_NOT_FOUND, NvmlReader
+from ansible.module_utils.fleetctl_interconnect import NvmlInterconnect
 from ansible.module_utils.fleetctl_kernel_log import KernelLogUnreadable, catalog_index, read_kernel_log, xid_events
 from ansible.module_utils.fleetctl_throughput import EngineError, measure
 
@@ -162,6 +166,11 @@ def probe(params):
             reader = NvmlReader(pynvml, errors)
             health["gpus"] = reader.gpus()
             health["gpu_count"] = sum(1 for g in health["gpus"] if not g.get("lost"))
+            # After the load: a link that dropped or a fabric that fell apart under it shows here.
+            try:
+                health["interconnect"] = NvmlInterconnect(pynvml, errors).read()
+            except Exception as e:  # an odd answer costs the interconnect facts, never the probe
+                errors["interconnect"] = "interconnect not read: %s: %s" % (type(e).__name__, e)
             try:
                 health["nvml_xid_events"] = nvml_xid_events(pynvml, params["nvml_event_wait_ms"])
             except Exception as e:

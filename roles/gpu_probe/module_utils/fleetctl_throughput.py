@@ -14,8 +14,14 @@ import subprocess
 import threading
 import time
 
+from ansible.module_utils.fleetctl_collective import METRICS as INTERCONNECT_METRICS
+from ansible.module_utils.fleetctl_collective import interconnect
+
 GEMM_N = 8192
 COPY_BYTES = 1 << 30  # 1 GiB source, 1 GiB destination
+# The interconnect runs after the GEMM phase on warm GPUs: 5 s of all-reduce gave a within-probe CV of 0.04-0.10%
+# on 2x H200 (tests/testdata/probe/h200x2-580.159.04-allreduce-series.json).
+INTERCONNECT_WARMUP_S = 5.0
 METRICS = {
     "gemm_tflops": {"unit": "TFLOP/s", "higher_is_better": True},
     "bandwidth_gbs": {"unit": "GB/s", "higher_is_better": True},
@@ -92,6 +98,7 @@ class TorchGpu:
 
 def builtin(samples, warmup_s, trial_s, gpu_indices, pynvml=None):
     """bf16 GEMM and device-to-device copy samples on every GPU at once, through torch."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA's GPU i is NVML's GPU i
     try:
         import torch
     except ImportError:
@@ -128,8 +135,15 @@ def builtin(samples, warmup_s, trial_s, gpu_indices, pynvml=None):
     for t in threads:
         t.join()
     rows = [row for i in gpu_indices for row in results.get(i, [])]
+    spec = dict(METRICS)
+    if len(gpu_indices) >= 2:
+        more, errors = interconnect(torch, samples, min(warmup_s, INTERCONNECT_WARMUP_S), trial_s, gpu_indices,
+                                    lambda i: conditions(pynvml, handles.get(i)))
+        rows += more
+        spec.update(INTERCONNECT_METRICS)
+        failures.update(errors)
     device = "torch %s on %s" % (torch.__version__, torch.cuda.get_device_name(gpu_indices[0]) if gpu_indices else "no GPU")
-    return rows, dict(METRICS), device, failures
+    return rows, spec, device, failures
 
 
 def parse_command_output(text):
@@ -168,14 +182,17 @@ def _number(value):
 
 
 def _series_rows(doc):
-    """Rows of a canary that measured a series itself, in either sample shape."""
+    """Rows of a canary that measured a series itself, in either sample shape (a p2p sample may name its "peer")."""
     rows = []
     for s in doc.get("samples") or []:
-        gpu = s.get("gpu") if isinstance(s.get("gpu"), int) else None
+        gpu = s.get("gpu") if isinstance(s.get("gpu"), int) and not isinstance(s.get("gpu"), bool) else None
+        where = {"gpu": gpu}
+        if isinstance(s.get("peer"), int) and not isinstance(s.get("peer"), bool):
+            where["peer"] = s["peer"]
         if "metric" in s:
-            rows.append({"gpu": gpu, "metric": str(s["metric"]), "value": _number(s.get("value"))})
+            rows.append(dict(where, metric=str(s["metric"]), value=_number(s.get("value"))))
         else:
-            rows += [{"gpu": gpu, "metric": name, "value": _number(s.get(name))} for name in doc["metrics"] if name in s]
+            rows += [dict(where, metric=name, value=_number(s.get(name))) for name in doc["metrics"] if name in s]
     return rows
 
 
@@ -216,8 +233,8 @@ def measure(engine, samples, warmup_s, trial_s, gpu_indices, cmd=None, pynvml=No
     errors = {}
     if engine == "builtin":
         rows, spec, device, failures = builtin(samples, warmup_s, trial_s, gpu_indices, pynvml)
-        for i, message in failures.items():
-            errors["throughput.gpu%d" % i] = message
+        for key, message in failures.items():
+            errors[key if isinstance(key, str) else "throughput.gpu%d" % key] = message
     elif engine == "command":
         if not cmd:
             raise EngineError("the command engine needs a command")
