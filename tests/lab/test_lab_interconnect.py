@@ -123,3 +123,16 @@ def test_a_canary_back_with_a_link_down_a_stuck_fabric_or_link_errors_is_rolled_
         assert facts["driver"]["module_version"] == FROM
         assert all(g["fabric"]["state"] == "completed" and g["nvlink"]["up"] == 18
                    for g in facts["interconnect"]["gpus"]), (host, facts["interconnect"])
+
+
+def test_a_fabric_manager_not_at_the_driver_version_leaves_the_fabric_unregistered(lab):
+    """The fabric manager moved without the driver (here: 570's beside a loaded 550, as a partial upgrade leaves it):
+    it refuses to start, the GPUs are never registered, and the audit says so twice: the package version and the
+    fabric state (CUDA error 802 for every multi-GPU program)."""
+    lab.ssh("h100-03", "apt-mark unhold nvidia-fabricmanager-550 >/dev/null && apt-get install -y -q "
+                       "nvidia-fabricmanager-570=570.86.15-0lab1 nvidia-fabricmanager-550- >/dev/null && "
+                       "(systemctl restart nvidia-fabricmanager.service || true)")
+    by_host = findings(lab.audit("-l", "h100-03")[1])["h100-03"]
+    assert by_host["fabricmanager.version"]["status"] == "fail", by_host["fabricmanager.version"]
+    fabric = by_host["gpu.fabric"]
+    assert (fabric["status"], fabric["severity"]) == ("fail", "critical") and "802" in fabric["message"], fabric
