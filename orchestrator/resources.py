@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -28,3 +30,14 @@ def schema_path(name: str) -> Path:
 
 def data_path(name: str) -> Path:
     return _PACKAGE / "data" / name
+
+
+@cache
+def module_utils(name: str) -> ModuleType:
+    """A module_utils file the roles ship (roles/gpu_facts/module_utils/NAME.py), imported on the controller: the
+    rules the hosts apply and the controller's are one copy."""
+    spec = importlib.util.spec_from_file_location(f"fleetctl_roles_{name}",
+                                                  roles_dir() / "gpu_facts" / "module_utils" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,18 +3,18 @@
 The driver-versioned packages are those of role driver, persistenced or fabricmanager whose upstream version is
 the running driver's (nvidia-driver-550-open 550.163.01-0ubuntu1, nvidia-fabricmanager-550, libnvidia-nscq-550,
 nvidia-persistenced ...). An upgrade asks for each of them at the target version, renamed to the target branch
-where the name carries the branch; the container toolkit and anything not versioned with the driver is left alone.
-A rollback asks for exactly the recorded set, distro versions and all.
+where the name carries the branch (each packaging family's spelling: roles/gpu_facts/module_utils/
+fleetctl_packaging.py, the same rules the hosts apply); the container toolkit and anything not versioned with the
+driver is left alone. A rollback asks for exactly the recorded set, distro versions and all.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from .. import resources
+
 DRIVER_VERSIONED_ROLES = ("driver", "persistenced", "fabricmanager")
-_BRANCHED = re.compile(r"^(?P<stem>((lib)?nvidia-[a-z0-9-]*?|cuda-drivers(-fabricmanager)?)-)(?P<branch>\d{3})"
-                       r"(?P<flavor>-open|-server|-server-open)?$")
 
 
 def upstream(version: str) -> str:
@@ -33,15 +33,13 @@ def driver_versioned(packages: list[dict[str, Any]], running: str) -> dict[str, 
 
 
 def target_set(before: dict[str, str], running: str, target: str) -> dict[str, str]:
-    """The upgrade's package requests: each driver-versioned package at TARGET, on TARGET's branch."""
+    """The upgrade's package requests: each driver-versioned package at TARGET, spelled for TARGET's branch
+    (nvidia-driver-550-open -> nvidia-driver-570-open, nvidia-tesla-470-driver -> nvidia-tesla-535-driver; a host
+    whose repositories hold TARGET under another of Debian's spellings gets that one: nvidia_driver_packages)."""
+    packaging = resources.module_utils("fleetctl_packaging")
     old, new = branch(running), branch(target)
-    out = {}
-    for name in before:
-        m = _BRANCHED.match(name)
-        if m and m["branch"] == old:
-            name = m["stem"] + new + (m["flavor"] or "")
-        out[name] = target
-    return out
+    return {(packaging.on_branch(name, new) if packaging.on_name_branch(name) == old else name): target
+            for name in before}
 
 
 def describe(packages: dict[str, str]) -> str:

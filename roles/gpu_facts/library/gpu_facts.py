@@ -101,6 +101,7 @@ from ansible.module_utils.fleetctl_gpus import (
     parse_smi_xml,
 )
 from ansible.module_utils.fleetctl_interconnect import NvmlInterconnect, from_smi
+from ansible.module_utils.fleetctl_packaging import role as packaging_role
 from ansible.module_utils.fleetctl_kernel_log import KernelLogUnreadable, catalog_index, read_kernel_log, xid_events
 
 FACTS_SCHEMA_VERSION = 1
@@ -116,18 +117,6 @@ _VERSION = r"(\d{1,9}\.\d{1,9}(?:\.\d{1,9})?)"  # bounded: int() refuses a part 
 _PROC_VERSION = re.compile(r"NVRM version: NVIDIA UNIX (?P<open>Open )?Kernel Module(?: for \S+)?\s+" + _VERSION)
 _PROC_VERSION_OLD = re.compile(r"NVRM version: NVIDIA UNIX \S+ Kernel Module\s+" + _VERSION)
 _LIB_VERSION = re.compile(r"\.so\." + _VERSION + r"$")
-
-# Installed package name -> what it is to fleetctl (first match wins).
-PACKAGE_ROLES = (
-    ("persistenced", re.compile(r"^nvidia-persistenced$")),
-    ("container_toolkit", re.compile(r"^(nvidia-container-toolkit(-base)?|libnvidia-container1|libnvidia-container-tools|nvidia-container-runtime)$")),
-    ("fabricmanager", re.compile(r"^(nvidia-fabric-?manager(-\d+)?|cuda-drivers-fabricmanager(-\d+)?|libnvidia-nscq(-\d+)?)$")),
-    ("driver", re.compile(r"^(nvidia-driver(-\d+)?(-open|-server|-server-open)?|nvidia-open(-\d+)?|cuda-drivers(-\d+)?"
-                          r"|nvidia-kernel-(open|source|common)(-\d+)?(-open)?|nvidia-dkms(-\d+)?(-open)?|kmod-nvidia.*"
-                          r"|libnvidia-compute(-\d+)?|nvidia-utils(-\d+)?|nvidia-compute-utils(-\d+)?|nvidia-headless(-no-dkms)?(-\d+)?(-open)?"
-                          r"|libnvidia-ml1|nvidia-driver-(cuda|libs|NVML)|nvidia-modprobe|libnvidia-gl(-\d+)?|xserver-xorg-video-nvidia(-\d+)?)$")),
-)
-
 
 def read_text(path, limit=1 << 20):
     with open(path, "rb") as f:
@@ -150,10 +139,9 @@ def nvidia_pci_gpus(sysfs="/sys/bus/pci/devices"):
 
 
 def package_role(name):
-    for role, pattern in PACKAGE_ROLES:
-        if pattern.match(name):
-            return role
-    return None
+    """driver, persistenced, fabricmanager, container_toolkit or None: every packaging family's names
+    (module_utils/fleetctl_packaging.py)."""
+    return packaging_role(name)
 
 
 def parse_dpkg_query(text):

@@ -59,13 +59,16 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.fleetctl_packaging import equivalents, read as read_package_name, stale as stale_packages
 
-# Packages whose name carries the driver branch (nvidia-driver-570-open, libnvidia-compute-570,
-# nvidia-fabricmanager-570, nvidia-dkms-570-server, cuda-drivers-570 ...): a branch change replaces them all.
-BRANCHED = re.compile(r"^((lib)?nvidia-[a-z0-9-]*?|cuda-drivers(-fabricmanager)?)-(?P<branch>\d{3})"
-                      r"(-open|-server|-server-open)?$")
+# Driver packages of every packaging family (Debian's nvidia-tesla-535-*, libcuda1 ..., Ubuntu's/CUDA's
+# nvidia-driver-570-open ..., EL's kmod-nvidia-*): module_utils/fleetctl_packaging.py.
 NVIDIA = re.compile(r"^(lib)?nvidia-|^cuda-drivers|^kmod-nvidia")
 ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "NEEDRESTART_MODE": "l"}
+
+
+def is_nvidia(name):
+    return bool(NVIDIA.match(name)) or read_package_name(name) is not None
 
 
 def matches(wanted, candidate):
@@ -97,12 +100,17 @@ class Manager(object):
             self.module.fail_json(msg=problem)
 
     def resolve(self, packages, update_cache):
-        """name -> the one distro version the package manager will install for the requested version."""
+        """name -> the one distro version the package manager will install for the requested version. A name the
+        repositories do not have at that version is looked for under its other spellings of the same branch
+        (Debian: nvidia-tesla-535-driver holds 535.216.03, the unversioned nvidia-driver 535.261.03)."""
         resolved, missing = {}, []
         for name, wanted in sorted(packages.items()):
-            found = [c for c in self.candidates(name) if matches(wanted, c)]
-            if found:
-                resolved[name] = found[0]
+            branch = wanted.split(":", 1)[-1].split(".", 1)[0]
+            for spelled in [name] + (equivalents(name, branch) if self.name == "apt" else []):
+                found = [c for c in self.candidates(spelled) if matches(wanted, c)]
+                if found:
+                    resolved[spelled] = found[0]
+                    break
             else:
                 missing.append(name)
         if missing and update_cache:
@@ -149,7 +157,7 @@ class Apt(Manager):
         found = {}
         for line in out.splitlines():
             parts = line.split("\t")
-            if len(parts) == 3 and NVIDIA.match(parts[0]) and parts[2].endswith(" installed"):
+            if len(parts) == 3 and is_nvidia(parts[0]) and parts[2].endswith(" installed"):
                 found[parts[0]] = (parts[1], parts[2].split(" ")[0] == "hold")
         return found
 
@@ -208,7 +216,7 @@ class Dnf(Manager):
             self.module.fail_json(msg="rpm -qa failed: %s" % err.strip())
         locks = self.locks()
         return dict((p[0], (p[1], locks.get(p[0]) == p[1])) for p in (line.split("\t") for line in out.splitlines())
-                    if len(p) == 2 and NVIDIA.match(p[0]))
+                    if len(p) == 2 and is_nvidia(p[0]))
 
     def candidates(self, name):
         # Locks hide the other versions from queries: look past them (the install lifts this package's lock).
@@ -275,12 +283,10 @@ def main():
         if not re.match(r"^[a-z0-9][a-z0-9+.-]+$", name) or not re.match(r"^[A-Za-z0-9.+:~-]+$", packages[name]):
             module.fail_json(msg="not a package name and version: %r=%r" % (name, packages[name]))
     pm = manager_for(module)
-    branches = set(m.group("branch") for m in (BRANCHED.match(n) for n in packages) if m)
     interrupted = pm.prepare(module.params["lock_timeout_s"])
     before = pm.installed()
     resolved = pm.resolve(packages, module.params["update_cache"])
-    stale = sorted(n for n in before if BRANCHED.match(n) and BRANCHED.match(n).group("branch") not in branches
-                   and n not in packages)
+    stale = stale_packages(dict((n, v[0]) for n, v in before.items()), resolved, debian_sources=pm.name == "apt")
     to_install = sorted(n for n, v in resolved.items() if before.get(n, (None,))[0] != v)
     to_hold = sorted(n for n in resolved if module.params["hold"] and not before.get(n, (None, False))[1])
     result = dict(manager=pm.name, before=dict((n, v[0]) for n, v in before.items()), removed=stale,

@@ -1,0 +1,1 @@
+../../gpu_facts/module_utils/fleetctl_packaging.py

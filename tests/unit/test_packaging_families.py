@@ -1,0 +1,171 @@
+"""Driver packaging families read from REAL package indices: Debian bookworm's non-free/contrib Packages (an excerpt
+of the real index, tests/testdata/packaging/). What a campaign asks a Debian host for, what the host's
+nvidia_driver_packages resolves it to in those repositories, and what it removes, on a branch change
+(470.256.02 -> 535.216.03) and on a move between Debian's sources within a branch (535.216.03 -> 535.261.03)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from orchestrator.campaign import packages
+
+ROOT = Path(__file__).resolve().parents[2]
+INDEX = ROOT / "tests/testdata/packaging/debian-bookworm-nvidia.Packages"
+TESLA_470, TESLA_535, CURRENT = "470.256.02-1~deb12u1", "535.216.03-3~deb12u1", "535.261.03-1"
+# The headless subset an HGX host without a display installs: the kernel module (DKMS source), NVML, nvidia-smi,
+# CUDA's driver library, the alternative and the kernel-support files the module's package needs.
+HEADLESS = ("nvidia-tesla-{b}-kernel-dkms", "libnvidia-tesla-{b}-ml1", "nvidia-tesla-{b}-smi",
+            "libnvidia-tesla-{b}-cuda1", "nvidia-tesla-{b}-alternative", "nvidia-tesla-{b}-kernel-support")
+
+
+def load_module(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+packaging = load_module("fleetctl_packaging_under_test", "roles/gpu_facts/module_utils/fleetctl_packaging.py")
+
+
+def stanzas() -> list[dict[str, str]]:
+    text = "\n".join(line for line in INDEX.read_text().splitlines() if not line.startswith("#"))
+    out = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(re.findall(r"^([A-Za-z-]+): (.*)$", block, re.M))
+        fields.setdefault("Source", fields["Package"])
+        fields["Source"] = fields["Source"].split()[0]
+        out.append(fields)
+    return out
+
+
+@pytest.fixture(scope="module")
+def index() -> dict[str, list[str]]:
+    """package name -> every version the repositories offer, newest last (as apt-cache madison lists them)."""
+    versions = defaultdict(list)
+    for s in stanzas():
+        versions[s["Package"]].append(s["Version"])
+    return versions
+
+
+@pytest.fixture(scope="module")
+def by_source() -> dict[str, set[str]]:
+    out = defaultdict(set)
+    for s in stanzas():
+        out[s["Source"]].add(s["Package"])
+    return out
+
+
+def test_every_binary_of_debians_driver_sources_is_read_as_its_family_and_branch(by_source):
+    expected = {"nvidia-graphics-drivers-tesla-470": ("debian-tesla-NNN", "470"),
+                "nvidia-graphics-drivers-tesla-535": ("debian-tesla-NNN", "535"),
+                "nvidia-graphics-drivers-tesla": ("debian-tesla", None),
+                "nvidia-graphics-drivers": ("debian", None), "nvidia-open-gpu-kernel-modules": ("debian", None)}
+    for source, (family, branch) in expected.items():
+        assert len(by_source[source]) >= 3, source
+        for name in by_source[source]:
+            assert (packaging.read(name) or (None, None))[:2] == (family, branch), name
+            assert packaging.role(name) == "driver", name
+    assert packaging.role("nvidia-persistenced") == "persistenced"
+    assert packaging.read("nvidia-persistenced") is None  # versioned apart from the driver's sources on Debian
+
+
+def test_each_part_of_the_driver_is_spelled_as_each_source_really_names_it(by_source):
+    """The key of a package (its part of the driver) spelled back in every Debian source gives that source's real
+    binary, for every part the source ships (libcuda1 <-> libnvidia-tesla-535-cuda1, libegl-nvidia0 <->
+    libegl-nvidia-tesla-535-0 <-> libegl-nvidia-tesla0)."""
+    sources = {"nvidia-graphics-drivers-tesla-470": ("debian-tesla-NNN", "470"),
+               "nvidia-graphics-drivers-tesla-535": ("debian-tesla-NNN", "535"),
+               "nvidia-graphics-drivers-tesla": ("debian-tesla", None),
+               "nvidia-graphics-drivers": ("debian", None)}
+    keys = {source: {packaging.read(n)[2] for n in names} for source, names in by_source.items() if source in sources}
+    for source, (family, branch) in sources.items():
+        assert {packaging.spell(family, key, branch) for key in keys[source]} == by_source[source], source
+    # the parts the branches share: every 470 part that 535 also ships is the 535 name on_branch
+    for name in by_source["nvidia-graphics-drivers-tesla-470"]:
+        if packaging.read(name)[2] in keys["nvidia-graphics-drivers-tesla-535"]:
+            assert packaging.on_branch(name, "535") in by_source["nvidia-graphics-drivers-tesla-535"], name
+
+
+class FakeAptModule:
+    """What nvidia_driver_packages asks of AnsibleModule, answering apt-cache madison from the real index."""
+
+    def __init__(self, index):
+        self.index = index
+        self.params = {}
+
+    def run_command(self, argv, environ_update=None):
+        if argv[:2] == ["apt-cache", "madison"]:
+            found = self.index.get(argv[2], [])
+            return 0, "".join(f" {argv[2]} | {v} | deb.debian.org bookworm/non-free\n"
+                                                for v in reversed(found)), ""
+        raise AssertionError(argv)
+
+    def fail_json(self, msg):
+        raise RuntimeError(msg)
+
+
+def headless(branch: str, version: str) -> dict[str, str]:
+    return {name.format(b=branch): version for name in HEADLESS}
+
+
+def host_resolves(index, requests: dict[str, str]) -> dict[str, str]:
+    module = load_module("nvidia_driver_packages_under_test", "roles/nvidia_driver/library/nvidia_driver_packages.py")
+    return module.Apt(FakeAptModule(index)).resolve(requests, update_cache=False)
+
+
+def test_a_debian_branch_change_installs_the_new_branch_and_removes_every_package_of_the_old(index):
+    """470.256.02 -> 535.216.03: the campaign asks for nvidia-tesla-535-* (not nvidia-tesla-470-* at 535, the bug a
+    branch-at-the-end pattern had); every request exists at exactly 535.216.03-3~deb12u1; nothing of 470 stays."""
+    installed = headless("470", TESLA_470) | {"nvidia-persistenced": "470.103.01-1", "nvidia-modprobe": "470.103.01-1"}
+    facts = [{"name": n, "version": v, "role": packaging.role(n)} for n, v in installed.items()]
+    before = packages.driver_versioned(facts, "470.256.02")
+    assert before == headless("470", TESLA_470)  # persistenced/modprobe are versioned apart on Debian
+    wanted = packages.target_set(before, "470.256.02", "535.216.03")
+    assert wanted == {n: "535.216.03" for n in headless("535", TESLA_535)}
+    resolved = host_resolves(index, wanted)
+    assert resolved == headless("535", TESLA_535)
+    assert packaging.stale(installed, resolved) == sorted(headless("470", TESLA_470))
+
+
+def test_a_version_debian_ships_under_its_unversioned_source_is_found_there(index):
+    """535.216.03 (nvidia-tesla-535-*) -> 535.261.03, which bookworm ships only as the unversioned nvidia-driver
+    source: the host resolves each tesla-535 request to the same part there (libnvidia-tesla-535-cuda1 ->
+    libcuda1), and the tesla-535 packages go in the same change. And back: the rollback's exact tesla-535 set."""
+    installed = headless("535", TESLA_535)
+    wanted = packages.target_set(installed, "535.216.03", "535.261.03")
+    assert wanted == {n: "535.261.03" for n in installed}  # same branch: the names stay, the host finds them
+    resolved = host_resolves(index, wanted)
+    assert resolved == {"nvidia-kernel-dkms": CURRENT, "libnvidia-ml1": CURRENT, "nvidia-smi": CURRENT,
+                        "libcuda1": CURRENT, "nvidia-alternative": CURRENT, "nvidia-kernel-support": CURRENT}
+    assert packaging.stale(installed, resolved) == sorted(installed)
+    back = host_resolves(index, installed)  # a rollback asks for the recorded distro versions
+    assert back == installed
+    assert packaging.stale(resolved, back) == sorted(resolved)
+
+
+def test_a_version_in_no_repository_is_named_with_its_package(index):
+    with pytest.raises(RuntimeError, match=r"no package version in the configured repositories for: "
+                                           r"libnvidia-tesla-535-ml1=535\.999\.01"):
+        host_resolves(index, {"libnvidia-tesla-535-ml1": "535.999.01"})
+
+
+@pytest.mark.parametrize("name, family, branch", [
+    ("nvidia-driver-570-server-open", "branched", "570"), ("libnvidia-compute-570-server", "branched", "570"),
+    ("nvidia-fabricmanager-570", "branched", "570"), ("cuda-drivers-570", "branched", "570"),
+    ("nvidia-open-570", "branched", "570"), ("nvidia-dkms-570-open", "branched", "570"),
+    ("linux-modules-nvidia-570-server-open-6.8.0-45-generic", "precompiled", "570"),
+    ("kmod-nvidia-open-dkms", "el", None)])
+def test_ubuntu_cuda_and_el_names(name, family, branch):
+    assert packaging.read(name)[:2] == (family, branch)
+
+
+def test_rpm_hosts_never_lose_their_unversioned_driver_packages():
+    installed = {"nvidia-driver": "550.163.01-1.el9", "kmod-nvidia-open-dkms": "550.163.01-1.el9"}
+    resolved = {"nvidia-driver": "570.86.15-1.el9"}
+    assert packaging.stale(installed, resolved, debian_sources=False) == []
