@@ -298,7 +298,7 @@ def interconnect_lines(before: dict[str, Any] | None, after: dict[str, Any] | No
     for g in after["gpus"]:
         fabric = g.get("fabric") or {}
         if fabric.get("state") not in (None, *FABRIC_OK) or fabric.get("status") not in (None, "success"):
-            fails.append(f"GPU {g['index']}: fabric {fabric['state'].replace('_', ' ')}"
+            fails.append(f"GPU {g['index']}: fabric {(fabric.get('state') or 'state unknown').replace('_', ' ')}"
                          + (f" ({fabric['status']})" if fabric.get("status") else "")
                          + ": multi-GPU CUDA programs fail (error 802) until it completes")
         now, prev = g.get("nvlink") or {}, (was.get(key(g)) or {}).get("nvlink") or {}

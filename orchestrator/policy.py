@@ -205,6 +205,39 @@ def driver_cuda_support(facts, policy):
                   driver_cuda=supported, workloads=wanted)
 
 
+@control("driver.next_boot", "The next boot kernel has the driver's module", "critical", ("boot.modules",),
+         "build the module for that kernel (dkms autoinstall -k KERNEL, with its headers installed) or install the "
+         "precompiled module package for it, or make the boot loader start a kernel that has one")
+def driver_next_boot(facts, policy):
+    """A kernel update whose nvidia module was never built (no headers, a failed DKMS build, an unsigned module)
+    loses the driver at the next reboot: critical drift before the reboot happens."""
+    if not policy.get("driver", {}).get("next_boot", True):
+        return None
+    d, boot = facts["driver"], facts.get("boot")
+    if d["state"] == "not_installed":
+        return not_applicable("no driver installed")
+    if boot is None:
+        return not_applicable("the facts hold no boot state (collected by an older gpu_facts)")
+    kernel = boot["next_kernel"]
+    if kernel is None:
+        return not_applicable("no kernel image under /boot: the kernel comes from outside the host (VM, container "
+                              "or network boot)", running_kernel=boot["running_kernel"])
+    expected = d["userspace_version"] or d["module_version"]
+    module = next((m for m in boot["modules"] if m["kernel"] == kernel), None)
+    where = f"the host boots {kernel} next ({boot['next_kernel_source']})"
+    evidence = {"next_kernel": kernel, "source": boot["next_kernel_source"], "expected": expected,
+                "module": module}
+    if module is None or not module["files"]:
+        dkms = [f"{x['module']}/{x['version']}: {x['state']}" for x in (module or {}).get("dkms") or []]
+        why = f" (dkms: {', '.join(dkms)})" if dkms else ""
+        return failed(f"{where} and no nvidia module is installed for it{why}: the driver will not load after "
+                      f"the next reboot", **evidence)
+    if expected and module["version"] and module["version"] != expected:
+        return failed(f"{where} with nvidia module {module['version']}, but the installed driver is {expected}: "
+                      f"Driver/library version mismatch after the next reboot", **evidence)
+    return passed(f"{where} with nvidia module {module['version'] or 'of unknown version'}", **evidence)
+
+
 # ---- nouveau -----------------------------------------------------------------------------------
 
 @control("nouveau.not_loaded", "nouveau not loaded", "critical", ("nouveau",),
@@ -644,11 +677,16 @@ def gpu_nvlink(facts, policy, reference):
             f"{gpu_label(g)}: {_unread_message(facts, f'interconnect.gpus[{i}].nvlink')}"
             for i, g in ((g["index"], g) for g in gpus) if g.get("nvlink") is None), {"gpus": [g["index"] for g in unread]})
     linked = [g for g in gpus if g["nvlink"]["supported"]]
-    if not linked:
+    # A GPU that lists no link now (nvidia-smi: "all links are inActive") but had links up at the last passing audit
+    # lost them all; without such a reference it is a GPU without NVLink wired.
+    lost = [(g, ref_up) for g, ref_up in ((g, (((same_gpu(facts, g, reference) or {}).get("nvlink") or {}).get("up") or 0))
+                                          for g in gpus if not g["nvlink"]["supported"]) if ref_up]
+    if not linked and not lost:
         return not_applicable("no NVLink on this GPU" if len(gpus) == 1 else "no NVLink on this host's GPUs")
     warn_limit = rules.get("errors_warn", NVLINK_ERRORS_WARN)
     fail_limit = rules.get("errors_fail")
-    problems, warnings, evidence = [], [], []
+    problems = [f"{gpu_label(g)}: no NVLink link answers; {up} were up at the last passing audit" for g, up in lost]
+    warnings, evidence, unwired = [], [], []
     for g in linked:
         nv = g["nvlink"]
         if rules.get("links_up") is not None:
@@ -657,6 +695,9 @@ def gpu_nvlink(facts, policy, reference):
             ref = same_gpu(facts, g, reference)
             ref_nv = (ref or {}).get("nvlink") or {}
             expected, source = (ref_nv["up"], "last passing audit") if ref_nv.get("supported") else (nv["total"], "all links")
+        if nv["up"] == 0 and source == "all links":
+            unwired.append(g["index"])  # a PCIe board without NVLink bridges lists its links, every one inactive
+            continue
         down = [link["link"] for link in nv["links"] if link["state"] != "up"]
         counters: dict[str, int] = {}
         per_link: dict[int, int] = {}
@@ -686,13 +727,18 @@ def gpu_nvlink(facts, policy, reference):
             elif warn_limit is not None and errors > warn_limit:
                 warnings.append(f"{detail}, over {warn_limit}")
     no_nvlink = [g["index"] for g in gpus if not g["nvlink"]["supported"]]
-    facts_of = {"gpus": evidence, "errors_warn": warn_limit, "errors_fail": fail_limit, "no_nvlink": no_nvlink}
+    facts_of = {"gpus": evidence, "errors_warn": warn_limit, "errors_fail": fail_limit, "no_nvlink": no_nvlink,
+                "no_link_up": unwired}
     if reference and any(e["expected_from"] == "last passing audit" for e in evidence):
         facts_of["reference_collected_at"] = reference.get("collected_at")
     if problems:
         return failed("; ".join(problems), **facts_of)
     if warnings:
         return warned("; ".join(warnings), **facts_of)
+    if not evidence:
+        return not_applicable("the GPUs list NVLink links but none is up, and neither the baseline "
+                              "(interconnect.nvlink.links_up) nor a passing audit expects one: a PCIe board without "
+                              "NVLink bridges", **facts_of)
     shapes = sorted({f"{e['up']} of {e['total']}" for e in evidence})
     sources = sorted({e["expected_from"] for e in evidence})
     return passed(f"NVLink: {' / '.join(shapes)} links up on {len(linked)} GPU{'s' if len(linked) > 1 else ''} "

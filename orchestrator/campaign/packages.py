@@ -35,11 +35,13 @@ def driver_versioned(packages: list[dict[str, Any]], running: str) -> dict[str, 
 def target_set(before: dict[str, str], running: str, target: str) -> dict[str, str]:
     """The upgrade's package requests: each driver-versioned package at TARGET, spelled for TARGET's branch
     (nvidia-driver-550-open -> nvidia-driver-570-open, nvidia-tesla-470-driver -> nvidia-tesla-535-driver; a host
-    whose repositories hold TARGET under another of Debian's spellings gets that one: nvidia_driver_packages)."""
+    whose repositories hold TARGET under another of Debian's spellings gets that one: nvidia_driver_packages; a part
+    the new branch no longer ships, such as libnvidia-tesla-470-cbl, is not asked for and is removed with the old
+    branch)."""
     packaging = resources.module_utils("fleetctl_packaging")
     old, new = branch(running), branch(target)
-    return {(packaging.on_branch(name, new) if packaging.on_name_branch(name) == old else name): target
-            for name in before}
+    named = [packaging.on_branch(name, new) if packaging.on_name_branch(name) == old else name for name in before]
+    return {name: target for name in named if name}  # a part the new branch dropped goes with the old branch
 
 
 def describe(packages: dict[str, str]) -> str:

@@ -237,10 +237,11 @@ def interconnect_problems(entry: dict[str, Any], before: dict[str, Any]) -> list
     """What the change broke between the GPUs: a control failing now that did not fail at the precheck (a fabric
     not completed, a pair fallen off NVLink, link errors past the baseline's limit), and a link that was up at the
     precheck and is not now (one that trains down after the reboot leaves every single-GPU check green). A
-    problem the host already had at the precheck is not the change's doing and does not roll it back."""
+    problem the host already had at the precheck is not the change's doing and does not roll it back; nor does a
+    value NVML could not read this once (an `error` finding): a false rollback costs a maintenance window."""
     was = before.get("interconnect") or {}
     problems = [f"{f['control']}: {f['message']}" for f in entry["findings"]
-                if f["control"] in INTERCONNECT_CONTROLS and f["status"] in ("fail", "error")
+                if f["control"] in INTERCONNECT_CONTROLS and f["status"] == "fail"
                 and was.get(f["control"]) not in ("fail", "error")]
     now = nvlink_up(entry["facts"])
     for gpu, up in sorted((before.get("nvlink_up") or {}).items()):
@@ -293,6 +294,8 @@ def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str]) ->
         if d["held"] is False:
             problems.append("driver packages are not held")
         problems += interconnect_problems(entry, ctx.befores[name])
+        problems += [f"driver.next_boot: {f['message']}" for f in entry["findings"]
+                     if f["control"] == "driver.next_boot" and f["status"] == "fail"]
         detail = {"running": running, "state": d["state"], "gpus": len(gpus), "held": d["held"],
                   "nvlink_up": nvlink_up(facts)}
         out[name] = Outcome("fail", "verify: " + "; ".join(problems), detail) if problems else Outcome("ok", None, detail)

@@ -169,3 +169,73 @@ def test_rpm_hosts_never_lose_their_unversioned_driver_packages():
     installed = {"nvidia-driver": "550.163.01-1.el9", "kmod-nvidia-open-dkms": "550.163.01-1.el9"}
     resolved = {"nvidia-driver": "570.86.15-1.el9"}
     assert packaging.stale(installed, resolved, debian_sources=False) == []
+
+
+def closure(index_stanzas: list[dict[str, str]], roots: list[str]) -> dict[str, str]:
+    """name -> version of ROOTS and everything they depend on or recommend in the index, as apt installs them
+    (recommends included, its default): of a clause's alternatives (and the packages that Provide them) one of the
+    roots' own source is taken first, else the first the index has; the newest version."""
+    newest, provides = {}, defaultdict(list)
+    for st in index_stanzas:
+        newest[st["Package"]] = st  # later stanzas (bookworm-security) are newer
+        for virtual in (v.split()[0] for v in st.get("Provides", "").split(",") if v.strip()):
+            provides[virtual].append(st["Package"])
+    home = {newest[r]["Source"] for r in roots}
+    got, todo = {}, list(roots)
+    while todo:
+        name = todo.pop()
+        if name in got or name not in newest:
+            continue
+        st = newest[name]
+        got[name] = st["Version"]
+        for field in ("Pre-Depends", "Depends", "Recommends"):
+            for clause in filter(None, (c.strip() for c in st.get(field, "").split(","))):
+                names = [alt.strip().split()[0] for alt in clause.split("|")]
+                if any(":" in n for n in names):
+                    continue  # another architecture (libcuda1:i386)
+                options = [p for n in names for p in ([n] if n in newest else []) + provides.get(n, [])]
+                chosen = next((p for p in options if p in got), None) or \
+                    next((p for p in options if newest[p]["Source"] in home), None) or next(iter(options), None)
+                if chosen:
+                    todo.append(chosen)
+    return got
+
+
+def test_the_full_tesla_470_driver_moves_to_535_without_asking_for_parts_535_dropped_nor_removing_its_own_deps(index):
+    """The whole nvidia-tesla-470-driver as apt installs it (its real dependency closure, with the unversioned
+    source's *-common packages the ICDs need): the 470-only parts (libnvidia-tesla-470-cbl, -ifr1, -compiler) are
+    not asked for at 535 and go with the old branch; nvidia-egl-common and its kin stay; every request exists at
+    535.216.03."""
+    all_stanzas = stanzas()
+    installed = closure([s for s in all_stanzas if s["Source"] != "nvidia-graphics-drivers-tesla-535"],
+                        ["nvidia-tesla-470-driver", "nvidia-tesla-470-opencl-icd", "libnvidia-tesla-470-ifr1"])
+    assert {"libnvidia-tesla-470-cbl", "libnvidia-tesla-470-compiler", "nvidia-egl-common"} <= set(installed)
+    facts = [{"name": n, "version": v, "role": packaging.role(n)} for n, v in installed.items() if packaging.role(n)]
+    wanted = packages.target_set(packages.driver_versioned(facts, "470.256.02"), "470.256.02", "535.216.03")
+    assert not any("470" in n or packaging.read(n)[2] in packaging.DEBIAN_LAST_BRANCH for n in wanted), wanted
+    resolved = host_resolves(index, wanted)
+    assert set(resolved.values()) == {TESLA_535}
+    removed = packaging.stale(installed, resolved)
+    assert removed == sorted(n for n in installed if "tesla-470" in n)
+    kept = set(installed) - set(removed)
+    assert {"nvidia-egl-common", "nvidia-vulkan-common"} & kept == {"nvidia-egl-common", "nvidia-vulkan-common"} \
+        & set(installed)
+    # nothing removed is something the new set needs (apt pulls in the new branch's other parts itself)
+    needed = closure([s for s in all_stanzas if s["Source"] != "nvidia-graphics-drivers-tesla-470"], sorted(resolved))
+    assert not set(removed) & set(needed), set(removed) & set(needed)
+
+
+def test_a_full_tesla_535_host_moves_to_the_unversioned_535_261_and_back(index):
+    all_stanzas = stanzas()
+    installed = closure([s for s in all_stanzas if s["Source"] != "nvidia-graphics-drivers-tesla-470"],
+                        ["nvidia-tesla-535-driver"])
+    facts = [{"name": n, "version": v, "role": packaging.role(n)} for n, v in installed.items() if packaging.role(n)]
+    recorded = packages.driver_versioned(facts, "535.216.03")
+    resolved = host_resolves(index, packages.target_set(recorded, "535.216.03", "535.261.03"))
+    assert set(resolved.values()) == {CURRENT} and "nvidia-driver" in resolved
+    assert packaging.stale(installed, resolved) == sorted(recorded)  # each tesla-535 part has its unversioned twin
+    now = {n: v for n, v in installed.items() if n not in recorded} | resolved
+    back = host_resolves(index, recorded)  # the rollback: the recorded exact set
+    assert back == recorded
+    removed = packaging.stale(now, back)
+    assert removed == sorted(resolved) and "nvidia-egl-common" not in removed

@@ -62,10 +62,11 @@ def test_the_healthy_real_host_passes_every_control(healthy):
     got = statuses(healthy)
     assert {c for c, s in got.items() if s not in ("pass", "not_applicable")} == set()
     # not applicable on this host: no NVSwitch, and H100s use row remapping, not page retirement; the capture
-    # predates facts.interconnect, so the interconnect controls have nothing to judge (test_policy_interconnect.py)
+    # predates facts.interconnect and facts.boot, so the interconnect controls and driver.next_boot have nothing to
+    # judge (test_policy_interconnect.py, test_next_boot.py)
     assert {c for c, s in got.items() if s == "not_applicable"} == {"fabricmanager.version", "gpu.retired_pages",
                                                                    "gpu.nvlink", "gpu.fabric", "gpu.topology",
-                                                                   "gpudirect.peermem"}
+                                                                   "gpudirect.peermem", "driver.next_boot"}
 
 
 def test_the_device_host_as_captured_shows_its_real_drift(device_facts):

@@ -266,12 +266,12 @@ def test_one_gpu_not_started_and_one_failed_are_each_named(hgx):
 def test_a_fabric_nvml_cannot_read_is_an_error_with_its_reason(hgx):
     for i, g in enumerate(hgx["interconnect"]["gpus"]):
         g["fabric"] = None
-    hgx["errors"] = {f"interconnect.gpus[{i}].fabric": "NVML: Function Not Found (nvmlDeviceGetGpuFabricInfoV, "
-                     "nvmlDeviceGetGpuFabricInfo)" for i in range(8)}
+    hgx["errors"] = {f"interconnect.gpus[{i}].fabric": "nvmlDeviceGetGpuFabricInfoV: NVML: Unknown Error"
+                     for i in range(8)}
     got = findings(hgx)["gpu.fabric"]
     assert got["status"] == "error"
     assert got["message"].startswith("fabric state unread on an NVSwitch host: GPU 0 (0000:18:00.0): "
-                                      "interconnect.gpus[0].fabric: NVML: Function Not Found")
+                                      "interconnect.gpus[0].fabric: nvmlDeviceGetGpuFabricInfoV: NVML: Unknown Error")
     # a status this fleetctl cannot name is not taken for success
     named = copy.deepcopy(hgx)
     named["interconnect"]["gpus"] = [dict(g, fabric=dict(FABRIC_OK)) for g in hgx["interconnect"]["gpus"]]
@@ -446,3 +446,27 @@ def test_a_gpu_off_the_bus_is_gpu_counts_finding_not_an_unread_interconnect(h200
     ic["topology"] = []
     got = statuses(h200x2, {})
     assert (got["gpu.nvlink"], got["gpu.fabric"], got["gpu.topology"]) == ("pass", "pass", "not_applicable")
+
+
+def test_a_pcie_board_without_nvlink_bridges_is_not_failed_but_a_board_that_lost_its_links_is(hgx):
+    """An A100/H100 PCIe card lists its NVLinks, every one inactive, when no bridge is fitted (NVML), or prints
+    "all links are inActive" (nvidia-smi: no link listed). Without a baseline or a passing audit expecting links,
+    that is a board without NVLink, not a failure; a GPU whose links were up at the last passing audit fails."""
+    pcie = copy.deepcopy(hgx)
+    pcie["interconnect"]["gpus"] = pcie["interconnect"]["gpus"][:2]
+    pcie["interconnect"]["topology"] = pairs(2, "PHB")
+    pcie["fabric_manager"].update(nvswitch_present=False, package_version=None, running=False)
+    for g in pcie["interconnect"]["gpus"]:
+        g["nvlink"] = nvlink(up=0, total=12)
+        g["fabric"] = {**FABRIC_OK, "state": "not_supported", "status": None}
+    got = findings(pcie)["gpu.nvlink"]
+    assert got["status"] == "not_applicable" and "without NVLink bridges" in got["message"], got
+    assert findings(pcie, {"interconnect": {"nvlink": {"links_up": 12}}})["gpu.nvlink"]["status"] == "fail"
+    reference = copy.deepcopy(pcie)
+    for g in reference["interconnect"]["gpus"]:
+        g["nvlink"] = nvlink(up=12, total=12)
+    assert findings(pcie, reference={"gpu.nvlink": reference})["gpu.nvlink"]["status"] == "fail"
+    smi = copy.deepcopy(pcie)  # nvidia-smi lists no link at all
+    smi["interconnect"]["gpus"][1]["nvlink"] = dict(NO_NVLINK)
+    got = findings(smi, reference={"gpu.nvlink": reference})["gpu.nvlink"]
+    assert got["status"] == "fail" and "GPU 1 (0000:2a:00.0): no NVLink link answers; 12 were up" in got["message"]

@@ -72,3 +72,20 @@ def test_an_interconnect_measurement_that_broke_is_inconclusive_not_a_regression
     v = gate.judge_throughput(t, after, gate.DEFAULTS, {"throughput.allreduce": "NCCL all-reduce did not finish in 600 s"})
     assert v.status == "inconclusive" and "did not finish in 600 s" in " ".join(v.reasons)
     assert gate.judge_throughput(t, after, gate.DEFAULTS).status == "fail"  # missing without a reason: a regression
+
+
+def test_a_value_nvml_could_not_read_once_after_the_reboot_does_not_roll_back():
+    before_entry = entry(findings=[("gpu.nvlink", "pass", "ok"), ("gpu.fabric", "pass", "ok")])
+    before = {"nvlink_up": steps.nvlink_up(before_entry["facts"]),
+              "interconnect": {f["control"]: f["status"] for f in before_entry["findings"]}}
+    unread = entry(findings=[("gpu.nvlink", "error", "NVLink state unread: GPU 1: link 3 replay: NVML return 999"),
+                             ("gpu.fabric", "pass", "ok")])
+    assert steps.interconnect_problems(unread, before) == []
+
+
+def test_a_fabric_with_a_status_but_no_state_is_named_not_a_crash():
+    before = {"gpus": [{"index": 0, "pci_bus_id": "0000:18:00.0", "fabric": {"state": "completed", "status": "success"},
+                        "nvlink": {"up": 18, "links": []}}]}
+    after = {"gpus": [{"index": 0, "pci_bus_id": "0000:18:00.0", "fabric": {"state": None, "status": "NVML_ERROR_UNKNOWN"},
+                       "nvlink": {"up": 18, "links": []}}]}
+    assert any("fabric state unknown (NVML_ERROR_UNKNOWN)" in line for line in gate.interconnect_lines(before, after))

@@ -101,6 +101,7 @@ from ansible.module_utils.fleetctl_gpus import (
     parse_smi_xml,
 )
 from ansible.module_utils.fleetctl_interconnect import NvmlInterconnect, from_smi
+from ansible.module_utils.fleetctl_boot import boot_facts
 from ansible.module_utils.fleetctl_packaging import role as packaging_role
 from ansible.module_utils.fleetctl_kernel_log import KernelLogUnreadable, catalog_index, read_kernel_log, xid_events
 
@@ -361,12 +362,12 @@ class Collector:
         finally:
             pynvml.nvmlShutdown()
 
-    def guarded(self, read):
+    def guarded(self, read, fact="interconnect"):
         """One part's reader failing in a way nobody foresaw costs that part (an errors entry), not the host's facts."""
         try:
             return read()
         except Exception as e:  # the other facts must still be returned
-            self.errors["interconnect"] = "reading the interconnect failed: %s: %s" % (type(e).__name__, e)
+            self.errors[fact] = "reading the %s failed: %s: %s" % (fact, type(e).__name__, e)
             return None
 
     def smi_interconnect(self, gpus):
@@ -496,6 +497,18 @@ class Collector:
                 break
         return facts
 
+    def boot(self):
+        """The kernel the host boots next and the nvidia module of the running and the next kernel
+        (module_utils/fleetctl_boot.py says where each comes from)."""
+        rc, dkms = self.run(["dkms", "status"], "boot.dkms")
+        return boot_facts(platform.release(), dkms if rc == 0 else None, self.modinfo_version)
+
+    def modinfo_version(self, path):
+        rc, out = self.run(["modinfo", "-F", "version", path], "boot.modules")
+        if rc is None:
+            self.errors["boot.modules"] = "modinfo is not installed: cannot read the version of %s" % path
+        return out.strip().splitlines()[0] if rc == 0 and out.strip() else None
+
     def persistence(self):
         return {"daemon_running": self.running("nvidia-persistenced"), "daemon_enabled": self.unit_enabled("nvidia-persistenced.service")}
 
@@ -571,6 +584,7 @@ class Collector:
             "host": self.host(),
             "driver": driver,
             "nouveau": self.nouveau(params["check_initramfs"]),
+            "boot": self.guarded(self.boot, "boot"),
             "persistence": self.persistence(),
             "container_runtime": self.container_runtime(packages),
             "fabric_manager": self.fabric_manager(packages),

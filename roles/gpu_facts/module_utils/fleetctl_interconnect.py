@@ -312,6 +312,7 @@ class NvmlInterconnect:
         """nvmlDeviceGetGpuFabricInfoV, else nvmlDeviceGetGpuFabricInfo; the struct always by reference (by value,
         the real library reads the struct as a pointer and the process dies: tests/testdata/h200x2-580.159.04)."""
         n, key = self.n, _key(i, "fabric")
+        driver_lacks = False
         calls = (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t", True),
                  ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t", False))
         for fn_name, struct_name, versioned in calls:
@@ -327,6 +328,7 @@ class NvmlInterconnect:
                 fn(h, ctypes.byref(info))
             except n.NVMLError as e:
                 if e.value in (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
+                    driver_lacks = driver_lacks or e.value == NVML_ERROR_FUNCTION_NOT_FOUND
                     continue  # this driver's NVML lacks the call (or this struct version): try the older call
                 if e.value == NVML_ERROR_NOT_SUPPORTED:  # no fabric on this GPU (pre-Hopper drivers answer so)
                     return {"state": "not_supported", "status": None, "clique_id": None, "cluster_uuid": None,
@@ -334,8 +336,11 @@ class NvmlInterconnect:
                 _add_error(self.errors, key, "%s: NVML: %s" % (fn_name, e))
                 return None
             return self._fabric_facts(info, versioned, key)
-        _add_error(self.errors, key, "this driver's NVML has no fabric call "
-                                     "(nvmlDeviceGetGpuFabricInfoV, nvmlDeviceGetGpuFabricInfo)")
+        if driver_lacks:  # a driver from before fabric registration (R525): no fabric state, as NOT_SUPPORTED says
+            return {"state": "not_supported", "status": None, "clique_id": None, "cluster_uuid": None,
+                    "health_mask": None}
+        _add_error(self.errors, key, "this pynvml has no fabric call (nvmlDeviceGetGpuFabricInfoV, "
+                                     "nvmlDeviceGetGpuFabricInfo): install nvidia-ml-py >= 12.535 on the host")
         return None
 
     def _fabric_facts(self, info, versioned, key):
@@ -428,6 +433,10 @@ def _per_gpu_lines(text, what):
     return gpus, problems
 
 
+# Printed under a GPU's header when NVML lists its links but none is active (a PCIe board without bridges).
+_ALL_INACTIVE = re.compile(r"unable to retrieve nvlink information as all links are inactive", re.I)
+
+
 def parse_nvlink_status(text):
     """`nvidia-smi nvlink -s` -> ({gpu index: [{"link", "state", "gbps"}]}, {gpu index: problem})."""
     gpus, problems = _per_gpu_lines(text, "nvidia-smi nvlink -s")
@@ -436,6 +445,8 @@ def parse_nvlink_status(text):
         links = {}
         for line in lines:
             m = _LINK_STATUS.match(line)
+            if not m and _ALL_INACTIVE.search(line):
+                continue  # no link is listed: a GPU without NVLink wired, or one that lost every link
             if not m:
                 problems.setdefault(index, "nvidia-smi nvlink -s: unexpected line %r" % line[:80])
                 continue

@@ -53,6 +53,10 @@ DEBIAN_DRIVER_KEYS = frozenset((
     "libnvidia-cbl", "libnvidia-compiler", "libnvidia-ifr1",
 ))
 
+# Parts of the Tesla sources that later branches dropped, with the last branch that ships each (tesla-470 has all
+# three, tesla (525) only the compiler, tesla-535 and the unversioned source none).
+DEBIAN_LAST_BRANCH = {"libnvidia-cbl": 470, "libnvidia-ifr1": 470, "libnvidia-compiler": 525}
+
 # Packages of every family that are versioned with the driver but are not the driver itself.
 PERSISTENCED = re.compile(r"^nvidia-persistenced$")
 FABRICMANAGER = re.compile(r"^(nvidia-fabric-?manager(-\d+)?|cuda-drivers-fabricmanager(-\d+)?|libnvidia-nscq(-\d+)?)$")
@@ -116,6 +120,8 @@ def spell(family, key, branch=None):
     if family in ("debian-tesla-NNN", "debian-tesla"):
         if key not in DEBIAN_DRIVER_KEYS:
             return None
+        if key in DEBIAN_LAST_BRANCH and branch and int(branch) > DEBIAN_LAST_BRANCH[key]:
+            return None
         name = DEBIAN_RENAMED.get(key, key)
         m = re.match(r"^(?P<pre>.*nvidia)(?P<post>.*)$", name)
         pre, post = m.group("pre"), m.group("post")
@@ -124,18 +130,19 @@ def spell(family, key, branch=None):
             post = "-" + post  # libegl-nvidia0 -> libegl-nvidia-tesla-535-0
         return pre + infix + post
     if family == "debian":
-        return key if key in DEBIAN_DRIVER_KEYS else None
+        return key if key in DEBIAN_DRIVER_KEYS and key not in DEBIAN_LAST_BRANCH else None
     if family == "branched":
         return key.replace("NNN", branch) if branch else None
     return None
 
 
 def on_branch(name, branch):
-    """NAME spelled for driver BRANCH in its own family (the unversioned families keep their names)."""
+    """NAME spelled for driver BRANCH in its own family (the unversioned families keep their names); None for a
+    part that BRANCH no longer ships (libnvidia-tesla-470-cbl has no 535)."""
     got = read(name)
     if got is None or got[1] is None or got[0] == "precompiled":
         return name
-    return spell(got[0], got[2], branch) or name
+    return spell(got[0], got[2], branch)
 
 
 def equivalents(name, branch):
@@ -151,16 +158,6 @@ def equivalents(name, branch):
         if other and other != name and other not in out:
             out.append(other)
     return out
-
-
-def spelling(name, version):
-    """What a driver package's name says of its driver: (family, branch), the branch from VERSION where the name has
-    none. Two packages of one driver install have one spelling; a package of another spelling is another driver's."""
-    got = read(name)
-    if got is None or got[0] == "precompiled":
-        return None
-    branch = got[1] or version.split(":", 1)[-1].split(".", 1)[0]
-    return got[0], branch
 
 
 def role(name):
@@ -179,23 +176,27 @@ def role(name):
 
 def stale(installed, resolved, debian_sources=True):
     """The installed driver packages that belong to another driver than RESOLVED (name -> version), to remove in
-    the same change: a name carrying another branch (Ubuntu/CUDA: nvidia-driver-550-open beside 570's), and on
-    Debian a package of another source spelling (nvidia-tesla-470-* beside nvidia-tesla-535-*, or nvidia-tesla-535-*
-    beside the unversioned nvidia-driver of 535.261.03; only with DEBIAN_SOURCES: rpm hosts share some of the
-    unversioned names). INSTALLED: name -> version."""
+    the same change. INSTALLED: name -> version.
+    - Ubuntu / CUDA repositories: a name carrying another branch than the requested ones (nvidia-driver-550-open
+      beside 570's); nothing when no requested name carries a branch.
+    - Debian (only with DEBIAN_SOURCES: rpm hosts share some of the unversioned names): another spelling of a part
+      being installed (nvidia-tesla-535-smi beside the unversioned nvidia-smi of 535.261.03), and a part of another
+      Tesla branch (nvidia-tesla-470-*, libnvidia-tesla-470-cbl included). Packages the new driver depends on but
+      that are not its parts (nvidia-egl-common, nvidia-vulkan-common of the unversioned source) stay."""
     branches = set(b for b in (on_name_branch(n) for n in resolved) if b)
-    debian = set(spelling(n, v) for n, v in resolved.items()
-                 if debian_sources and (read(n) or ("",))[0].startswith("debian"))
+    debian = [read(n) for n in resolved if debian_sources and (read(n) or ("",))[0].startswith("debian")]
+    keys = set(r[2] for r in debian)
+    tesla_branches = set(r[1] for r in debian if r[0] == "debian-tesla-NNN")
     out = []
-    for name, version in sorted(installed.items()):
-        if name in resolved:
-            continue
+    for name in sorted(installed):
         got = read(name)
-        if got is None:
+        if name in resolved or got is None:
             continue
-        if got[0] == "branched" and got[1] not in branches:
+        family, branch, key = got
+        if family == "branched" and branches and branch not in branches:
             out.append(name)
-        elif got[0].startswith("debian") and debian and spelling(name, version) not in debian:
+        elif family.startswith("debian") and debian and (
+                key in keys or (family == "debian-tesla-NNN" and branch not in tesla_branches)):
             out.append(name)
     return out
 
