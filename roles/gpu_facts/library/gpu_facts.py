@@ -81,6 +81,19 @@ facts:
           description: The nvidia_peermem (or nv_peermem) kernel module is loaded (GPUDirect RDMA).
           returned: always
           type: bool
+    boot:
+      description:
+        - The kernel the host boots next (C(next_kernel), and C(next_kernel_source) grubenv, grub.cfg, loader or
+          newest), the kernels with an image in /boot, and for the running and the next kernel the nvidia module
+          files under /lib/modules, the version modinfo reads from the first and its dkms status lines
+          (module_utils/fleetctl_boot.py). C(next_kernel) is null where no kernel image is under /boot.
+      returned: always
+      type: dict
+      sample: {"running_kernel": "6.8.0-45-generic", "kernels": ["6.8.0-45-generic", "6.8.0-47-generic"],
+               "next_kernel": "6.8.0-47-generic", "next_kernel_source": "grub.cfg",
+               "modules": [{"kernel": "6.8.0-45-generic", "version": "570.86.15", "dkms": null,
+                            "files": ["/lib/modules/6.8.0-45-generic/updates/dkms/nvidia.ko.zst"]},
+                           {"kernel": "6.8.0-47-generic", "files": [], "version": null, "dkms": null}]}
 """
 
 import glob
