@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import resources
+
 SEVERITIES = ("info", "low", "medium", "high", "critical")
 STATUSES = ("pass", "fail", "warn", "not_applicable", "error")
 
@@ -174,6 +176,9 @@ def driver_held(facts, policy):
     pkgs = [p for p in facts["driver"]["packages"] if p["role"] == "driver"]
     if facts["driver"]["state"] == "not_installed":
         return not_applicable("no driver installed")
+    # Only what moves with the driver (not Debian's nvidia-kernel-common or nvidia-modprobe: fleetctl_packaging).
+    versions = {facts["driver"].get("userspace_version"), facts["driver"].get("module_version")} - {None}
+    pkgs = resources.module_utils("fleetctl_packaging").moves_with_driver(pkgs, versions) or pkgs
     if not pkgs:
         return warned("the driver was not installed from packages (runfile or container image?): it cannot be held",
                       userspace_version=facts["driver"]["userspace_version"])

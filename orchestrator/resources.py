@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from functools import cache
 from pathlib import Path
@@ -33,6 +34,7 @@ def data_path(name: str) -> Path:
 
 
 @cache
+@functools.lru_cache(maxsize=None)
 def module_utils(name: str) -> ModuleType:
     """A module_utils file the roles ship (roles/gpu_facts/module_utils/NAME.py), imported on the controller: the
     rules the hosts apply and the controller's are one copy."""

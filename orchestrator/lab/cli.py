@@ -18,8 +18,10 @@ from .skus import DEFAULT_SKU, SKUS
 SPEC = re.compile(r"^(?P<count>\d+)x(?P<sku>[a-z0-9-]+)(?:/(?P<gpus>\d+))?(?:@(?P<driver>\d{3}\.\d+(?:\.\d+)?))?"
                   r"(?P<drift>(?:\+[a-z-]+)*)$")
 DRIFTS = ("nouveau", "persistence-off", "runtime")
-PACKAGINGS = ("deb", "rpm")  # +rpm: an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt)
-FLAGS = set(DRIFTS) | {"rpm"}  # what may follow a spec's '+'
+# +rpm: an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt); +debian: the driver from Debian's own
+# packages (real nvidia-tesla-470-*, nvidia-tesla-535-*, nvidia-*: orchestrator/lab/debian.py)
+PACKAGINGS = ("deb", "rpm", "debian")
+FLAGS = set(DRIFTS) | {"rpm", "debian"}  # what may follow a spec's '+'
 
 
 def parse_specs(specs: tuple[str, ...], hosts: int, sku: str, gpus: int | None, driver: str | None,
@@ -27,27 +29,30 @@ def parse_specs(specs: tuple[str, ...], hosts: int, sku: str, gpus: int | None, 
     """HostSpecs for `--spec 3xh100-sxm/8@570.86.15+nouveau+rpm ...` (or the uniform --hosts/--sku/... form)."""
     groups = []
     for text in specs or (f"{hosts}x{sku}" + (f"/{gpus}" if gpus else "") + (f"@{driver}" if driver else "")
-                          + "".join(f"+{d}" for d in drift) + ("+rpm" if packaging == "rpm" else ""),):
+                          + "".join(f"+{d}" for d in drift) + (f"+{packaging}" if packaging != "deb" else ""),):
         m = SPEC.match(text)
         if not m:
-            raise InputError(f"--spec {text!r}: expected COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm], "
+            raise InputError(f"--spec {text!r}: expected COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm|+debian], "
                              "e.g. 4xh100-sxm@570.86.15+nouveau")
         if m["sku"] not in SKUS:
             raise InputError(f"--spec {text!r}: unknown SKU {m['sku']!r} (known: {', '.join(SKUS)})")
         drifts = set(filter(None, m["drift"].split("+")))
         if drifts - FLAGS:
             raise InputError(f"--spec {text!r}: unknown drift {sorted(drifts - FLAGS)[0]!r} "
-                             f"(known: {', '.join(DRIFTS)}; +rpm for an rpm host)")
+                             f"(known: {', '.join(DRIFTS)}; +rpm for an rpm host, +debian for Debian's own packages)")
+        if {"rpm", "debian"} <= drifts:
+            raise InputError(f"--spec {text!r}: +rpm and +debian exclude each other")
         groups.append((int(m["count"]), m["sku"], int(m["gpus"]) if m["gpus"] else None, m["driver"], drifts))
     out, extra_drift, serial = [], {}, {}
     for count, sku_key, n_gpus, drv, drifts in groups:
         for _ in range(count):
-            serial[sku_key] = serial.get(sku_key, 0) + 1
-            name = f"{sku_key.split('-')[0]}-{serial[sku_key]:02d}"
+            prefix = sku_key.split("-")[0]  # a100-sxm and a100-pcie hosts number on: a100-01, a100-02
+            serial[prefix] = serial.get(prefix, 0) + 1
+            name = f"{prefix}-{serial[prefix]:02d}"
             # A host with the NVIDIA driver installed has nouveau blacklisted by the package, unless drifted.
             out.append(state.HostSpec(name, sku_key, n_gpus, drv, nouveau="nouveau" in drifts,
                                       persistence_off="persistence-off" in drifts,
-                                      packaging="rpm" if "rpm" in drifts else "deb"))
+                                      packaging=next((p for p in PACKAGINGS if p in drifts), "deb")))
             extra_drift[name] = drifts & {"runtime"}
     if not out:
         raise InputError("the lab needs at least one host")
@@ -68,24 +73,31 @@ def lab() -> None:
 @click.option("--driver", metavar="VERSION", help="Driver installed before the first boot (default: none).")
 @click.option("--drift", type=click.Choice(DRIFTS), multiple=True, help="Plant this drift on every host.")
 @click.option("--packaging", type=click.Choice(PACKAGINGS), default="deb", show_default=True,
-              help="rpm: Enterprise-Linux-style hosts (rpm, dnf, dnf versionlock; no apt).")
+              help="rpm: Enterprise-Linux-style hosts (rpm, dnf, dnf versionlock; no apt); debian: the driver from "
+                   "Debian's own packages (470.256.02, 535.216.03, 535.261.03).")
 @click.option("--spec", "specs", multiple=True, metavar="SPEC",
-              help="COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm], repeatable, for a mixed fleet (overrides the above).")
+              help="COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm|+debian], repeatable, for a mixed fleet (overrides the above).")
 def up(count, sku, gpus, driver, drift, packaging, specs) -> None:
     """Build the lab's package repo and bring the hosts up."""
-    from . import hosts, packages
+    from . import debian, hosts, packages
 
     specs_, extra = parse_specs(specs, count, sku, gpus, driver, drift, packaging)
-    known = set(packages.DRIVER_VERSIONS)
     for s in specs_:
+        known = set(debian.DRIVERS if s.packaging == "debian" else packages.DRIVER_VERSIONS)
         if s.driver and s.driver not in known:
-            raise InputError(f"driver {s.driver} is not in the lab repo (versions: {', '.join(sorted(known))})")
+            where = "Debian's packages the lab mirrors" if s.packaging == "debian" else "the lab repo"
+            raise InputError(f"driver {s.driver} is not in {where} (versions: {', '.join(sorted(known))})")
     if any(s.packaging == "rpm" for s in specs_) and packages.rpm_tools():
         raise InputError(f"rpm hosts need {', '.join(packages.rpm_tools())} to build the lab's rpm repository "
                          "(apt-get install rpm createrepo-c dnf dnf-plugins-core)")
     started = time.monotonic()
     directory = state.lab_dir()
     packages.build_repo(directory / "repo")
+    if any(s.packaging == "debian" for s in specs_):
+        try:
+            debian.ensure_mirror()
+        except debian.MirrorError as e:
+            raise InputError(str(e)) from None
     the_lab = hosts.up(specs_, directory)
     for name, drifts in extra.items():
         if "runtime" in drifts:

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import OperationError
-from . import network, state
+from . import debian, network, state
 from .skus import SKUS
 from .state import HostRecord, HostSpec, Lab
 
@@ -187,6 +187,7 @@ def prepare_host_dir(lab: Lab, host: HostRecord) -> str:
         "client_pub": str(lab.client_key) + ".pub", "driver": host.spec.driver, "nouveau": host.spec.nouveau,
         "persistence_off": host.spec.persistence_off, "nvswitch": SKUS[host.spec.sku].nvswitch,
         "packaging": host.spec.packaging,
+        "debian_mirror": str(debian.mirror_dir()) if host.spec.packaging == "debian" else None,
         "reboot_delay_s": 2.0}, indent=2) + "\n")
     return host_key
 

@@ -14,6 +14,8 @@ Packages (per driver version V of branch B; revision 0lab1):
   nvidia-persistenced   V-0lab1  the daemon, its systemd unit (enabled by postinst, which also starts it)
   nvidia-fabricmanager-B V-0lab1 nv-fabricmanager and its unit (not started: as with the real package)
   nvidia-container-toolkit 1.17.4-1, 1.17.8-1: nvidia-ctk
+  fleetctl-lab-gpu      1.0-0lab1: the NVML emulation, nvidia-smi and nvidia-lab-bench under /usr/local, answering for
+                                 the version of the real libnvidia-ml.so.1 installed (`+debian` hosts: orchestrator/lab/debian.py)
   python3-nvidia-ml-py  the real pynvml of this interpreter's nvidia-ml-py, in /usr/lib/python3/dist-packages
 
 The same packages are also built as RPMs (rpmbuild) into an rpm-md repository in repo_dir/rpm (createrepo_c), for
@@ -58,6 +60,7 @@ RPM_DIR = "rpm"
 RPM_EPOCH = 3  # what NVIDIA's RHEL packages of the driver carry
 RPM_ARCH = {"amd64": "x86_64", "all": "noarch"}
 LAB_SYSTEM = "fleetctl-lab-system"
+GPU_EMULATION = "fleetctl-lab-gpu"  # the emulated GPUs beside a real driver's packages (+debian hosts)
 SYSTEM_PROVIDES = ("/bin/sh", "/usr/bin/sh", "/usr/bin/python3", "/sbin/ldconfig")
 # Debian maintainer script -> (RPM scriptlet, how its arguments are made from RPM's $1, a count of installed
 # instances). rpm runs the new package's %post before the old one's %preun and %postun (dpkg runs the old prerm
@@ -81,6 +84,7 @@ SKU_HARDWARE = {
     "h100-sxm": dict(pci_device_id=0x233010DE, pci_subsystem_id=0x16C110DE, memory_total=85520809984, arch="Hopper", mig=True),
     "h200-sxm": dict(pci_device_id=0x233510DE, pci_subsystem_id=0x18BE10DE, memory_total=150754820096, arch="Hopper", mig=True),
     "a100-sxm": dict(pci_device_id=0x20B210DE, pci_subsystem_id=0x147F10DE, memory_total=85899345920, arch="Ampere", mig=True),
+    "a100-pcie": dict(pci_device_id=0x20B510DE, pci_subsystem_id=0x153310DE, memory_total=85899345920, arch="Ampere", mig=True),
     "l40s": dict(pci_device_id=0x26B910DE, pci_subsystem_id=0x185110DE, memory_total=48305799168, arch="Ada Lovelace", mig=False),
 }
 GENERIC_HARDWARE = dict(pci_device_id=0x000010DE, pci_subsystem_id=0x000010DE, memory_total=85899345920, arch="Hopper", mig=True)
@@ -261,6 +265,19 @@ def package_list(pynvml: tuple[bytes, str], libs: dict[str, bytes]) -> list[Pack
                "etc/containerd/config.toml": (b'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
                                               b'  default_runtime_name = "runc"\n', 0o644)},
         fields={"Section": "admin"}))
+    pkgs.append(Package(
+        GPU_EMULATION, "1.0-%s" % REVISION,
+        "The lab's emulated GPUs for hosts whose driver comes from real distribution packages (+debian)\n"
+        " NVML in /usr/local/lib/x86_64-linux-gnu, found before the real library, and nvidia-smi and nvidia-lab-bench in\n"
+        " /usr/local/bin, all answering for the version of the real libnvidia-ml.so.1 the host has installed.",
+        files={"usr/local/lib/x86_64-linux-gnu/libnvidia-ml.so.1": (libs[""], 0o644),
+               "usr/local/bin/nvidia-smi": (_script("nvidia-smi", LAB_DRIVER_VERSION=""), 0o755),
+               "usr/local/bin/nvidia-lab-bench": (_script("nvidia-lab-bench", LAB_DRIVER_VERSION=""), 0o755),
+               "usr/local/lib/nvidia-lab/skus.json": (skus, 0o644),
+               "usr/local/lib/nvidia-lab/nvidia_lab_interconnect.py":
+                   ((EMU / "nvidia_lab_interconnect.py").read_bytes(), 0o644)},
+        scripts={"triggers": b"activate-noawait ldconfig\n"},
+        fields={"Section": "non-free/libs"}))
     source, version = pynvml
     pkgs.append(Package(
         "python3-nvidia-ml-py", version,
@@ -281,10 +298,10 @@ def _content_hash(pynvml: tuple[bytes, str]) -> str:
 
 
 def _compile(version: str, build: Path) -> bytes:
-    gen = build / ("gen-" + version)
+    gen = build / ("gen-" + (version or "real"))
     gen.mkdir()
     (gen / "lab_skus.h").write_text(sku_header())
-    out = build / ("libnvidia-ml.so." + version)
+    out = build / ("libnvidia-ml.so." + (version or "real"))
     subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-fvisibility=hidden",
                     "-Wl,-soname,libnvidia-ml.so.1", '-DLAB_DRIVER_VERSION="%s"' % version,
                     '-DLAB_FLAVOR="%s"' % FLAVOR, "-I", str(gen), "-o", str(out), str(EMU / "libnvidia-ml.c")],
@@ -439,7 +456,8 @@ def build_repo(repo_dir: Path) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="lab-packages-") as tmp:
             build = Path(tmp)
             with concurrent.futures.ThreadPoolExecutor() as pool:  # gcc and rpmbuild runs take most of the build
-                libs = dict(zip(DRIVER_VERSIONS, pool.map(lambda v: _compile(v, build), DRIVER_VERSIONS)))
+                builds = DRIVER_VERSIONS + ("",)  # "": the version read from the real library (fleetctl-lab-gpu)
+                libs = dict(zip(builds, pool.map(lambda v: _compile(v, build), builds)))
                 pkgs = package_list(pynvml, libs)
                 for old in repo_dir.glob("*.deb"):
                     old.unlink()

@@ -51,6 +51,9 @@ SKUS = {s.key: s for s in (
     Sku("a100-sxm", "NVIDIA A100-SXM4-80GB", 8, "92.00.45.00.06", 4, 16, 60000, 400000, 280.0, 1700.0, True,
         nvlinks=12, nvlink_version=4, nvlink_gbs=25.0, nvswitch_links=(2, 2, 2, 2, 2, 2),
         allreduce_busbw_gbs=(155.0, 230.0), p2p_gbs=230.0),
+    # A PCIe board without NVLink bridges, supported by every branch from 450 (Debian's 470 included: +debian hosts).
+    Sku("a100-pcie", "NVIDIA A100 80GB PCIe", 4, "92.00.90.00.04", 4, 16, 45000, 300000, 250.0, 1500.0, False,
+        allreduce_busbw_gbs=(20.0, 20.0), p2p_gbs=25.0),
     Sku("l40s", "NVIDIA L40S", 4, "95.02.66.00.02", 4, 16, 36000, 350000, 330.0, 760.0, False,
         allreduce_busbw_gbs=(20.0, 20.0), p2p_gbs=25.0),
 )}

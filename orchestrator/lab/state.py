@@ -27,7 +27,8 @@ class HostSpec:
     driver: str | None = None      # e.g. "570.86.15": installed from the lab repo before the first boot
     nouveau: bool = True
     persistence_off: bool = False
-    packaging: str = "deb"         # "rpm": an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt)
+    packaging: str = "deb"         # "rpm": an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt);
+                                   # "debian": the driver from Debian's own packages (orchestrator/lab/debian.py)
 
     @property
     def branch(self) -> str | None:

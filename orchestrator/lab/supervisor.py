@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+from . import debian
 from .conf import read_conf
 from .faults import apply_link_faults, xid_line
 from .kernel import STACK, Modules, append_kmsg, load_messages
@@ -41,9 +42,11 @@ FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
 UNITS = {PERSISTENCED_UNIT: PERSISTENCED, FABRICMANAGER_UNIT: FABRICMANAGER}  # what the systemctl shim can manage
 REQUEST_TIMEOUT_S = 60
 LAB_SYSTEM = "fleetctl-lab-system"  # an rpm host's first package (orchestrator/lab/packages.py)
+GPU_EMULATION = "fleetctl-lab-gpu"  # the emulated GPUs beside a +debian host's real driver packages (packages.py)
 EL_RELEASEVER = "9"
 APT_TOOLS = ("usr/bin/apt-get", "usr/bin/apt", "usr/bin/apt-cache", "usr/bin/apt-mark")  # gone from an rpm host
-PCI_DEVICE_IDS = {"h100-sxm": "0x2330", "h200-sxm": "0x2335", "a100-sxm": "0x20b2", "l40s": "0x26b9"}
+PCI_DEVICE_IDS = {"h100-sxm": "0x2330", "h200-sxm": "0x2335", "a100-sxm": "0x20b2", "a100-pcie": "0x20b5",
+                  "l40s": "0x26b9"}
 PCIE_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
 
 SHUTDOWN_SHIM = """#!/bin/sh
@@ -241,14 +244,19 @@ class Host:
         replace_file(r / "etc/machine-id", machine_id.read_text(), 0o444)
         self.configure_apt()
         self.configure_sshd()
-        replace_file(r / "usr/sbin/shutdown", SHUTDOWN_SHIM, 0o755)
-        replace_file(r / "usr/sbin/reboot", REBOOT_SHIM, 0o755)
-        for shim in ("usr/sbin/modprobe", "usr/sbin/rmmod", "usr/sbin/modinfo", "usr/bin/systemctl"):
-            replace_file(r / shim, REQUEST_SHIM, 0o755)
+        self.install_shims()
         # Package scripts never start daemons behind the supervisor's back (it starts them at boot).
         replace_file(r / "usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
         if not self.config.get("nouveau", True):
             replace_file(r / "etc/modprobe.d/blacklist-nouveau.conf", "blacklist nouveau\noptions nouveau modeset=0\n")
+
+    def install_shims(self) -> None:
+        """The host's power button and kernel: shutdown/reboot, modprobe/rmmod/modinfo and systemctl ask the
+        supervisor (again after provisioning: Debian's kmod, a dependency of dkms, unpacks its own modprobe)."""
+        replace_file(self.root / "usr/sbin/shutdown", SHUTDOWN_SHIM, 0o755)
+        replace_file(self.root / "usr/sbin/reboot", REBOOT_SHIM, 0o755)
+        for shim in ("usr/sbin/modprobe", "usr/sbin/rmmod", "usr/sbin/modinfo", "usr/bin/systemctl"):
+            replace_file(self.root / shim, REQUEST_SHIM, 0o755)
 
     def configure_apt(self) -> None:
         """The lab repository is the host's only apt source: apt never reaches for the network."""
@@ -259,6 +267,8 @@ class Host:
             entry.unlink()
         replace_file(apt / "sources.list.d/fleetctl-lab.list",
                      f"deb [trusted=yes] file:{self.config['lab_dir']}/repo ./\n")
+        if self.config.get("debian_mirror"):  # +debian: Debian's own driver packages, mirrored (debian.py)
+            replace_file(apt / "sources.list.d/debian-nvidia.list", debian.source_line(self.config["debian_mirror"]))
         replace_file(apt / "apt.conf.d/99fleetctl-lab", 'APT::Sandbox::User "root";\nAcquire::Languages "none";\n'
                                                         'APT::Install-Recommends "false";\n')
 
@@ -314,7 +324,9 @@ class Host:
                 host_run("rpm", "--initdb")
                 host_run("dnf", "-y", "install", LAB_SYSTEM)
             if driver:
-                held = self.install_rpm(host_run, driver) if rpm else self.install_deb(host_run, driver)
+                install = {"rpm": self.install_rpm, "debian": self.install_debian}.get(self.config.get("packaging"),
+                                                                                        self.install_deb)
+                held = install(host_run, driver)
                 if (self.root / "usr/bin/nvidia-ctk").exists() and (self.root / "usr/bin/containerd").exists():
                     # containerd with the nvidia runtime as default (the CDI spec needs the loaded driver: it is
                     # generated after the first boot, see first_boot_setup).
@@ -329,6 +341,7 @@ class Host:
                     os.unlink(wants / PERSISTENCED_UNIT)
             if rpm:
                 self.hide_apt()
+        self.install_shims()
 
     def install_deb(self, host_run, driver: str) -> list[str]:
         """apt-get install the driver set of DRIVER; returns the packages to hold."""
@@ -345,6 +358,16 @@ class Host:
             packages.append(f"nvidia-fabricmanager-{branch}={driver}-0lab1")  # HGX: exactly the driver's version
         host_run("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold", *packages)
         return [p.split("=", 1)[0] for p in packages if "=" in p]
+
+    def install_debian(self, host_run, driver: str) -> list[str]:
+        """apt-get install Debian's own packages of DRIVER (debian.DRIVERS, from the mirror) with the lab's emulated
+        GPUs beside them; returns every package at DRIVER's version, to hold."""
+        host_run("apt-get", "update")
+        real = [f"{n}={v}" for n, v in debian.DRIVERS[driver].items()]
+        host_run("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold", *real, GPU_EMULATION,
+                 "python3-nvidia-ml-py", "containerd", "nvidia-container-toolkit")
+        listed = host_run("dpkg-query", "-W", "-f=${Package}\t${Version}\n")
+        return debian.held(driver, dict(line.split("\t", 1) for line in listed.splitlines() if "\t" in line))
 
     def install_rpm(self, host_run, driver: str) -> list[str]:
         """dnf install the driver set of DRIVER (EL names, NAME-VERSION); returns the packages to lock."""
@@ -428,12 +451,21 @@ class Host:
         return lines
 
     def module(self) -> tuple[str, str] | None:
-        """(version, flavor) of the driver's kernel module in the host root, or None."""
+        """(version, flavor) of the driver's kernel module in the host root, or None: the lab packages' module file,
+        else a DKMS module of the driver that the host's dkms has registered (Debian's nvidia-tesla-470-kernel-dkms
+        and kin: /var/lib/dkms/nvidia-tesla-470/470.256.02/source). The lab's kernel stands for a host with the
+        kernel headers: what DKMS registered is what boots, built (docs/lab.md)."""
         try:
             words = (self.root / MODULE_FILE).read_text().split()
         except OSError:
-            return None
-        return (words[0], words[1] if len(words) > 1 else "open") if words else None
+            words = []
+        if words:
+            return words[0], words[1] if len(words) > 1 else "open"
+        registered = [(tuple(int(p) for p in tree.name.split(".")), tree.name,
+                       "open" if "open" in tree.parent.name else "proprietary")
+                      for tree in (self.root / "var/lib/dkms").glob("nvidia*/*")  # source: a link into the host
+                      if re.fullmatch(r"\d+\.\d+(\.\d+)?", tree.name) and (tree / "source").is_symlink()]
+        return max(registered)[1:] if registered else None
 
     def nouveau_blacklisted(self) -> bool:
         for directory in ("etc/modprobe.d", "run/modprobe.d", "usr/lib/modprobe.d", "lib/modprobe.d"):

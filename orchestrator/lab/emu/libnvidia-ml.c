@@ -4,7 +4,11 @@
  *
  * Built once per driver version by orchestrator/lab/packages.py:
  *   gcc -shared -fPIC -O2 -Wall -Werror -DLAB_DRIVER_VERSION='"570.86.15"' -DLAB_FLAVOR='"open"' -I<gen> ...
- * where <gen>/lab_skus.h is generated from orchestrator/lab/skus.py.
+ * where <gen>/lab_skus.h is generated from orchestrator/lab/skus.py. Built once more with LAB_DRIVER_VERSION ""
+ * for hosts whose driver comes from real distribution packages (fleetctl-lab-gpu, `+debian`): installed in
+ * /usr/local/lib/x86_64-linux-gnu, ahead of the real library in the dynamic loader's search order, it answers for
+ * the version of the real libnvidia-ml.so.1 the package manager installed (LAB_REAL_LIBRARY resolved: Debian's
+ * alternatives end in .../nvidia/tesla-470/libnvidia-ml.so.470.256.02); none installed: NVML_ERROR_LIBRARY_NOT_FOUND.
  *
  * State is read at call time, under an optional root prefix ($NVIDIA_LAB_ROOT, default ""):
  *   /sys/module/nvidia/version           absent: NVML_ERROR_DRIVER_NOT_LOADED at init;
@@ -34,6 +38,7 @@
 #ifndef LAB_DRIVER_VERSION
 #error "build with -DLAB_DRIVER_VERSION=\"570.86.15\""
 #endif
+#define LAB_REAL_LIBRARY "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 #ifndef LAB_FLAVOR
 #define LAB_FLAVOR "open"
 #endif
@@ -51,6 +56,7 @@ enum {
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
@@ -222,6 +228,22 @@ static void lab_path(char *buf, size_t len, const char *path)
     snprintf(buf, len, "%s%s", root ? root : "", path);
 }
 
+/* The driver version this library answers for: compiled in, or read from the real library (see the top). */
+static const char *lab_driver_version(void)
+{
+    static char found[64];
+    char path[4096], real[4096];
+    const char *at;
+
+    if (LAB_DRIVER_VERSION[0])
+        return LAB_DRIVER_VERSION;
+    lab_path(path, sizeof path, LAB_REAL_LIBRARY);
+    if (!realpath(path, real) || !(at = strstr(real, "libnvidia-ml.so.")))
+        return "";
+    snprintf(found, sizeof found, "%s", at + strlen("libnvidia-ml.so."));
+    return found;
+}
+
 static char *lab_trim(char *s)
 {
     char *end;
@@ -346,7 +368,7 @@ static nvmlReturn_t lab_module_check(void)
     if (!fgets(version, sizeof version, f))
         version[0] = '\0';
     fclose(f);
-    return strcmp(lab_trim(version), LAB_DRIVER_VERSION) == 0 ? NVML_SUCCESS : NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+    return strcmp(lab_trim(version), lab_driver_version()) == 0 ? NVML_SUCCESS : NVML_ERROR_LIB_RM_VERSION_MISMATCH;
 }
 
 /* Checks a handle and reads its GPU. */
@@ -385,7 +407,7 @@ static nvmlReturn_t lab_str(char *buf, unsigned int len, const char *value)
 
 static unsigned int lab_branch(void)
 {
-    return (unsigned int)atoi(LAB_DRIVER_VERSION);
+    return (unsigned int)atoi(lab_driver_version());
 }
 
 /* ---- init, errors, system ----------------------------------------------------------------------- */
@@ -393,7 +415,7 @@ static unsigned int lab_branch(void)
 API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
     (void)flags;
-    nvmlReturn_t rc = lab_module_check();
+    nvmlReturn_t rc = lab_driver_version()[0] ? lab_module_check() : NVML_ERROR_LIBRARY_NOT_FOUND;
     if (rc == NVML_SUCCESS)
         lab_initialized++;
     return rc;
@@ -443,14 +465,14 @@ API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
     if (!lab_initialized)
         return NVML_ERROR_UNINITIALIZED;
-    return lab_str(version, length, LAB_DRIVER_VERSION);
+    return lab_str(version, length, lab_driver_version());
 }
 
 /* "12.570.86.15" for 550/570, "13.580.95.05" from 580 (the NVML major follows CUDA's). */
 API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 {
     char buf[80];
-    snprintf(buf, sizeof buf, "%u.%s", lab_branch() >= 580 ? 13 : 12, LAB_DRIVER_VERSION);
+    snprintf(buf, sizeof buf, "%u.%s", lab_branch() >= 580 ? 13 : 12, lab_driver_version());
     return lab_str(version, length, buf);
 }
 
@@ -458,7 +480,9 @@ API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
 {
     static const unsigned int table[][2] = {{580, 13000}, {575, 12090}, {570, 12080}, {565, 12070}, {560, 12060},
-                                            {555, 12050}, {550, 12040}, {545, 12030}, {535, 12020}, {0, 12000}};
+                                            {555, 12050}, {550, 12040}, {545, 12030}, {535, 12020}, {530, 12010},
+                                            {525, 12000}, {520, 11080}, {515, 11070}, {510, 11060}, {495, 11050},
+                                            {470, 11040}, {0, 11000}};
     if (!cudaDriverVersion)
         return NVML_ERROR_INVALID_ARGUMENT;
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
@@ -1018,7 +1042,7 @@ static unsigned int lab_fabric_state(const struct lab_hw *hw)
 {
     if (!hw->sku->nvswitch)
         return NVML_GPU_FABRIC_STATE_NOT_SUPPORTED;
-    if (hw->fabric_stuck || !lab_fabric_manager_at(LAB_DRIVER_VERSION))
+    if (hw->fabric_stuck || !lab_fabric_manager_at(lab_driver_version()))
         return NVML_GPU_FABRIC_STATE_IN_PROGRESS;
     return NVML_GPU_FABRIC_STATE_COMPLETED;
 }

@@ -7,6 +7,18 @@ hw is gpus.conf as a dict, sku the SKU's entry of skus.json, ROOT the $NVIDIA_LA
 import os
 
 FABRIC_DIR = "/var/run/nvidia-fabricmanager"
+REAL_LIBRARY = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+
+
+def driver_version(compiled, root):
+    """The driver version the emulated tools answer for: COMPILED in (the lab's own driver packages), or, in the
+    fleetctl-lab-gpu build that stands in for real distribution packages (`+debian` hosts), the version of the real
+    libnvidia-ml.so.1 the package manager installed (Debian's alternatives end in libnvidia-ml.so.470.256.02);
+    "" when none is installed."""
+    if compiled:
+        return compiled
+    real = os.path.basename(os.path.realpath(root + REAL_LIBRARY))
+    return real[len("libnvidia-ml.so."):] if real.startswith("libnvidia-ml.so.") and real[-1:].isdigit() else ""
 SOCKETS = 2
 CPUS_PER_SOCKET = 32
 

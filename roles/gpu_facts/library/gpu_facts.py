@@ -115,7 +115,7 @@ from ansible.module_utils.fleetctl_gpus import (
 )
 from ansible.module_utils.fleetctl_interconnect import NvmlInterconnect, from_smi
 from ansible.module_utils.fleetctl_boot import boot_facts
-from ansible.module_utils.fleetctl_packaging import role as packaging_role
+from ansible.module_utils.fleetctl_packaging import moves_with_driver, role as packaging_role
 from ansible.module_utils.fleetctl_kernel_log import KernelLogUnreadable, catalog_index, read_kernel_log, xid_events
 
 FACTS_SCHEMA_VERSION = 1
@@ -482,7 +482,8 @@ class Collector:
             "cuda_driver_version": system.get("cuda_driver_version"),
             "branch": version.split(".", 1)[0] if version else None,
             "packages": packages,
-            "held": all(p["held"] for p in driver_packages) if driver_packages else None,
+            "held": all(p["held"] for p in moves_with_driver(driver_packages, {module_version, userspace})
+                        or driver_packages) if driver_packages else None,
         }
         return driver, gpus
 

@@ -49,6 +49,8 @@ DEBIAN_DRIVER_KEYS = frozenset((
     "nvidia-open-kernel-source", "nvidia-open-kernel-support", "nvidia-kernel-support", "nvidia-legacy-check", "nvidia-libopencl1",
     "nvidia-opencl-common", "nvidia-opencl-icd", "nvidia-powerd", "nvidia-smi", "nvidia-suspend-common",
     "nvidia-vdpau-driver", "nvidia-vulkan-common", "nvidia-vulkan-icd", "xserver-xorg-video-nvidia",
+    # in non-free-firmware: the GSP firmware the kernel module of 525 and later loads
+    "firmware-nvidia-gsp",
     # only in the tesla sources (their keys, Tesla infix dropped)
     "libnvidia-cbl", "libnvidia-compiler", "libnvidia-ifr1",
 ))
@@ -199,6 +201,18 @@ def stale(installed, resolved, debian_sources=True):
                 key in keys or (family == "debian-tesla-NNN" and branch not in tesla_branches)):
             out.append(name)
     return out
+
+
+def upstream_version(version):
+    """'1:570.86.15-0ubuntu1' -> '570.86.15' (epoch and distro revision dropped)."""
+    return version.split(":", 1)[-1].split("-", 1)[0]
+
+
+def moves_with_driver(packages, versions):
+    """The driver packages (dicts with name, version, role) at one of the driver VERSIONS: what a driver change
+    moves and what a well-kept host holds. Debian's nvidia-kernel-common (20220217) and nvidia-modprobe (its own
+    source: 535.309.01 beside a 470 driver) are driver packages that keep their versions across driver changes."""
+    return [p for p in packages if p["role"] == "driver" and upstream_version(p["version"]) in versions]
 
 
 def on_name_branch(name):

@@ -59,7 +59,8 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.fleetctl_packaging import equivalents, read as read_package_name, stale as stale_packages
+from ansible.module_utils.fleetctl_packaging import (equivalents, read as read_package_name, stale as stale_packages,
+                                                     upstream_version)
 
 # Driver packages of every packaging family (Debian's nvidia-tesla-535-*, libcuda1 ..., Ubuntu's/CUDA's
 # nvidia-driver-570-open ..., EL's kmod-nvidia-*): module_utils/fleetctl_packaging.py.
@@ -262,6 +263,13 @@ def manager_for(module):
     return {"apt": Apt, "dnf": Dnf}[choice](module)
 
 
+def pulled_in(installed, resolved):
+    """Installed NVIDIA packages at a requested driver version that were not requested: the parts the package
+    manager brought with the driver (Debian's firmware-nvidia-tesla-535-gsp), held with it."""
+    versions = set(upstream_version(v) for v in resolved.values())
+    return sorted(n for n, v in installed.items() if n not in resolved and upstream_version(v[0]) in versions)
+
+
 def boot_id():
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -288,7 +296,8 @@ def main():
     resolved = pm.resolve(packages, module.params["update_cache"])
     stale = stale_packages(dict((n, v[0]) for n, v in before.items()), resolved, debian_sources=pm.name == "apt")
     to_install = sorted(n for n, v in resolved.items() if before.get(n, (None,))[0] != v)
-    to_hold = sorted(n for n in resolved if module.params["hold"] and not before.get(n, (None, False))[1])
+    to_hold = sorted(n for n in list(resolved) + pulled_in(before, resolved)
+                     if module.params["hold"] and not before.get(n, (None, False))[1])
     result = dict(manager=pm.name, before=dict((n, v[0]) for n, v in before.items()), removed=stale,
                   boot_id=boot_id(), installed=["%s=%s" % (n, resolved[n]) for n in to_install], resolved=resolved)
     changed = bool(interrupted or to_install or stale or to_hold)
@@ -296,7 +305,8 @@ def main():
         module.exit_json(changed=changed, after=result["before"], **result)
     pm.change(result["installed"], stale)
     if module.params["hold"]:
-        pm.hold(resolved)
+        now = pm.installed()
+        pm.hold(dict(resolved, **dict((n, now[n][0]) for n in pulled_in(now, resolved))))
     after = pm.installed()
     wrong = ["%s (%s)" % (n, after.get(n, ("not installed",))[0]) for n, v in resolved.items()
              if after.get(n, (None,))[0] != v]
