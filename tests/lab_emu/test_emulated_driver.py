@@ -651,3 +651,63 @@ def test_nvml_lists_a_gpu_process_while_it_lives(make_host):
     finally:
         live.kill()
         live.wait()
+
+
+# ---- fleetctl-lab-gpu: the emulation beside a real distribution's driver packages (+debian hosts) -------------
+
+def debian_host(repo, tmp_path, real_version):
+    """A root with fleetctl-lab-gpu and pynvml unpacked and, when REAL_VERSION, Debian's layout of the real
+    library: libnvidia-ml.so.1 -> /etc/alternatives/... -> nvidia/tesla-470/libnvidia-ml.so.1 -> .so.VERSION
+    (relative links here, so that they stay inside the fake root)."""
+    root = tmp_path / "debian-host"
+    dpkg_deb("-x", deb(repo, packages.GPU_EMULATION, ""), root)
+    dpkg_deb("-x", deb(repo, "python3-nvidia-ml-py", ""), root)
+    if real_version:
+        branch_dir = root / LIB / "nvidia/tesla-470"
+        branch_dir.mkdir(parents=True)
+        (branch_dir / ("libnvidia-ml.so." + real_version)).write_bytes(b"\x7fELF (Debian's library)")
+        (branch_dir / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so." + real_version)
+        (root / "etc/alternatives").mkdir(parents=True)
+        (root / "etc/alternatives/nvidia--libnvidia-ml.so.1-x86_64-linux-gnu").symlink_to(
+            "../../" + LIB + "/nvidia/tesla-470/libnvidia-ml.so.1")
+        (root / LIB / "libnvidia-ml.so.1").symlink_to("../../../etc/alternatives/nvidia--libnvidia-ml.so.1-x86_64-linux-gnu")
+    hw = root / "var/lib/nvidia-lab/hw"
+    hw.mkdir(parents=True)
+    (hw / "gpus.conf").write_text("sku=a100-pcie\ncount=1\ngpu.0.uuid=GPU-0\ngpu.0.pci=00000000:18:00.0\n")
+    return root
+
+
+def run_shadowed(root, args):
+    env = dict(env_for(root), LD_LIBRARY_PATH=str(root / "usr/local/lib/x86_64-linux-gnu"))
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+
+
+NVML_VERSION = """
+    import json, pynvml
+    try:
+        pynvml.nvmlInit()
+        print(json.dumps([pynvml.nvmlSystemGetDriverVersion(), pynvml.nvmlSystemGetCudaDriverVersion_v2(),
+                          pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))]))
+    except pynvml.NVMLError as e:
+        print(json.dumps(e.value))
+"""
+
+
+def test_lab_gpu_answers_for_the_real_library_it_shadows(repo, tmp_path):
+    root = debian_host(repo, tmp_path, "470.256.02")
+    set_loaded(root, "470.256.02")
+    nvml = run_shadowed(root, [sys.executable, "-c", textwrap.dedent(NVML_VERSION)])
+    assert json.loads(nvml.stdout) == ["470.256.02", 11040, "NVIDIA A100 80GB PCIe"], nvml.stderr
+    smi = run_shadowed(root, [str(root / "usr/local/bin/nvidia-smi")])
+    assert "Driver Version: 470.256.02" in smi.stdout and "CUDA Version: 11.4" in smi.stdout, smi.stderr
+    set_loaded(root, "535.216.03")  # packages changed, not rebooted: the real library's version no longer matches
+    assert json.loads(run_shadowed(root, [sys.executable, "-c", textwrap.dedent(NVML_VERSION)]).stdout) == 18
+    assert "Driver/library version mismatch" in run_shadowed(root, [str(root / "usr/local/bin/nvidia-smi")]).stdout
+
+
+def test_lab_gpu_without_a_real_driver_is_no_library_and_no_nvidia_smi(repo, tmp_path):
+    root = debian_host(repo, tmp_path, None)
+    set_loaded(root, "470.256.02")
+    assert json.loads(run_shadowed(root, [sys.executable, "-c", textwrap.dedent(NVML_VERSION)]).stdout) == 12
+    smi = run_shadowed(root, [str(root / "usr/local/bin/nvidia-smi")])
+    assert (smi.returncode, smi.stderr) == (127, "nvidia-smi: command not found\n")

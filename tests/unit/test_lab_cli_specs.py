@@ -20,7 +20,25 @@ def test_the_uniform_form():
     assert [(s.name, s.gpus, s.persistence_off) for s in specs] == [("a100-01", 4, True), ("a100-02", 4, True)]
 
 
+def test_debian_and_rpm_hosts_and_a100_boards_numbered_together():
+    specs, _ = parse_specs(("1xa100-sxm@570.86.15+rpm", "2xa100-pcie/1@470.256.02+debian"), 1, "h100-sxm", None, None, ())
+    assert [(s.name, s.sku, s.packaging) for s in specs] == [
+        ("a100-01", "a100-sxm", "rpm"), ("a100-02", "a100-pcie", "debian"), ("a100-03", "a100-pcie", "debian")]
+    uniform, _ = parse_specs((), 1, "a100-pcie", None, "535.216.03", (), packaging="debian")
+    assert uniform[0].packaging == "debian"
+
+
+def test_a_debian_host_holds_everything_at_its_driver_version():
+    from orchestrator.lab.debian import held
+
+    installed = {"nvidia-tesla-535-kernel-dkms": "535.216.03-3~deb12u1", "firmware-nvidia-tesla-535-gsp":
+                 "535.216.03-3~deb12u1", "nvidia-kernel-common": "20220217+3~deb12u1",
+                 "nvidia-modprobe": "535.309.01-0+deb12u1", "dkms": "3.0.10-8+deb12u1"}
+    assert held("535.216.03", installed) == ["firmware-nvidia-tesla-535-gsp", "nvidia-tesla-535-kernel-dkms"]
+
+
 @pytest.mark.parametrize("spec,message", [
+    ("2xa100-pcie+rpm+debian", "exclude each other"),
     ("3xh900", "unknown SKU 'h900'"), ("h100-sxm", "expected COUNTxSKU"), ("2xl40s+melted", "unknown drift 'melted'"),
     ("0xl40s", "at least one host"),
 ])

@@ -239,3 +239,21 @@ def test_a_full_tesla_535_host_moves_to_the_unversioned_535_261_and_back(index):
     assert back == recorded
     removed = packaging.stale(now, back)
     assert removed == sorted(resolved) and "nvidia-egl-common" not in removed
+
+
+def test_the_gsp_firmware_apt_brings_with_535_moves_and_is_held_with_the_driver():
+    """firmware-nvidia-tesla-535-gsp (non-free-firmware) comes as a dependency of nvidia-tesla-535-kernel-dkms: it is
+    a part of the driver (moved to firmware-nvidia-gsp for 535.261.03) and held with what was asked for, while
+    Debian's nvidia-modprobe, versioned apart, is neither."""
+    assert packaging.read("firmware-nvidia-tesla-535-gsp") == ("debian-tesla-NNN", "535", "firmware-nvidia-gsp")
+    assert packaging.equivalents("firmware-nvidia-tesla-535-gsp", "535")[0] == "firmware-nvidia-gsp"
+    assert packaging.role("firmware-nvidia-gsp") == "driver"
+    module = load_module("nvidia_driver_packages_under_test", "roles/nvidia_driver/library/nvidia_driver_packages.py")
+    installed = {"nvidia-tesla-535-kernel-dkms": ("535.216.03-3~deb12u1", False),
+                 "firmware-nvidia-tesla-535-gsp": ("535.216.03-3~deb12u1", False),
+                 "nvidia-modprobe": ("535.309.01-0+deb12u1", False)}
+    assert module.pulled_in(installed, {"nvidia-tesla-535-kernel-dkms": "535.216.03-3~deb12u1"}) == \
+        ["firmware-nvidia-tesla-535-gsp"]
+    facts = [{"name": n, "version": v, "role": packaging.role(n)} for n, (v, _) in installed.items()]
+    assert [p["name"] for p in packaging.moves_with_driver(facts, {"535.216.03"})] == \
+        ["nvidia-tesla-535-kernel-dkms", "firmware-nvidia-tesla-535-gsp"]

@@ -241,7 +241,7 @@ static const char *lab_driver_version(void)
     if (!realpath(path, real) || !(at = strstr(real, "libnvidia-ml.so.")))
         return "";
     snprintf(found, sizeof found, "%s", at + strlen("libnvidia-ml.so."));
-    return found;
+    return strchr(found, '.') ? found : ""; /* libnvidia-ml.so.1 itself: no version in the name */
 }
 
 static char *lab_trim(char *s)

@@ -17,8 +17,9 @@ def driver_version(compiled, root):
     "" when none is installed."""
     if compiled:
         return compiled
-    real = os.path.basename(os.path.realpath(root + REAL_LIBRARY))
-    return real[len("libnvidia-ml.so."):] if real.startswith("libnvidia-ml.so.") and real[-1:].isdigit() else ""
+    real = os.path.realpath(root + REAL_LIBRARY)
+    version = os.path.basename(real)[len("libnvidia-ml.so."):]
+    return version if os.path.exists(real) and version.count(".") >= 1 and version[-1:].isdigit() else ""
 SOCKETS = 2
 CPUS_PER_SOCKET = 32
 

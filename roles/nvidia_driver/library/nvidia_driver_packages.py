@@ -18,7 +18,9 @@ module: nvidia_driver_packages
 short_description: Exact NVIDIA driver package set, pinned and held (apt or dnf)
 description:
   - Installs exactly the given packages at the given versions, holds them (apt-mark hold, or dnf versionlock)
-    and removes the branch-suffixed NVIDIA packages of other driver branches.
+    with the NVIDIA packages the package manager brought in at the same driver version (Debian's
+    firmware-nvidia-tesla-535-gsp), and removes (on apt, purges) the NVIDIA packages of other driver branches and of
+    Debian's other spellings of the same parts.
 options:
   packages:
     description: Package name -> version (upstream driver version, or the exact distro version).
@@ -91,7 +93,10 @@ class Manager(object):
         if rc == 0:
             return None
         lines = [line.strip() for line in (out + err).splitlines() if line.strip()]
-        telling = [line for line in lines if re.search(r"error|fail|conflict|broken|no match", line, re.I)]
+        # apt names the package in its unmet-dependency lines ("nvidia-alternative : PreDepends: nvidia-legacy-check
+        # (>= 495) but it is not installable") before its "E: Unable to correct problems".
+        telling = [line for line in lines
+                   if re.search(r"error|fail|conflict|broken|no match|depends: .* but ", line, re.I)]
         tail = " | ".join(telling[:4] if telling else lines[-4:])
         return "%s failed (exit %d): %s" % (" ".join(argv[:2]), rc, tail)
 
@@ -170,9 +175,10 @@ class Apt(Manager):
         self.run(["apt-get", "update"])
 
     def change(self, install, remove):
-        # One transaction: the new branch in, the old branch out (they conflict; held packages may go).
+        # One transaction: the new branch in, the old branch out and purged, conffiles and all (they conflict; held
+        # packages may go): nothing of another branch stays behind, not even "rc" (Debian's /etc/nvidia/<branch>).
         if install:
-            self.run(["apt-get", "install", "-y", "--allow-downgrades", "--allow-change-held-packages"]
+            self.run(["apt-get", "install", "-y", "--purge", "--allow-downgrades", "--allow-change-held-packages"]
                      + list(self.lock) + ["-o", "Dpkg::Options::=--force-confold"] + install
                      + [n + "-" for n in remove])
         still = sorted(n for n in remove if n in self.installed())
