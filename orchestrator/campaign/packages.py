@@ -40,7 +40,8 @@ def target_set(before: dict[str, str], running: str, target: str) -> dict[str, s
     branch)."""
     packaging = resources.module_utils("fleetctl_packaging")
     old, new = branch(running), branch(target)
-    named = [packaging.on_branch(name, new) if packaging.on_name_branch(name) == old else name for name in before]
+    named = [packaging.on_branch(name, new) if packaging.on_name_branch(name) == old else name
+             for name in before if not packaging.comes_with_dependents(name)]
     return {name: target for name in named if name}  # a part the new branch dropped goes with the old branch
 
 

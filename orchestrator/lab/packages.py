@@ -467,7 +467,8 @@ def build_repo(repo_dir: Path) -> list[dict]:
                     built.append({"name": pkg.name, "version": pkg.version, "path": str(path)})
                 if with_rpm:
                     rpm_dir.mkdir()
-                    rpms = pkgs + [lab_system_package()]
+                    # fleetctl-lab-gpu stands beside Debian's real packages (+debian): no rpm host needs it
+                    rpms = [p for p in pkgs if p.name != GPU_EMULATION] + [lab_system_package()]
                     for pkg, path in zip(rpms, pool.map(lambda p: _build_rpm(p, build, rpm_dir), rpms)):
                         version = "%s-%s" % pkg.rpm_version
                         built_rpm.append({"name": pkg.rpm_name or pkg.name, "epoch": pkg.epoch, "version": version,

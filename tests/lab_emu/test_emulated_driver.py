@@ -164,7 +164,7 @@ NVML_READ = """
 def test_repository_has_every_package_indexed(repo):
     path, built = repo
     want = {("nvidia-container-toolkit", "1.17.4-1"), ("nvidia-container-toolkit", "1.17.8-1"),
-            ("containerd", packages.CONTAINERD_VERSION + "-0lab1")}
+            ("containerd", packages.CONTAINERD_VERSION + "-0lab1"), (packages.GPU_EMULATION, "1.0-0lab1")}
     for v in packages.DRIVER_VERSIONS:
         b = v.split(".")[0]
         want |= {("nvidia-driver-%s-open" % b, v + "-0lab1"), ("nvidia-persistenced", v + "-0lab1"),

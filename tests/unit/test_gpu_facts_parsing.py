@@ -381,7 +381,11 @@ def test_dpkg_real_capture_has_no_driver_packages(gpu_facts_module, testdata):
 def test_dpkg_ubuntu_driver_570(gpu_facts_module, testdata):
     packages = gpu_facts_module.parse_dpkg_query(read(testdata, "packages", "dpkg-ubuntu-driver-570.txt"))
     got = {p["name"]: (p["role"], p["held"]) for p in packages}
-    assert got == {
+    assert got == {  # every part Ubuntu spells with the branch or the version moves with the driver
+        "libnvidia-cfg1-570": ("driver", False),
+        "libnvidia-common-570": ("driver", False),
+        "libnvidia-decode-570": ("driver", False),
+        "nvidia-firmware-570-570.133.07": ("driver", False),
         "libnvidia-compute-570": ("driver", False),
         "libnvidia-container-tools": ("container_toolkit", False),
         "libnvidia-container1": ("container_toolkit", False),

@@ -15,7 +15,8 @@ import pytest
 from orchestrator.campaign import packages
 
 ROOT = Path(__file__).resolve().parents[2]
-INDEX = ROOT / "tests/testdata/packaging/debian-bookworm-nvidia.Packages"
+TESTDATA = ROOT / "tests/testdata/packaging"
+INDEX = TESTDATA / "debian-bookworm-nvidia.Packages"
 TESLA_470, TESLA_535, CURRENT = "470.256.02-1~deb12u1", "535.216.03-3~deb12u1", "535.261.03-1"
 # The headless subset an HGX host without a display installs: the kernel module (DKMS source), NVML, nvidia-smi,
 # CUDA's driver library, the alternative and the kernel-support files the module's package needs.
@@ -257,3 +258,51 @@ def test_the_gsp_firmware_apt_brings_with_535_moves_and_is_held_with_the_driver(
     facts = [{"name": n, "version": v, "role": packaging.role(n)} for n, (v, _) in installed.items()]
     assert [p["name"] for p in packaging.moves_with_driver(facts, {"535.216.03"})] == \
         ["nvidia-tesla-535-kernel-dkms", "firmware-nvidia-tesla-535-gsp"]
+
+
+def ubuntu_names():
+    """(binaries by source, dependencies by package) of the transcribed Ubuntu pages (the file names its sources)."""
+    binaries, depends = defaultdict(set), {}
+    for line in (TESTDATA / "ubuntu-noble-nvidia-graphics-drivers-580.txt").read_text().splitlines():
+        words = line.split() if not line.startswith("#") else []
+        if words[:1] == ["binary"]:
+            binaries[words[1]].add(words[2])
+        elif words[:1] == ["depends"]:
+            depends[words[1]] = words[3:]
+    return binaries, depends
+
+
+def test_every_part_of_ubuntus_580_server_driver_is_a_branched_driver_package():
+    binaries, depends = ubuntu_names()
+    for name in binaries["nvidia-graphics-drivers-580-server"]:
+        family, branch, key = packaging.read(name)
+        assert (family, branch, packaging.role(name)) == ("branched", "580", "driver"), name
+        assert key.endswith("-NNN-server") or key.endswith("-NNN-server-open"), key
+        assert packaging.on_branch(name, "570") == name.replace("-580-", "-570-"), name
+    for name in [d for deps in depends.values() for d in deps if d != "dkms"]:
+        assert packaging.role(name) == "driver", name
+
+
+def test_ubuntus_firmware_named_with_the_version_comes_with_the_new_driver_and_the_old_one_goes():
+    """nvidia-dkms-580 depends on nvidia-firmware-580-<its version>: a same-branch upgrade never asks for the
+    firmware by name (the new dkms brings its own), removes the old one, and a rollback asks for it exactly."""
+    _, depends = ubuntu_names()
+    old = "580.159.03-0ubuntu0.26.04.1"
+    installed = {name: old for name in ["nvidia-dkms-580", *depends["nvidia-dkms-580"]] if name != "dkms"}
+    assert "nvidia-firmware-580-580.159.03" in installed
+    facts = [{"name": n, "version": v, "role": packaging.role(n)} for n, v in installed.items()]
+    before = packages.driver_versioned(facts, "580.159.03")
+    assert before == installed  # the rollback set names the firmware at its exact version
+    wanted = packages.target_set(before, "580.159.03", "580.173.02")
+    assert wanted == {"nvidia-dkms-580": "580.173.02", "nvidia-kernel-common-580": "580.173.02",
+                      "nvidia-kernel-source-580": "580.173.02"}
+    resolved = {n: "580.173.02-0ubuntu0.26.04.1" for n in wanted}
+    assert packaging.stale(installed, resolved) == ["nvidia-firmware-580-580.159.03"]
+    assert packaging.stale({**installed, "nvidia-firmware-580-580.173.02": resolved["nvidia-dkms-580"]},
+                           before) == ["nvidia-firmware-580-580.173.02"]  # the rollback removes the new one
+
+
+def test_ubuntus_xorg_driver_is_renamed_on_a_branch_change():
+    assert packaging.on_branch("xserver-xorg-video-nvidia-570", "580") == "xserver-xorg-video-nvidia-580"
+    assert packaging.stale({"xserver-xorg-video-nvidia-570": "570.133.07-0ubuntu1"},
+                           {"nvidia-driver-580": "580.95.05-0ubuntu1"}) == ["xserver-xorg-video-nvidia-570"]

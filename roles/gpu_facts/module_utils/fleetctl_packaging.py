@@ -18,6 +18,8 @@ branches, so that a package can be spelled for another branch or family:
   branched          Ubuntu's archive and NVIDIA's CUDA repositories for Ubuntu/Debian: the branch at the end, before
                     an -open/-server flavour (nvidia-driver-570-server-open, libnvidia-compute-570, nvidia-dkms-570,
                     nvidia-open-570, cuda-drivers-570, nvidia-fabricmanager-570, libnvidia-nscq-570).
+  versioned         Ubuntu: the driver's whole version in the name (nvidia-firmware-580-580.159.03), brought in by
+                    the packages that depend on it, never asked for.
   el                Enterprise Linux (NVIDIA's CUDA repository, rpm): unversioned names, the branch chosen by the dnf
                     module stream (nvidia-driver:570-open): nvidia-driver, nvidia-driver-cuda, kmod-nvidia-open-dkms.
 
@@ -69,7 +71,8 @@ _TESLA_BRANCH = re.compile(r"^(?P<pre>[a-z0-9.+-]*?nvidia)-tesla-(?P<branch>\d{3
 _TESLA = re.compile(r"^(?P<pre>[a-z0-9.+-]*?nvidia)-tesla(?P<post>-[a-z0-9.+-]+|\d+)?$")
 # Ubuntu / CUDA repository: the branch at the end (before the flavour). linux-modules-nvidia-570-server-open-<kernel>
 # and its linux-objects/-signatures kin are precompiled for one kernel and versioned with the kernel, not the driver.
-_BRANCHED = re.compile(r"^(?P<stem>((lib)?nvidia-[a-z0-9-]*?|cuda-drivers(-fabricmanager)?)-)(?P<branch>\d{3})"
+_BRANCHED = re.compile(r"^(?P<stem>((lib)?nvidia-[a-z0-9-]*?|xserver-xorg-video-nvidia|cuda-drivers(-fabricmanager)?)-)"
+                       r"(?P<branch>\d{3})"
                        r"(?P<flavor>-open|-server|-server-open)?$")
 _PRECOMPILED = re.compile(r"^linux-(modules|objects|signatures)-nvidia-(?P<branch>\d{3})(?P<flavor>-server)?(-open)?-.+$")
 # What the driver is on the families that name it without Debian's sources (Ubuntu, CUDA repositories, EL).
@@ -78,6 +81,9 @@ _DRIVER = re.compile(r"^(nvidia-driver(-\d+)?(-open|-server|-server-open)?|nvidi
                      r"|libnvidia-compute(-\d+)?|nvidia-utils(-\d+)?|nvidia-compute-utils(-\d+)?"
                      r"|nvidia-headless(-no-dkms)?(-\d+)?(-open)?|libnvidia-ml1|nvidia-driver-(cuda|libs|NVML)|nvidia-modprobe"
                      r"|libnvidia-gl(-\d+)?|xserver-xorg-video-nvidia(-\d+)?)$")
+# Ubuntu's firmware package carries the driver's whole version in its name (nvidia-firmware-580-580.159.03, a
+# dependency of nvidia-dkms-580 / nvidia-kernel-common-580): a new driver version is a new package name.
+_VERSIONED = re.compile(r"^nvidia-firmware-(?P<branch>\d{3})(?P<flavor>-server)?-(?P<version>\d+\.\d+(\.\d+)?)$")
 _EL_DRIVER = re.compile(r"^(nvidia-driver-(cuda|libs|NVML|cuda-libs|devel)|kmod-nvidia.*|nvidia-kmod-common)$")
 
 
@@ -104,6 +110,9 @@ def read(name):
     m = _PRECOMPILED.match(name)
     if m:
         return "precompiled", m.group("branch"), name
+    m = _VERSIONED.match(name)
+    if m:
+        return "versioned", m.group("branch"), "nvidia-firmware-NNN%s-V" % (m.group("flavor") or "")
     if _EL_DRIVER.match(name):
         return "el", None, name
     return None
@@ -173,19 +182,23 @@ def role(name):
     if _DRIVER.match(name):
         return "driver"
     got = read(name)
-    return "driver" if got is not None and got[0].startswith("debian") else None
+    # Every part a family spells with the branch or version (libnvidia-compute-580-server, nvidia-firmware-580-V)
+    # moves with the driver; a precompiled module package is versioned with its kernel.
+    return "driver" if got is not None and got[0] != "precompiled" and got[0] != "el" else None
 
 
 def stale(installed, resolved, debian_sources=True):
     """The installed driver packages that belong to another driver than RESOLVED (name -> version), to remove in
     the same change. INSTALLED: name -> version.
     - Ubuntu / CUDA repositories: a name carrying another branch than the requested ones (nvidia-driver-550-open
-      beside 570's); nothing when no requested name carries a branch.
+      beside 570's); nothing when no requested name carries a branch. A name carrying another driver version than
+      the requested ones (Ubuntu's nvidia-firmware-580-580.159.03 when 580.173.02 is installed).
     - Debian (only with DEBIAN_SOURCES: rpm hosts share some of the unversioned names): another spelling of a part
       being installed (nvidia-tesla-535-smi beside the unversioned nvidia-smi of 535.261.03), and a part of another
       Tesla branch (nvidia-tesla-470-*, libnvidia-tesla-470-cbl included). Packages the new driver depends on but
       that are not its parts (nvidia-egl-common, nvidia-vulkan-common of the unversioned source) stay."""
     branches = set(b for b in (on_name_branch(n) for n in resolved) if b)
+    versions = set(upstream_version(v) for v in resolved.values())
     debian = [read(n) for n in resolved if debian_sources and (read(n) or ("",))[0].startswith("debian")]
     keys = set(r[2] for r in debian)
     tesla_branches = set(r[1] for r in debian if r[0] == "debian-tesla-NNN")
@@ -196,6 +209,8 @@ def stale(installed, resolved, debian_sources=True):
             continue
         family, branch, key = got
         if family == "branched" and branches and branch not in branches:
+            out.append(name)
+        elif family == "versioned" and _VERSIONED.match(name).group("version") not in versions:
             out.append(name)
         elif family.startswith("debian") and debian and (
                 key in keys or (family == "debian-tesla-NNN" and branch not in tesla_branches)):
@@ -213,6 +228,13 @@ def moves_with_driver(packages, versions):
     moves and what a well-kept host holds. Debian's nvidia-kernel-common (20220217) and nvidia-modprobe (its own
     source: 535.309.01 beside a 470 driver) are driver packages that keep their versions across driver changes."""
     return [p for p in packages if p["role"] == "driver" and upstream_version(p["version"]) in versions]
+
+
+def comes_with_dependents(name):
+    """A package never asked for by name: it carries the driver version in its name (Ubuntu's
+    nvidia-firmware-580-580.159.03), so the new version's packages bring their own, and stale() removes the old."""
+    got = read(name)
+    return got is not None and got[0] == "versioned"
 
 
 def on_name_branch(name):
