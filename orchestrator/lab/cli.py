@@ -258,6 +258,15 @@ def inject_drm_in_use(host, restore) -> None:
     _report(host, faults.drm_in_use(host, restore))
 
 
+@inject.command("kernel-update")
+@click.option("--release", metavar="RELEASE", help="The new kernel's release (default: the running one's patch + 1).")
+@click.option("--restore", is_flag=True, help="Remove the new kernel again.")
+@click.pass_obj
+def inject_kernel_update(host, release, restore) -> None:
+    """A kernel update without an nvidia module built for it: the next boot loses the driver."""
+    _report(host, faults.kernel_update(host, release, restore))
+
+
 @inject.command("slow-reboot")
 @click.argument("seconds", type=click.FloatRange(0, 600))
 @click.pass_obj

@@ -309,6 +309,34 @@ def drm_in_use(host: Host, restore: bool = False) -> str:
     return "nvidia_drm " + ("free again" if restore else "held by the console (fbcon)")
 
 
+def newer_release(release: str) -> str:
+    """The kernel release an unattended update would install next: 6.18.44-fc-v782 -> 6.18.45-fc-v782."""
+    m = re.match(r"^(\d+)\.(\d+)\.(\d+)(.*)$", release)
+    if not m:
+        raise InputError(f"cannot tell the next release after {release!r}: give --release")
+    return f"{m[1]}.{m[2]}.{int(m[3]) + 1}{m[4]}"
+
+
+def kernel_update(host: Host, release: str | None = None, restore: bool = False) -> str:
+    """An unattended kernel update that DKMS could not build the nvidia module for: /boot gets the running kernel's
+    image and a newer one, /lib/modules/<newer> has no nvidia module; the next boot starts the newer kernel and
+    comes up without the driver. --restore removes the newer kernel again (the next boot is the old one)."""
+    running = os.uname().release
+    planted = read_conf(host.faults_conf).get("kernel_update", "")
+    new = release or planted or newer_release(running)
+    if not re.fullmatch(r"[0-9][0-9A-Za-z.+~_-]*", new) or new == running:
+        raise InputError(f"--release {new!r}: not a kernel release other than the running {running}")
+    if restore:
+        run_in_host(host, ["rm", "-rf", f"/boot/vmlinuz-{new}", f"/boot/initrd.img-{new}", f"/lib/modules/{new}",
+                           f"/boot/vmlinuz-{running}"])  # the lab's hosts have no kernel image of their own
+        update_conf(host.faults_conf, kernel_update="")
+        return f"kernel {new} removed: the next boot starts {running}"
+    run_in_host(host, ["sh", "-c", f"mkdir -p /boot /lib/modules/{new}/kernel && touch /boot/vmlinuz-{running} "
+                                   f"/boot/vmlinuz-{new} /boot/initrd.img-{new} /lib/modules/{new}/modules.dep"])
+    update_conf(host.faults_conf, kernel_update=new)
+    return f"kernel {new} installed without an nvidia module: the next boot starts it"
+
+
 def slow_reboot(host: Host, seconds: float) -> str:
     update_conf(host.faults_conf, slow_reboot=seconds)
     return f"reboots take {seconds}s longer"

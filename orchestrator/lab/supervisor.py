@@ -159,6 +159,7 @@ class Host:
         self.boots = 0
         self.sshd_pid: int | None = None
         self.boot_id = ""
+        self.release = os.uname().release  # the kernel this boot started (a planted kernel update: its release)
 
     # -- state for the controller ---------------------------------------------------------------------------
     def set_state(self, phase: str, **extra) -> None:
@@ -417,6 +418,7 @@ class Host:
     # -- the emulated kernel (each boot) --------------------------------------------------------------------
     def boot_kernel(self) -> None:
         hw = read_conf(self.hw / "gpus.conf")
+        self.release = read_conf(self.hw / "faults.conf").get("kernel_update") or os.uname().release
         module = self.module()
         nouveau = module is None and not self.nouveau_blacklisted()
         self.boot_id = str(uuid.uuid4())
@@ -427,7 +429,7 @@ class Host:
         self.write_pci(hw)
         write_in_place(self.kernel / "kmsg", "".join(
             f"{prio},{seq},{usec},-;{msg}\n"
-            for seq, (prio, usec, msg) in enumerate(boot_log(hw, module, nouveau) + extra)))
+            for seq, (prio, usec, msg) in enumerate(boot_log(hw, module, nouveau, self.release) + extra)))
 
     def boot_faults(self, hw: dict[str, str], module: tuple[str, str] | None) -> list[tuple[int, int, str]]:
         """Faults planted for boots with the loaded driver version (lab inject xid/fall-off-bus --at-boot), and the
@@ -454,7 +456,10 @@ class Host:
         """(version, flavor) of the driver's kernel module in the host root, or None: the lab packages' module file,
         else a DKMS module of the driver that the host's dkms has registered (Debian's nvidia-tesla-470-kernel-dkms
         and kin: /var/lib/dkms/nvidia-tesla-470/470.256.02/source). The lab's kernel stands for a host with the
-        kernel headers: what DKMS registered is what boots, built (docs/lab.md)."""
+        kernel headers: what DKMS registered is what boots, built (docs/lab.md). None after a boot into a planted
+        kernel update (faults.conf kernel_update) with no nvidia.ko under /lib/modules/<release>."""
+        if self.release != os.uname().release and not any((self.root / "lib/modules" / self.release).rglob("nvidia.ko*")):
+            return None  # booted a kernel updated without a module built for it: the driver is gone
         try:
             words = (self.root / MODULE_FILE).read_text().split()
         except OSError:
@@ -805,9 +810,9 @@ def sysfs_pci_name(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
-def boot_log(hw: dict[str, str], module: tuple[str, str] | None, nouveau: bool) -> list[tuple[int, int, str]]:
+def boot_log(hw: dict[str, str], module: tuple[str, str] | None, nouveau: bool,
+             release: str) -> list[tuple[int, int, str]]:
     """(priority, usec, message) of a boot's kernel log, as the real kernel and driver write it."""
-    release = os.uname().release
     lines = [(5, 0, f"Linux version {release} (fleetctl-lab) #1 SMP PREEMPT_DYNAMIC"),
              (6, 0, f"Command line: BOOT_IMAGE=/boot/vmlinuz-{release} root=/dev/vda ro quiet"),
              (6, 1200, "DMI: fleetctl lab host, BIOS 1.0 01/01/2025")]

@@ -119,3 +119,29 @@ def test_a_version_in_no_repository_is_one_line_naming_the_package_and_changes_n
     assert "no package version in the configured repositories for: nvidia-tesla-535-kernel-dkms=535.999.99" \
         in proc.stdout, proc.stdout[-2000:]
     assert packages(fleet, "a100-01") == before
+
+
+def test_a_kernel_update_without_the_module_is_critical_drift_before_the_reboot_that_loses_the_driver(debian_fleet):
+    """The classic outage after an unattended kernel update: DKMS built nothing for the new kernel (no headers; the
+    real dkms says "added"), the audit says so while the old kernel still runs, and the reboot comes up without
+    the driver. Removing the kernel brings the driver back at the next boot."""
+    fleet = debian_fleet
+    said = fleet.inject("a100-02", "kernel-update")
+    new = said.split("kernel ", 1)[1].split()[0]
+    finding = lambda: next(f for f in fleet.audit("-l", "a100-02")[1]["hosts"][0]["findings"]  # noqa: E731
+                           if f["control"] == "driver.next_boot")
+    before = finding()
+    assert (before["status"], before["severity"]) == ("fail", "critical"), before
+    assert f"the host boots {new} next (newest) and no nvidia module is installed for it" in before["message"]
+    assert driver_state(fleet, "a100-02")[0] == "535.216.03"  # still running: nothing else says so yet
+
+    fleet.reboot("a100-02")
+    assert fleet.ssh("a100-02", "test -e /sys/module/nvidia/version", check=False).returncode == 1
+    assert f"Linux version {new}" in fleet.ssh("a100-02", "head -c 300 /dev/kmsg").stdout
+    drift = fleet.drift("-l", "a100-02")["a100-02"]
+    assert drift["driver.loaded"] == "fail" and drift["driver.next_boot"] == "fail", drift
+
+    fleet.inject("a100-02", "kernel-update", "--restore")
+    fleet.reboot("a100-02")
+    assert driver_state(fleet, "a100-02")[0] == "535.216.03"
+    assert finding()["status"] == "not_applicable"  # no kernel image under /boot again

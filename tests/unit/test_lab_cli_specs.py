@@ -67,3 +67,12 @@ def test_fault_inputs_cannot_forge_records_or_keys():
     for bad in ("570.86.15\ninstall_fail=1", "latest", ""):
         with pytest.raises(InputError, match="is not a driver version"):
             faults.check_version(bad)
+
+
+def test_a_kernel_update_installs_the_next_patch_release():
+    from orchestrator.lab.faults import newer_release
+
+    assert newer_release("6.18.44-fc-v782") == "6.18.45-fc-v782"
+    assert newer_release("6.1.0") == "6.1.1"
+    with pytest.raises(InputError, match="give --release"):
+        newer_release("lab-kernel")

@@ -306,3 +306,32 @@ def test_ubuntus_xorg_driver_is_renamed_on_a_branch_change():
     assert packaging.on_branch("xserver-xorg-video-nvidia-570", "580") == "xserver-xorg-video-nvidia-580"
     assert packaging.stale({"xserver-xorg-video-nvidia-570": "570.133.07-0ubuntu1"},
                            {"nvidia-driver-580": "580.95.05-0ubuntu1"}) == ["xserver-xorg-video-nvidia-570"]
+
+
+class FakeAptShow(FakeAptModule):
+    """apt-cache madison and apt-cache show NAME=VERSION from the real index."""
+
+    def __init__(self, index):
+        super().__init__(index)
+        self.stanzas = {(s["Package"], s["Version"]): s for s in stanzas()}
+
+    def run_command(self, argv, environ_update=None):
+        if argv[:2] == ["apt-cache", "show"]:
+            name, version = argv[2].split("=", 1)
+            s = self.stanzas.get((name, version))
+            if s is None:
+                return 100, "", f"E: Version '{version}' for '{name}' was not found\n"
+            return 0, "".join(f"{k}: {v}\n" for k, v in s.items() if k != "Source") + "\n", ""
+        return super().run_command(argv, environ_update)
+
+
+def test_exact_version_dependencies_are_asked_for_at_that_version_not_at_the_newer_security_upload(index):
+    """bookworm-security carries 535.309.01 of the unversioned source: asked for libcuda1=535.261.03 alone, apt would
+    take nvidia-alternative at 535.309.01 and give up. The role adds every NVIDIA package libcuda1 depends on at
+    exactly one version (and theirs), at that version; libc6 and the unversioned nvidia-support stay apt's choice."""
+    module = load_module("nvidia_driver_packages_under_test", "roles/nvidia_driver/library/nvidia_driver_packages.py")
+    assert "535.309.01-0+deb12u1" in index["nvidia-alternative"]
+    apt = module.Apt(FakeAptShow(index))
+    got = apt.with_exact_dependencies(apt.resolve({"libcuda1": "535.261.03"}, update_cache=False))
+    assert got["libcuda1"] == got["nvidia-alternative"] == got["libnvidia-ptxjitcompiler1"] == "535.261.03-1"
+    assert set(got.values()) == {"535.261.03-1"} and "libc6" not in got and "nvidia-support" not in got

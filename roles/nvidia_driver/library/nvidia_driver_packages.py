@@ -68,6 +68,7 @@ from ansible.module_utils.fleetctl_packaging import (equivalents, read as read_p
 # nvidia-driver-570-open ..., EL's kmod-nvidia-*): module_utils/fleetctl_packaging.py.
 NVIDIA = re.compile(r"^(lib)?nvidia-|^cuda-drivers|^kmod-nvidia")
 ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "NEEDRESTART_MODE": "l"}
+EXACT_DEPENDENCY = re.compile(r"^([a-z0-9][a-z0-9+.-]*)(?::[a-z0-9]+)?\s*\(=\s*([^)\s]+)\)$")
 
 
 def is_nvidia(name):
@@ -173,6 +174,39 @@ class Apt(Manager):
 
     def refresh(self):
         self.run(["apt-get", "update"])
+
+    def with_exact_dependencies(self, resolved):
+        """RESOLVED plus the NVIDIA packages they depend on at exactly one version, at that version. apt takes a
+        dependency it is not told about at its candidate, the newest, and gives up ("but 535.309.01 is to be
+        installed") where a newer upload of the same source is in the repositories (bookworm-security's 535.309.01
+        beside 535.261.03-1)."""
+        out = dict(resolved)
+        queue = sorted(resolved.items())
+        while queue:
+            name, version = queue.pop()
+            for dep, exact in self.exact_dependencies(name, version):
+                if dep in out or not is_nvidia(dep):
+                    continue
+                found = [c for c in self.candidates(dep) if matches(exact, c)]
+                if found:
+                    out[dep] = found[0]
+                    queue.append((dep, found[0]))
+        return out
+
+    def exact_dependencies(self, name, version):
+        """(package, version) of NAME=VERSION's Depends and Pre-Depends that ask for one version (the first
+        alternative of each: firmware-nvidia-gsp (= 535.261.03) | firmware-nvidia-gsp-535.261.03)."""
+        rc, out, _ = self.module.run_command(["apt-cache", "show", "%s=%s" % (name, version)], environ_update=ENV)
+        found = []
+        for line in out.splitlines() if rc == 0 else []:
+            if line.startswith(("Depends:", "Pre-Depends:")):
+                for group in line.split(":", 1)[1].split(","):
+                    m = EXACT_DEPENDENCY.match(group.split("|")[0].strip())
+                    if m:
+                        found.append((m.group(1), m.group(2)))
+            elif not line.strip() and found:
+                break  # the first stanza: apt-cache show lists NAME=VERSION once per repository
+        return found
 
     def change(self, install, remove):
         # One transaction: the new branch in, the old branch out and purged, conffiles and all (they conflict; held
@@ -300,6 +334,8 @@ def main():
     interrupted = pm.prepare(module.params["lock_timeout_s"])
     before = pm.installed()
     resolved = pm.resolve(packages, module.params["update_cache"])
+    if pm.name == "apt":
+        resolved = pm.with_exact_dependencies(resolved)
     stale = stale_packages(dict((n, v[0]) for n, v in before.items()), resolved, debian_sources=pm.name == "apt")
     to_install = sorted(n for n, v in resolved.items() if before.get(n, (None,))[0] != v)
     to_hold = sorted(n for n in list(resolved) + pulled_in(before, resolved)
