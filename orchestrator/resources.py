@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from functools import cache
 from pathlib import Path
@@ -34,7 +33,6 @@ def data_path(name: str) -> Path:
 
 
 @cache
-@functools.lru_cache(maxsize=None)
 def module_utils(name: str) -> ModuleType:
     """A module_utils file the roles ship (roles/gpu_facts/module_utils/NAME.py), imported on the controller: the
     rules the hosts apply and the controller's are one copy."""

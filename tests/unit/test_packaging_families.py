@@ -335,3 +335,23 @@ def test_exact_version_dependencies_are_asked_for_at_that_version_not_at_the_new
     got = apt.with_exact_dependencies(apt.resolve({"libcuda1": "535.261.03"}, update_cache=False))
     assert got["libcuda1"] == got["nvidia-alternative"] == got["libnvidia-ptxjitcompiler1"] == "535.261.03-1"
     assert set(got.values()) == {"535.261.03-1"} and "libc6" not in got and "nvidia-support" not in got
+
+
+def test_a_request_without_a_driver_removes_no_firmware_and_el_parts_are_never_held_unasked():
+    """Asked for the container toolkit alone, nothing of the driver goes (removing the firmware would take
+    nvidia-dkms-580 with it); on EL, nvidia-kmod-common (never asked for by name) is not locked at the driver's
+    version, or the next driver's kmod could not require its own."""
+    assert packaging.stale({"nvidia-firmware-580-580.159.03": "580.159.03-0ubuntu0.24.04.1"},
+                           {"nvidia-container-toolkit": "1.17.8-1"}) == []
+    module = load_module("nvidia_driver_packages_under_test", "roles/nvidia_driver/library/nvidia_driver_packages.py")
+    installed = {"nvidia-driver": ("3:570.86.15-1.el9", False), "nvidia-kmod-common": ("3:570.86.15-1.el9", False),
+                 "nvidia-driver-libs": ("3:570.86.15-1.el9", False)}
+    assert module.pulled_in(installed, {"nvidia-driver": "3:570.86.15-1.el9"}) == ["nvidia-driver-libs"]
+
+
+def test_a_branch_named_package_that_drifted_off_the_driver_version_is_still_judged_held():
+    facts = [{"name": "libnvidia-compute-570", "version": "570.133.07-0ubuntu1", "role": "driver"},
+             {"name": "nvidia-driver-570", "version": "570.86.15-0ubuntu1", "role": "driver"},
+             {"name": "nvidia-modprobe", "version": "535.309.01-0+deb12u1", "role": "driver"}]
+    assert [p["name"] for p in packaging.moves_with_driver(facts, {"570.86.15"})] == \
+        ["libnvidia-compute-570", "nvidia-driver-570"]

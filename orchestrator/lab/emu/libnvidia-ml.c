@@ -238,7 +238,11 @@ static const char *lab_driver_version(void)
     if (LAB_DRIVER_VERSION[0])
         return LAB_DRIVER_VERSION;
     lab_path(path, sizeof path, LAB_REAL_LIBRARY);
-    if (!realpath(path, real) || !(at = strstr(real, "libnvidia-ml.so.")))
+    /* under a non-empty $NVIDIA_LAB_ROOT the links must be relative: realpath follows absolute ones out of it */
+    if (!realpath(path, real))
+        return "";
+    at = strrchr(real, '/') ? strrchr(real, '/') + 1 : real;
+    if (strncmp(at, "libnvidia-ml.so.", strlen("libnvidia-ml.so.")) != 0)
         return "";
     snprintf(found, sizeof found, "%s", at + strlen("libnvidia-ml.so."));
     return strchr(found, '.') ? found : ""; /* libnvidia-ml.so.1 itself: no version in the name */

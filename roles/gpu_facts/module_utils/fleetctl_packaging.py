@@ -210,8 +210,9 @@ def stale(installed, resolved, debian_sources=True):
         family, branch, key = got
         if family == "branched" and branches and branch not in branches:
             out.append(name)
-        elif family == "versioned" and _VERSIONED.match(name).group("version") not in versions:
-            out.append(name)
+        elif family == "versioned" and branches and (
+                branch not in branches or _VERSIONED.match(name).group("version") not in versions):
+            out.append(name)  # only when a driver of some branch is asked for: it brings its own firmware
         elif family.startswith("debian") and debian and (
                 key in keys or (family == "debian-tesla-NNN" and branch not in tesla_branches)):
             out.append(name)
@@ -224,10 +225,13 @@ def upstream_version(version):
 
 
 def moves_with_driver(packages, versions):
-    """The driver packages (dicts with name, version, role) at one of the driver VERSIONS: what a driver change
-    moves and what a well-kept host holds. Debian's nvidia-kernel-common (20220217) and nvidia-modprobe (its own
-    source: 535.309.01 beside a 470 driver) are driver packages that keep their versions across driver changes."""
-    return [p for p in packages if p["role"] == "driver" and upstream_version(p["version"]) in versions]
+    """The driver packages (dicts with name, version, role) that move with the driver and a well-kept host holds:
+    those at one of the driver VERSIONS, and every name that carries a branch or version (a libnvidia-compute-570
+    that drifted to another version is still the driver's). Left out: unversioned names at other versions, which
+    Debian versions apart (nvidia-kernel-common 20220217; nvidia-modprobe, nvidia-legacy-check 535.309.01 beside
+    a 535.261.03 driver)."""
+    return [p for p in packages if p["role"] == "driver"
+            and (upstream_version(p["version"]) in versions or on_name_branch(p["name"]) is not None)]
 
 
 def comes_with_dependents(name):

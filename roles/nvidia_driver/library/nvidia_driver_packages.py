@@ -61,8 +61,8 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.fleetctl_packaging import (equivalents, read as read_package_name, stale as stale_packages,
-                                                     upstream_version)
+from ansible.module_utils.fleetctl_packaging import (equivalents, read as read_package_name, role as package_role,
+                                                     stale as stale_packages, upstream_version)
 
 # Driver packages of every packaging family (Debian's nvidia-tesla-535-*, libcuda1 ..., Ubuntu's/CUDA's
 # nvidia-driver-570-open ..., EL's kmod-nvidia-*): module_utils/fleetctl_packaging.py.
@@ -304,10 +304,13 @@ def manager_for(module):
 
 
 def pulled_in(installed, resolved):
-    """Installed NVIDIA packages at a requested driver version that were not requested: the parts the package
-    manager brought with the driver (Debian's firmware-nvidia-tesla-535-gsp), held with it."""
+    """Installed parts of the driver at a requested driver version that were not requested: what the package
+    manager brought with the driver (Debian's firmware-nvidia-tesla-535-gsp), held with it. Only what the next
+    change asks for by name (the driver's, persistenced's and fabric manager's packages): a package held here and
+    never asked for again would keep its old version locked against the next driver (EL's nvidia-kmod-common)."""
     versions = set(upstream_version(v) for v in resolved.values())
-    return sorted(n for n, v in installed.items() if n not in resolved and upstream_version(v[0]) in versions)
+    return sorted(n for n, v in installed.items() if n not in resolved and upstream_version(v[0]) in versions
+                  and package_role(n) in ("driver", "persistenced", "fabricmanager"))
 
 
 def boot_id():
