@@ -49,7 +49,7 @@ def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: basel
     if outcome.status == "failed":
         message = f"fact collection failed: {outcome.message}"
         return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
-    facts = outcome.results.get("gpu_facts", {}).get("facts")
+    facts = outcome.results.get("fleetctl.gpu.gpu_facts", {}).get("facts")
     problem = schemas.first_error("host-facts", facts)
     if problem is not None:
         message = f"the host returned facts fleetctl cannot trust: {schemas.json_path(problem)}: {problem.message[:200]}"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -35,12 +38,16 @@ def writable(output: str | None) -> None:
 
 
 def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
-    """JSON, or a table through PRINTER(report, console), to OUTPUT or stdout."""
+    """JSON, Prometheus metrics, or a table through PRINTER(report, console), to OUTPUT or stdout."""
     if fmt == "json":
         emit(json.dumps(report, indent=2) + "\n", output)
+    elif fmt == "prometheus":
+        from . import prometheus
+        emit(prometheus.report_text(report), output)
     elif output:
-        with open(output, "w") as fh:
-            printer(report, Console(file=fh, width=160, force_terminal=False))
+        buffer = io.StringIO()
+        printer(report, Console(file=buffer, width=160, force_terminal=False))
+        emit(buffer.getvalue(), output)
     else:
         printer(report, terminal())
 
@@ -62,11 +69,40 @@ def stored_argv() -> list[str]:
 def emit(text: str, output: str | None) -> None:
     if output:
         try:
-            Path(output).write_text(text)
+            write_atomically(Path(output), text)
         except OSError as e:
             raise InputError(f"{output}: cannot write: {e.strerror}") from None
     else:
         click.echo(text, nl=False)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """PATH holds the old text or the new, never part of one (node_exporter's textfile collector, a web server or
+    a cron job may read it at any moment): a temporary file in the same directory, synced, mode 0644, renamed over
+    PATH. A device, a FIFO or a file descriptor's name (-o /dev/stdout) is written in place."""
+    if (path.exists() and not path.is_file()) or str(path.absolute()).startswith(("/dev/", "/proc/")):
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return
+    target = Path(os.path.realpath(path))  # through a symlink: its target is replaced, the link stays
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)  # not *.prom
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # the rename itself survives a crash
+        directory = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def terminal() -> Console:
@@ -87,8 +123,8 @@ def cli() -> None:
               help="Ansible inventory (file or directory). Default: localhost over the local connection.")
 @click.option("-l", "--limit", metavar="LIMIT", help="Ansible host pattern to restrict the run to.")
 @click.option("-b", "--baseline", metavar="BASELINE", help="Baseline YAML (blessed matrix). Default: the embedded one.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]), default="table", show_default=True)
+@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically) instead of stdout.")
 @click.option("--fail-on", type=click.Choice(audit_mod.FAIL_ON_CHOICES), default="high", show_default=True,
               help="Exit 1 when a control fails at or above this severity.")
 @click.option("--forks", type=click.IntRange(1, 1000), help="Hosts worked on at once (default: all, up to 64).")
@@ -107,9 +143,11 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
     sys.exit(report["summary"]["exit_code"])
 
 
+from .completion import completion  # noqa: E402
 from .lab.cli import lab  # noqa: E402
 
 cli.add_command(lab)
+cli.add_command(completion)
 
 
 @cli.command()
@@ -124,8 +162,8 @@ cli.add_command(lab)
 @click.option("--samples", type=click.IntRange(1, 1000), default=10, show_default=True)
 @click.option("--warmup", "warmup_s", type=click.FloatRange(0, 600), default=20.0, show_default=True, help="Seconds.")
 @click.option("--trial", "trial_s", type=click.FloatRange(0.01, 60), default=1.0, show_default=True, help="Seconds per sample.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]), default="table", show_default=True)
+@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically) instead of stdout.")
 @click.option("--forks", type=click.IntRange(1, 1000), help="Hosts worked on at once (default: all, up to 64).")
 @click.option("--no-preflight", is_flag=True, help="Skip the SSH reachability and host-key pre-flight.")
 def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, warmup_s, trial_s, fmt, output, forks,
@@ -336,6 +374,20 @@ def report_verify(head, signature, signed_file, key) -> None:
         verdict = chain.verify(store.db, head)
     click.echo(verdict.line())
     sys.exit(0 if verdict.ok else 1)
+
+
+@cli.command()
+@click.option("-o", "--output", metavar="FILE",
+              help="Write to FILE atomically (e.g. node_exporter's textfile directory) instead of stdout.")
+@click.option("-l", "--limit", metavar="LIMIT", help="Hosts or groups (shell patterns, comma separated).")
+def metrics(output, limit) -> None:
+    """Every host's latest state in the history as Prometheus metrics (no host is contacted): controls, driver,
+    GPUs, Xids, probe medians, campaign states, and the age of the history's chain head."""
+    from . import prometheus
+    writable(output)
+    with Store() as store:
+        text = prometheus.history_text(store, limit)
+    emit(text, output)
 
 
 def main() -> None:

@@ -238,8 +238,8 @@ def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None
 
 @cache
 def xid_catalog() -> dict[int, dict[str, Any]]:
-    """The Xid table the hosts classify with (roles/gpu_facts/defaults/main.yml), for NVML-delivered codes."""
-    doc = yaml.safe_load((resources.roles_dir() / "gpu_facts" / "defaults" / "main.yml").read_text())
+    """The Xid table the hosts classify with (collections/ansible_collections/fleetctl/gpu/roles/gpu_facts/defaults/main.yml), for NVML-delivered codes."""
+    doc = yaml.safe_load((resources.role_dir("gpu_facts") / "defaults" / "main.yml").read_text())
     return {int(e["code"]): e for e in doc["gpu_facts_xid_catalog"]}
 
 

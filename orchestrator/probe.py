@@ -33,8 +33,8 @@ class ProbeOptions:
 
 @cache
 def xid_catalog() -> list[dict[str, Any]]:
-    """The Xid table shipped with roles/gpu_facts (one source of truth for both modules)."""
-    defaults = yaml.safe_load((resources.roles_dir() / "gpu_facts" / "defaults" / "main.yml").read_text())
+    """The Xid table shipped with the gpu_facts role (one source of truth for both modules)."""
+    defaults = yaml.safe_load((resources.role_dir("gpu_facts") / "defaults" / "main.yml").read_text())
     return defaults["gpu_facts_xid_catalog"]
 
 
@@ -63,7 +63,7 @@ def collect(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Basel
     results = {}
     for host in fleet.hosts:
         outcome = outcomes[host.name]
-        result = outcome.results.get("gpu_probe", {}).get("probe") if outcome.status == "ok" else None
+        result = outcome.results.get("fleetctl.gpu.gpu_probe", {}).get("probe") if outcome.status == "ok" else None
         error = None if outcome.status == "ok" else outcome.message
         if result is not None:
             problem = schemas.first_error("probe-result", result)

@@ -92,7 +92,7 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
         if worker:
             rc, why = run_on_worker(worker, private, name, job, on_event)
         else:
-            env = dict(ANSIBLE_ENV, ANSIBLE_ROLES_PATH=str(resources.roles_dir()), PATH=search_path())
+            env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=str(resources.collections_dir()), PATH=search_path())
             result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
                                         envvars=env, event_handler=on_event, **job)
             rc, why = result.rc, None  # its output is read only when the run failed
@@ -125,7 +125,9 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
     project = Path(private) / "project"
     project.mkdir()
     shutil.copy(resources.playbook(name), project)
-    shutil.copytree(resources.roles_dir(), project / "roles")  # symlinked module_utils travel as files
+    # The collection travels beside the playbook, where ansible-playbook looks first (collections/ansible_collections).
+    shutil.copytree(resources.collection_dir(), project.joinpath("collections", "ansible_collections", *resources.COLLECTION),
+                    ignore=shutil.ignore_patterns("molecule", "tests", "__pycache__"))
     with tempfile.TemporaryFile() as stream, tempfile.TemporaryFile() as errors:
         ansible_runner.run(streamer="transmit", _output=stream, private_data_dir=private,
                            playbook=resources.playbook(name).name, envvars=dict(ANSIBLE_ENV), **job)

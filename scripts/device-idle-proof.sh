@@ -5,9 +5,9 @@
 set -u
 out=${1:?usage: device-idle-proof.sh OUTDIR}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH ANSIBLE_LIBRARY=$PWD/roles/nvidia_driver/library
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/collections
 check() {  # one module call, as the playbook's task makes it
-  python3 -m ansible adhoc localhost -c local -e ansible_python_interpreter=python3 -m gpu_users -o 2>&1 | tee -a "$out/gpu_users.log"
+  python3 -m ansible adhoc localhost -c local -e ansible_python_interpreter=python3 -m fleetctl.gpu.gpu_users -o 2>&1 | tee -a "$out/gpu_users.log"
 }
 echo "== idle" | tee "$out/gpu_users.log"; check
 python3 -c 'import torch, time; x = torch.ones(1 << 20, device="cuda"); print("busy", flush=True); time.sleep(60)' &

@@ -19,7 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def load_collective():
-    path = os.path.join(HERE, "..", "roles", "gpu_probe", "module_utils", "fleetctl_collective.py")
+    path = os.path.join(HERE, "..", "collections", "ansible_collections", "fleetctl", "gpu", "plugins", "module_utils",
+                        "fleetctl_collective.py")
     spec = importlib.util.spec_from_file_location("fleetctl_collective", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

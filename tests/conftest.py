@@ -1,21 +1,20 @@
-"""Shared test setup: the gpu_facts role's module_utils and module, importable as Ansible would ship them."""
+"""Shared test setup: the fleetctl.gpu collection's modules and module_utils, importable as Ansible ships them."""
 import importlib.util
+import sys
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ROLE = REPO / "roles" / "gpu_facts"
+COLLECTIONS = REPO / "collections"  # what ANSIBLE_COLLECTIONS_PATH names: ansible_collections/fleetctl/gpu
+COLLECTION = COLLECTIONS / "ansible_collections" / "fleetctl" / "gpu"
+MODULES = COLLECTION / "plugins" / "modules"
+MODULE_UTILS = COLLECTION / "plugins" / "module_utils"
 TESTDATA = Path(__file__).resolve().parent / "testdata"
 
-# The module imports its helpers as ansible.module_utils.fleetctl_gpus / fleetctl_kernel_log (role module_utils).
-_MODULE_UTILS = str(ROLE / "module_utils")
-_PROBE_UTILS = str(REPO / "roles" / "gpu_probe" / "module_utils")  # fleetctl_throughput (the others are links)
-if _PROBE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_PROBE_UTILS)
-if _MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MODULE_UTILS)
+# The modules import their helpers as ansible_collections.fleetctl.gpu.plugins.module_utils.* (a namespace package).
+if str(COLLECTIONS) not in sys.path:
+    sys.path.append(str(COLLECTIONS))
 
 
 def pytest_configure(config):
@@ -24,8 +23,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def gpu_facts_module():
-    """roles/gpu_facts/library/gpu_facts.py, imported as a Python module."""
-    spec = importlib.util.spec_from_file_location("fleetctl_test_gpu_facts", ROLE / "library" / "gpu_facts.py")
+    """collections/ansible_collections/fleetctl/gpu/plugins/modules/gpu_facts.py, imported as a Python module."""
+    spec = importlib.util.spec_from_file_location("fleetctl_test_gpu_facts", MODULES / "gpu_facts.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -3,7 +3,7 @@
 The driver-versioned packages are those of role driver, persistenced or fabricmanager whose upstream version is
 the running driver's (nvidia-driver-550-open 550.163.01-0ubuntu1, nvidia-fabricmanager-550, libnvidia-nscq-550,
 nvidia-persistenced ...). An upgrade asks for each of them at the target version, renamed to the target branch
-where the name carries the branch (each packaging family's spelling: roles/gpu_facts/module_utils/
+where the name carries the branch (each packaging family's spelling: collections/ansible_collections/fleetctl/gpu/plugins/module_utils/
 fleetctl_packaging.py, the same rules the hosts apply); the container toolkit and anything not versioned with the
 driver is left alone. A rollback asks for exactly the recorded set, distro versions and all.
 """

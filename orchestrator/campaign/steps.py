@@ -158,7 +158,7 @@ def wait_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     out = {}
     for name, o in outcomes.items():
         if o.status == "failed":
-            users = (o.results.get("gpu_users") or {}).get("users") or []
+            users = (o.results.get("fleetctl.gpu.gpu_users") or {}).get("users") or []
             if users:
                 shown = ", ".join(f"{u['name']} (pid {u['pid']})" for u in users[:5])
                 out[name] = Outcome("fail", f"the driver is in use after {idle['timeout_s']}s: {shown}",
@@ -173,7 +173,7 @@ def _install(ctx: Context, hosts: list[str], wanted: Callable[[str], dict[str, s
     outcomes = playbook(ctx, "driver_install.yml", hosts, {"fleetctl_packages": requests})
     out = {}
     for name, o in outcomes.items():
-        res = o.results.get("nvidia_driver_packages") or {}
+        res = o.results.get("fleetctl.gpu.nvidia_driver_packages") or {}
         detail = {"requested": requests[name], "installed": res.get("installed"), "removed": res.get("removed"),
                   "before": res.get("before"), "after": res.get("after"), "boot_id": res.get("boot_id")}
         failed = unreachable_or_failed(o)
@@ -212,7 +212,7 @@ def activation_detail(results: dict[str, Any]) -> dict[str, Any]:
     def ran(task: str) -> dict[str, Any] | None:
         r = results.get(task)
         return r if r and not r.get("skipped") else None
-    reboot, reload = ran("ansible.builtin.reboot"), ran("nvidia_module_reload")
+    reboot, reload = ran("ansible.builtin.reboot"), ran("fleetctl.gpu.nvidia_module_reload")
     detail: dict[str, Any] = {"rebooted": reboot is not None,
                               "reloaded": bool(reload and reload.get("changed") and reload.get("outcome") == "loaded")}
     if reload and reload.get("outcome") == "refused":

@@ -14,7 +14,7 @@ import pytest
 from tests.lab.conftest import ANSIBLE, REPO_ROOT, fleetctl_lab
 
 pytestmark = pytest.mark.lab
-ROLES = REPO_ROOT / "roles"
+COLLECTIONS = REPO_ROOT / "collections"
 
 TESLA_470 = {"nvidia-tesla-470-kernel-dkms", "libnvidia-tesla-470-ml1", "nvidia-tesla-470-smi",
              "nvidia-tesla-470-alternative", "nvidia-tesla-470-kernel-support"}
@@ -109,9 +109,8 @@ def test_unmet_dependency_fails_its_host_and_the_campaign_rolls_back_to_the_exac
 def test_a_version_in_no_repository_is_one_line_naming_the_package_and_changes_nothing(debian_fleet):
     fleet = debian_fleet
     before = packages(fleet, "a100-01")
-    env = dict(fleet.env, ANSIBLE_LIBRARY=str(ROLES / "nvidia_driver/library"),
-               ANSIBLE_MODULE_UTILS=str(ROLES / "nvidia_driver/module_utils"))
-    proc = subprocess.run([str(ANSIBLE), "-i", fleet.inventory, "a100-01", "-m", "nvidia_driver_packages", "-a",
+    env = dict(fleet.env, ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS))
+    proc = subprocess.run([str(ANSIBLE), "-i", fleet.inventory, "a100-01", "-m", "fleetctl.gpu.nvidia_driver_packages", "-a",
                            json.dumps({"packages": {"nvidia-tesla-535-kernel-dkms": "535.999.99"}})],
                           capture_output=True, text=True, env=env, timeout=180, cwd=fleet.workdir,
                           stdin=subprocess.DEVNULL)

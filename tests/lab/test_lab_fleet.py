@@ -7,14 +7,22 @@ fault test works on its own host or undoes what it did, so the drift test sees t
 from __future__ import annotations
 
 import json
+import re
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.lab.conftest import fleetctl_lab
 
 pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+COLLECTION = REPO / "collections/ansible_collections/fleetctl/gpu"
+BIN = Path(sys.executable).parent
 
 SPECS = ("2xh100-sxm@570.86.15", "1xl40s/2@550.163.01+nouveau+persistence-off+runtime", "1xa100-sxm+nouveau")
 PLANTED = {
@@ -46,6 +54,33 @@ def test_every_planted_drift_is_found_with_its_control_and_nothing_else(fleet):
         assert len(f["gpus"]) == gpus == len({g["uuid"] for g in f["gpus"]}) == len(f["host"]["pci_gpus"])
     assert facts["h100-01"]["fabric_manager"]["nvswitch_present"] and facts["h100-01"]["driver"]["cuda_driver_version"] == "12.8"
     assert facts["a100-01"]["driver"]["state"] == "not_installed" and facts["a100-01"]["nouveau"]["loaded"]
+
+
+def test_the_collection_built_and_installed_runs_a_plain_playbook_without_fleetctl(fleet, tmp_path):
+    """What an Ansible user does: build (or download) the collection, install it, run their own playbook."""
+    galaxy = [str(BIN / "ansible-galaxy"), "collection"]
+    built = subprocess.run([*galaxy, "build", str(COLLECTION), "--output-path", str(tmp_path)], capture_output=True,
+                           text=True, timeout=120)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (tarball,) = tmp_path.glob("fleetctl-gpu-*.tar.gz")
+    installed = subprocess.run([*galaxy, "install", str(tarball), "-p", str(tmp_path / "collections")],
+                               capture_output=True, text=True, timeout=120)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    env = {k: v for k, v in fleet.env.items() if k != "FLEETCTL_HOME"}
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(tmp_path / "collections"), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:/usr/bin:/bin")
+    play = subprocess.run([str(BIN / "ansible-playbook"), "-i", fleet.inventory, str(REPO / "examples/gpu-check.yml"),
+                           "-e", "expected_driver=570.86.15"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL)
+    out = play.stdout
+    assert play.returncode == 2, out[-3000:] + play.stderr[-3000:]  # two hosts fail the driver assertion
+    recap = dict(re.findall(r"^(\S+)\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=(\d+)", out, re.M))
+    assert recap == {"h100-01": "0", "h100-02": "0", "l40s-01": "1", "a100-01": "1"}, out[-3000:]
+    said = dict(re.findall(r'^ok: \[(\S+)\] => \{\s*"msg": "([^"]*)"', out, re.M))
+    assert said["h100-01"] == "driver 570.86.15 (loaded), 8 GPUs", said
+    assert said["a100-01"] == "driver none (not_installed), 0 GPUs", said
+    assert re.search(r'fatal: \[l40s-01\]: FAILED! => .*"msg": "loaded driver 550.163.01, expected 570.86.15"', out)
+    probed = re.findall(r"^ok: \[(\S+)\]$", out.split("TASK [Probe GPU health")[1].split("TASK [")[0], re.M)
+    assert sorted(probed) == ["h100-01", "h100-02"], out[-3000:]  # healthy hosts only: the others stopped before
 
 
 def test_the_nvidia_smi_fallback_reads_what_nvml_read(fleet):

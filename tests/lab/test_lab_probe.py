@@ -75,3 +75,84 @@ def test_probe_results_are_in_the_history(lab):
         assert len(runs) >= 4 and all(r["status"] == "done" for r in runs)
         rows = store.probe_results(runs[-2]["id"])
         assert {r["host"]: r["health"] for r in rows}["h100-02"] == "fail"
+
+
+def scrape(port: int) -> dict[str, list]:
+    """node_exporter's /metrics, parsed: {name: [(labels, value)]} (retried while it starts)."""
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def test_node_exporter_textfile_collector_serves_fleetctl_metrics(lab, tmp_path):
+    """audit and probe --format prometheus -o into a real node_exporter's textfile directory, side by side, then
+    `fleetctl metrics -o` alone: scraped as Prometheus would, no textfile error, the lab hosts' series there."""
+    import shutil
+    import socket
+    import subprocess
+
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if binary is None:
+        pytest.skip("node_exporter is not installed (Debian package prometheus-node-exporter)")
+    hosts = {f"h100-0{i}" for i in range(1, 5)}
+    lab.inject("h100-04", "xid", "79", "--gpu", "0")
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
+    audit = lab.fleetctl("audit", "-i", lab.inventory, "--format", "prometheus", "-o", str(textfiles / "audit.prom"))
+    assert audit.returncode in (0, 1) and audit.stdout == "", audit.stderr
+    probe = lab.fleetctl("probe", "-i", lab.inventory, "--format", "prometheus", "-o", str(textfiles / "probe.prom"))
+    assert probe.returncode in (0, 1) and probe.stdout == "", probe.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "node_exporter.log"
+    exporter = subprocess.Popen([binary, f"--collector.textfile.directory={textfiles}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+                                 "--collector.textfile"], stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    try:
+        both = scrape(port)
+        (textfiles / "audit.prom").unlink()
+        (textfiles / "probe.prom").unlink()
+        made = lab.fleetctl("metrics", "-o", str(textfiles / "fleetctl.prom"))
+        assert made.returncode == 0 and made.stdout == "", made.stderr
+        history = scrape(port)
+    finally:
+        exporter.terminate()
+        try:
+            exporter.wait(10)
+        except subprocess.TimeoutExpired:
+            exporter.kill()
+            exporter.wait()
+    for metrics in (both, history):
+        assert metrics["node_textfile_scrape_error"] == [({}, 0.0)], log.read_text()[-2000:]
+        assert {lab_["host"] for lab_, v in metrics["fleetctl_host_reachable"] if v == 1} == hosts
+        assert {lab_["host"] for lab_, _ in metrics["fleetctl_driver_info"] if lab_["version"] == "570.86.15"} == hosts
+        assert {lab_["host"]: v for lab_, v in metrics["fleetctl_gpus"]}["h100-04"] == 2
+        xids = {(lab_["host"], lab_["code"], lab_["class"]): v for lab_, v in metrics["fleetctl_xid_events"]}
+        assert xids[("h100-04", "79", "critical")] >= 1
+        passing = {(lab_["host"], lab_["control"]) for lab_, v in metrics["fleetctl_control_status"]
+                   if lab_["status"] == "pass"}
+        assert ("h100-03", "driver.version_allowed") in passing
+        assert ("h100-04", "fail") in {(lab_["host"], lab_["status"]) for lab_, _ in metrics["fleetctl_probe_status"]}
+        probe_xids = {(lab_["host"], lab_["code"]) for lab_, _ in metrics["fleetctl_probe_xid_events"]}
+        assert ("h100-04", "79") in probe_xids
+    assert {lab_["file"].rsplit("/", 1)[-1] for lab_, _ in both["node_textfile_mtime_seconds"]} == \
+        {"audit.prom", "probe.prom"}
+    assert history["fleetctl_history_chain_head_age_seconds"][0][1] >= 0

@@ -1,4 +1,4 @@
-"""Every role's molecule scenario (roles/*/molecule/default: converge, idempotence, verify), each run against a
+"""Every role's molecule scenario (the collection's roles/*/molecule/default: converge, idempotence, verify), each run against a
 real lab of its own. Molecule creates nothing: this test brings the lab up and down, and hands molecule the lab's
 inventory through FLEETCTL_LAB_INVENTORY.
 - gpu_facts: an H100 host with driver 570.86.15 and an A100 host without a driver, nouveau loaded;
@@ -20,6 +20,7 @@ from orchestrator.lab import network
 from tests.lab.conftest import kill_processes_mentioning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+ROLES = REPO_ROOT / "collections/ansible_collections/fleetctl/gpu/roles"
 VENV_BIN = Path(sys.executable).parent
 # role -> (lab specs, `fleetctl lab` commands run before molecule, whether its converge changes the hosts)
 SCENARIOS = {
@@ -51,8 +52,8 @@ def _fleetctl(env: dict[str, str], *args: str, timeout: float) -> subprocess.Com
 
 
 def test_every_role_has_a_scenario_here():
-    assert sorted(p.parent.parent.parent.name for p in (REPO_ROOT / "roles").glob("*/molecule/default/molecule.yml")) \
-        == sorted(p.name for p in (REPO_ROOT / "roles").iterdir() if p.is_dir()) == sorted(SCENARIOS)
+    assert sorted(p.parent.parent.parent.name for p in ROLES.glob("*/molecule/default/molecule.yml")) \
+        == sorted(p.name for p in ROLES.iterdir() if p.is_dir()) == sorted(SCENARIOS)
 
 
 @pytest.mark.lab
@@ -82,7 +83,7 @@ def test_molecule_scenario_against_the_lab(role, tmp_path):
                    ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
                    MOLECULE_EPHEMERAL_DIRECTORY=str(tmp_path / "molecule"),
                    ANSIBLE_FORCE_COLOR="false", NO_COLOR="1", PY_COLORS="0")
-        proc = subprocess.run([str(VENV_BIN / "molecule"), "test", "--scenario-name", "default"], cwd=REPO_ROOT / "roles" / role,
+        proc = subprocess.run([str(VENV_BIN / "molecule"), "test", "--scenario-name", "default"], cwd=ROLES / role,
                               env=env, capture_output=True, text=True, timeout=MOLECULE_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
         output = proc.stdout + proc.stderr

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from ansible.module_utils.fleetctl_gpus import parse_smi_xml
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import parse_smi_xml
 from orchestrator.lab import packages
 from orchestrator.lab.skus import SKUS
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE_UTILS = REPO / "roles" / "gpu_facts" / "module_utils"
+MODULE_UTILS = REPO / "collections/ansible_collections/fleetctl/gpu/plugins/module_utils"
 TESTDATA = REPO / "tests" / "testdata"
 LIB = "usr/lib/x86_64-linux-gnu"
 MISSING = [t for t in ("gcc", "dpkg-deb", "dpkg-scanpackages") if shutil.which(t) is None]

@@ -112,7 +112,7 @@ def test_absurd_durations_are_input_errors(value):
 def test_the_driver_daemons_are_ignored_under_their_cut_process_names():
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "roles/nvidia_driver/library/gpu_users.py"
+    path = Path(__file__).resolve().parents[2] / "collections/ansible_collections/fleetctl/gpu/plugins/modules/gpu_users.py"
     spec = importlib.util.spec_from_file_location("gpu_users", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -81,7 +81,7 @@ def test_the_device_reports_are_valid_and_show_real_drift(reports):
 
 
 def test_fleetctls_parser_on_the_captured_xml_gives_what_nvml_gave(reports, testdata):
-    from ansible.module_utils.fleetctl_gpus import parse_smi_xml
+    from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import parse_smi_xml
 
     system, gpus = parse_smi_xml((testdata / DIR / "nvidia-smi-q-x.xml").read_text())
     nvml = reports["nvml"]["hosts"][0]["facts"]

@@ -35,8 +35,8 @@ from jsonschema import Draft202012Validator
 
 # Ansible's Display wraps sys.stderr when first imported: let that be the real one, not a test's StringIO.
 import ansible.inventory.manager  # noqa: F401
-from ansible.module_utils import fleetctl_gpus, fleetctl_kernel_log as klog, fleetctl_throughput
-from ansible.module_utils import fleetctl_interconnect
+from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_gpus, fleetctl_kernel_log as klog, fleetctl_throughput
+from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_interconnect
 from orchestrator import audit, baseline, cli, inventory, policy, schemas
 from orchestrator.errors import InputError
 from orchestrator.runner import HostOutcome
@@ -52,7 +52,7 @@ KERNEL_LOGS = {name: (TESTDATA / "kernel-log" / name).read_text() for name in
                ("xid-forms.kmsg", "xid-forms.dmesg", "xid-forms.journalctl")}
 KERNEL_LOGS["kmsg-nvrm.txt"] = (H100 / "kmsg-nvrm.txt").read_text()
 KERNEL_LOGS["dmesg-nvrm.txt"] = (H100 / "dmesg-nvrm.txt").read_text()
-XID_CATALOG = yaml.safe_load((REPO / "roles/gpu_facts/defaults/main.yml").read_text())["gpu_facts_xid_catalog"]
+XID_CATALOG = yaml.safe_load((REPO / "collections/ansible_collections/fleetctl/gpu/roles/gpu_facts/defaults/main.yml").read_text())["gpu_facts_xid_catalog"]
 REAL_FACTS = json.loads((TESTDATA / "h100-580.159.04-audit/audit-nvml.json").read_text())["hosts"][0]["facts"]
 DEFAULT_BASELINE_BYTES = baseline.DEFAULT_PATH.read_bytes()
 DEFAULT_BASELINE_DOC = yaml.safe_load(DEFAULT_BASELINE_BYTES)
@@ -626,7 +626,7 @@ DEFAULT_BASELINE = baseline.load(None)
 
 def host_entry(facts: dict) -> dict:
     """What the audit makes of one host's facts: its findings, or an error finding when they cannot be trusted."""
-    outcome = HostOutcome("gpu-01", results={"gpu_facts": {"facts": facts}})
+    outcome = HostOutcome("gpu-01", results={"fleetctl.gpu.gpu_facts": {"facts": facts}})
     entry = audit.evaluate_host(HOST, outcome, DEFAULT_BASELINE)
     assert all(schemas.first_error("finding", f) is None for f in entry["findings"]), entry["findings"]
     if entry["error"]:

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from ansible.module_utils import fleetctl_gpus as gpus_utils
-from ansible.module_utils import fleetctl_kernel_log as klog
+from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_gpus as gpus_utils
+from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_kernel_log as klog
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = "h100-580.159.04"
@@ -40,7 +40,7 @@ def def_validator(schema, name):
 
 @pytest.fixture(scope="module")
 def catalog():
-    return yaml.safe_load((REPO / "roles" / "gpu_facts" / "defaults" / "main.yml").read_text())["gpu_facts_xid_catalog"]
+    return yaml.safe_load((REPO / "collections/ansible_collections/fleetctl/gpu/roles/gpu_facts/defaults/main.yml").read_text())["gpu_facts_xid_catalog"]
 
 
 @pytest.fixture(scope="module")
@@ -520,13 +520,12 @@ def test_schema_gpu_entries(schema, smi):
 def test_real_module_run_validates_against_schema(tmp_path, schema, catalog):
     ansible = Path(sys.executable).parent / "ansible"
     env = dict(os.environ,
-               ANSIBLE_LIBRARY=str(REPO / "roles" / "gpu_facts" / "library"),
-               ANSIBLE_MODULE_UTILS=str(REPO / "roles" / "gpu_facts" / "module_utils"),
+               ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
                ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
                ANSIBLE_NOCOLOR="1")
     args = json.dumps({"xid_catalog": catalog, "xid_overrides": {}, "kmsg_since_seq": -1, "check_initramfs": True})
     tree = tmp_path / "tree"
-    proc = subprocess.run([str(ansible), "localhost", "-c", "local", "-m", "gpu_facts", "-a", args,
+    proc = subprocess.run([str(ansible), "localhost", "-c", "local", "-m", "fleetctl.gpu.gpu_facts", "-a", args,
                            "-e", "ansible_python_interpreter=" + sys.executable, "--tree", str(tree)],
                           env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from ansible.module_utils import fleetctl_gpus as gpus_utils
-from ansible.module_utils import fleetctl_interconnect as ic
+from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_gpus as gpus_utils
+from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_interconnect as ic
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "tests" / "testdata" / "h200x2-580.159.04"

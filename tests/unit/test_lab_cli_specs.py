@@ -49,7 +49,7 @@ def test_bad_specs_are_one_line_errors(spec, message):
 
 @pytest.mark.parametrize("form", ["pci", "legacy", "mig", "bare"])
 def test_every_planted_xid_form_is_read_back_by_the_collector(form):
-    from ansible.module_utils.fleetctl_kernel_log import parse_xid
+    from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_kernel_log import parse_xid
 
     event = parse_xid(xid_line(79, "00000000:18:00.0", form))
     assert (event["code"], event["pci_bus_id"]) == (79, "00000000:18:00.0")

@@ -20,7 +20,7 @@ DRIVER = ("570.86.15", "open")
 
 def reload_module():
     spec = importlib.util.spec_from_file_location(
-        "nvidia_module_reload", ROOT / "roles/nvidia_driver/library/nvidia_module_reload.py")
+        "nvidia_module_reload", ROOT / "collections/ansible_collections/fleetctl/gpu/plugins/modules/nvidia_module_reload.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -91,15 +91,15 @@ def test_loading_brings_the_installed_version_with_its_dependencies_and_logs_it(
 @pytest.mark.parametrize("results, detail", [
     ({"ansible.builtin.reboot": {"changed": True}}, {"rebooted": True, "reloaded": False}),
     ({"ansible.builtin.reboot": {"skipped": True},
-      "nvidia_module_reload": {"changed": True, "outcome": "loaded", "loaded": "570.86.15", "not_started": {}}},
+      "fleetctl.gpu.nvidia_module_reload": {"changed": True, "outcome": "loaded", "loaded": "570.86.15", "not_started": {}}},
      {"rebooted": False, "reloaded": True}),
-    ({"nvidia_module_reload": {"changed": False, "outcome": "loaded", "loaded": "570.86.15"}},
+    ({"fleetctl.gpu.nvidia_module_reload": {"changed": False, "outcome": "loaded", "loaded": "570.86.15"}},
      {"rebooted": False, "reloaded": False}),
-    ({"nvidia_module_reload": {"changed": False, "outcome": "refused", "msg": "in use: nvidia_drm (refcnt 1, 0 from modules)",
+    ({"fleetctl.gpu.nvidia_module_reload": {"changed": False, "outcome": "refused", "msg": "in use: nvidia_drm (refcnt 1, 0 from modules)",
                                "failed_when_result": False},
       "ansible.builtin.reboot": {"changed": True}},
      {"rebooted": True, "reloaded": False, "reload_refused": "in use: nvidia_drm (refcnt 1, 0 from modules)"}),
-    ({"nvidia_module_reload": {"changed": True, "outcome": "loaded",
+    ({"fleetctl.gpu.nvidia_module_reload": {"changed": True, "outcome": "loaded",
                                "not_started": {"nvidia-fabricmanager.service": "no NVSwitch"}}},
      {"rebooted": False, "reloaded": True, "units_not_started": {"nvidia-fabricmanager.service": "no NVSwitch"}}),
 ])

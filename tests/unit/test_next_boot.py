@@ -14,7 +14,7 @@ import pytest
 from orchestrator import policy, schemas
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("fleetctl_boot_under_test", ROOT / "roles/gpu_facts/module_utils/fleetctl_boot.py")
+spec = importlib.util.spec_from_file_location("fleetctl_boot_under_test", ROOT / "collections/ansible_collections/fleetctl/gpu/plugins/module_utils/fleetctl_boot.py")
 boot = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(boot)
 

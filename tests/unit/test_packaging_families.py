@@ -31,7 +31,7 @@ def load_module(name: str, path: str):
     return module
 
 
-packaging = load_module("fleetctl_packaging_under_test", "roles/gpu_facts/module_utils/fleetctl_packaging.py")
+packaging = load_module("fleetctl_packaging_under_test", "collections/ansible_collections/fleetctl/gpu/plugins/module_utils/fleetctl_packaging.py")
 
 
 def stanzas() -> list[dict[str, str]]:
@@ -116,7 +116,7 @@ def headless(branch: str, version: str) -> dict[str, str]:
 
 
 def host_resolves(index, requests: dict[str, str]) -> dict[str, str]:
-    module = load_module("nvidia_driver_packages_under_test", "roles/nvidia_driver/library/nvidia_driver_packages.py")
+    module = load_module("nvidia_driver_packages_under_test", "collections/ansible_collections/fleetctl/gpu/plugins/modules/nvidia_driver_packages.py")
     return module.Apt(FakeAptModule(index)).resolve(requests, update_cache=False)
 
 
@@ -249,7 +249,7 @@ def test_the_gsp_firmware_apt_brings_with_535_moves_and_is_held_with_the_driver(
     assert packaging.read("firmware-nvidia-tesla-535-gsp") == ("debian-tesla-NNN", "535", "firmware-nvidia-gsp")
     assert packaging.equivalents("firmware-nvidia-tesla-535-gsp", "535")[0] == "firmware-nvidia-gsp"
     assert packaging.role("firmware-nvidia-gsp") == "driver"
-    module = load_module("nvidia_driver_packages_under_test", "roles/nvidia_driver/library/nvidia_driver_packages.py")
+    module = load_module("nvidia_driver_packages_under_test", "collections/ansible_collections/fleetctl/gpu/plugins/modules/nvidia_driver_packages.py")
     installed = {"nvidia-tesla-535-kernel-dkms": ("535.216.03-3~deb12u1", False),
                  "firmware-nvidia-tesla-535-gsp": ("535.216.03-3~deb12u1", False),
                  "nvidia-modprobe": ("535.309.01-0+deb12u1", False)}
@@ -329,7 +329,7 @@ def test_exact_version_dependencies_are_asked_for_at_that_version_not_at_the_new
     """bookworm-security carries 535.309.01 of the unversioned source: asked for libcuda1=535.261.03 alone, apt would
     take nvidia-alternative at 535.309.01 and give up. The role adds every NVIDIA package libcuda1 depends on at
     exactly one version (and theirs), at that version; libc6 and the unversioned nvidia-support stay apt's choice."""
-    module = load_module("nvidia_driver_packages_under_test", "roles/nvidia_driver/library/nvidia_driver_packages.py")
+    module = load_module("nvidia_driver_packages_under_test", "collections/ansible_collections/fleetctl/gpu/plugins/modules/nvidia_driver_packages.py")
     assert "535.309.01-0+deb12u1" in index["nvidia-alternative"]
     apt = module.Apt(FakeAptShow(index))
     got = apt.with_exact_dependencies(apt.resolve({"libcuda1": "535.261.03"}, update_cache=False))
@@ -343,7 +343,7 @@ def test_a_request_without_a_driver_removes_no_firmware_and_el_parts_are_never_h
     version, or the next driver's kmod could not require its own."""
     assert packaging.stale({"nvidia-firmware-580-580.159.03": "580.159.03-0ubuntu0.24.04.1"},
                            {"nvidia-container-toolkit": "1.17.8-1"}) == []
-    module = load_module("nvidia_driver_packages_under_test", "roles/nvidia_driver/library/nvidia_driver_packages.py")
+    module = load_module("nvidia_driver_packages_under_test", "collections/ansible_collections/fleetctl/gpu/plugins/modules/nvidia_driver_packages.py")
     installed = {"nvidia-driver": ("3:570.86.15-1.el9", False), "nvidia-kmod-common": ("3:570.86.15-1.el9", False),
                  "nvidia-driver-libs": ("3:570.86.15-1.el9", False)}
     assert module.pulled_in(installed, {"nvidia-driver": "3:570.86.15-1.el9"}) == ["nvidia-driver-libs"]

@@ -102,7 +102,7 @@ def on(facts, version):
 
 def entry(name, groups, facts=None, base=DEFAULT, status="ok", message=""):
     """What the plan builds from one host: audit.evaluate_host on the gpu_facts result."""
-    outcome = HostOutcome(name, status, message, {"gpu_facts": {"facts": facts}} if status == "ok" else {})
+    outcome = HostOutcome(name, status, message, {"fleetctl.gpu.gpu_facts": {"facts": facts}} if status == "ok" else {})
     return audit.evaluate_host(Host(name, ("all", *groups)), outcome, base)
 
 

@@ -413,7 +413,7 @@ def test_collect_hands_every_host_its_reference_with_one_query(tmp_path, hgx, mo
     fleet = Fleet("hosts.ini", tuple(Host(n, ("all",)) for n in names), frozenset({"all"}), {})
     base = Baseline(tmp_path / "b.yml", "b", "sha256:0", {"all": {}})
     monkeypatch.setattr(runner, "run_on_fleet", lambda *a, **k: {
-        n: runner.HostOutcome(n, results={"gpu_facts": {"facts": fallen if n == "hgx-01" else hgx}}) for n in names})
+        n: runner.HostOutcome(n, results={"fleetctl.gpu.gpu_facts": {"facts": fallen if n == "hgx-01" else hgx}}) for n in names})
     with Store(tmp_path / "history.sqlite3") as store:
         record_audit(store, {n: before for n in names}, {})
         queries = []

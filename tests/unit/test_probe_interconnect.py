@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from ansible.module_utils import fleetctl_collective as collective
-from ansible.module_utils.fleetctl_throughput import command
+from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_collective as collective
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_throughput import command
 
 from orchestrator import gate
 

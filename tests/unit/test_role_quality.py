@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -11,14 +12,17 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-ROLES = sorted(p for p in (REPO / "roles").iterdir() if p.is_dir())
+COLLECTION = REPO / "collections/ansible_collections/fleetctl/gpu"
+ROLES = sorted(p for p in (COLLECTION / "roles").iterdir() if p.is_dir())
 
 
 def test_ansible_lint_production_profile_is_clean():
     lint = shutil.which("ansible-lint", path=str(Path(sys.executable).parent))
     if lint is None:
         pytest.skip("ansible-lint is not installed (pip install -e '.[test]')")
-    proc = subprocess.run([lint, "--profile", "production", "--nocolor", "playbooks/", "roles/"], cwd=REPO,
+    paths = ["playbooks/", "examples/", str(COLLECTION.relative_to(REPO))]
+    proc = subprocess.run([lint, "--profile", "production", "--nocolor", *paths],
+                          cwd=REPO, env=dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections")),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Profile 'production' was required, and it passed" in proc.stdout + proc.stderr

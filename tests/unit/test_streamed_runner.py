@@ -37,9 +37,9 @@ def test_an_audit_through_transmit_worker_process_matches_the_in_process_one(tmp
     assert findings(via_worker) == findings(in_process) and findings(via_worker)["driver.installed"] == "fail"
     (host,) = via_worker["hosts"]
     assert host["facts"]["host"]["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    # the job went to the worker: the playbook and the roles travelled in the stream
+    # the job went to the worker: the playbook and the collection travelled in the stream
     assert (node / "project" / "audit.yml").is_file()
-    assert (node / "project" / "roles" / "gpu_facts" / "library").is_dir()
+    assert (node / "project/collections/ansible_collections/fleetctl/gpu/plugins/modules/gpu_facts.py").is_file()
     assert [r["status"] for r in runs(tmp_path / "home")] == ["done", "done"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from ansible.module_utils.fleetctl_throughput import EngineError, command, measure
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_throughput import EngineError, command, measure
 
 PER_RUN = """
 import json, os, pathlib

@@ -1,1 +1,0 @@
-../../gpu_facts/module_utils/fleetctl_kernel_log.py
