@@ -37,7 +37,8 @@ def test_the_wheel_carries_the_collection_playbooks_and_schemas(wheel):
         assert collection + part in names, part
     for part in ("playbooks/audit.yml", "playbooks/driver_install.yml", "schemas/audit-report.schema.json"):
         assert ASSETS + part in names, part
-    assert not [n for n in names if n.startswith("tests/") or "/.pytest_cache/" in n or n.endswith(".pyc")]
+    assert not [n for n in names if n.startswith("tests/") or "/molecule/" in n or "/tests/output/" in n
+                or n.endswith(".pyc")]  # no test scenarios or ansible-test scratch files
 
 
 def test_the_wheel_installs_into_a_fresh_venv_and_audits_localhost_outside_a_checkout(wheel, tmp_path):

@@ -428,3 +428,23 @@ def test_the_alerts_fire_on_what_fleetctl_metrics_renders_from_a_history(history
         "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": expected}]}))
     proc = subprocess.run([PROMTOOL, "test", "rules", "test.yml"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout[-4000:] + proc.stderr
+
+
+# -- captured on a real H100 (driver 580.159.04) by scripts/device-collection-proof.sh -------------------------
+
+REAL = REPO / "tests/testdata/prometheus/h100-580.159.04"
+
+
+def test_real_h100_captures_parse_and_say_what_the_host_had():
+    audit, probe, latest = ((REAL / name).read_text() for name in ("audit.prom", "probe.prom", "metrics.prom"))
+    assert value(audit, "fleetctl_driver_info", host="localhost", version="580.159.04", flavor="open", branch="580") == 1
+    assert value(audit, "fleetctl_gpus", host="localhost") == 1
+    assert value(audit, "fleetctl_control_status", host="localhost", control="nouveau.blacklisted", status="fail") == 1
+    gemm = value(probe, "fleetctl_probe_median", host="localhost", gpu="0", metric="gemm_tflops", unit="TFLOP/s")
+    assert 600 < gemm < 1000  # bf16 8192^3 on an H100 SXM
+    assert value(probe, "fleetctl_probe_status", host="localhost", status="pass") == 1
+    audit_names = {name for name, _, _ in samples(audit)}
+    probe_names = {name for name, _, _ in samples(probe)}
+    assert not audit_names & probe_names  # both files can sit in one textfile directory
+    assert audit_names | probe_names <= {name for name, _, _ in samples(latest)}  # `metrics` holds both
+    assert value(latest, "fleetctl_history_chain_records") >= 2
