@@ -96,13 +96,17 @@ def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
             "noncompliant": len(drifted), "findings": counts, "fail_on": fail_on, "exit_code": exit_code}
 
 
-def run(opts: AuditOptions, store: Store, argv: list[str]) -> dict[str, Any]:
-    """Audit the fleet and record it. Input errors (InputError) are raised before anything is recorded."""
+def run(opts: AuditOptions, store: Store, argv: list[str], notifier=None) -> dict[str, Any]:
+    """Audit the fleet and record it. Input errors (InputError) are raised before anything is recorded.
+    NOTIFIER (notify.Notifier): told of findings before the run is sealed, what became of that in its summary."""
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "audit", argv, fleet, base, opts.limit) as run_:
         hosts = collect(fleet, base, opts.forks, opts.preflight, store)
         summary = summarize(hosts, opts.fail_on)
         summary["duration_s"] = round(time.monotonic() - started, 3)
+        sent = notifier.after_run(run_, summary, hosts) if notifier else None
+        if sent:
+            summary["notifications"] = sent
         store.finish_run(run_.id, summary["exit_code"], summary, hosts)
     return {**runs.header(store, run_), "summary": summary, "hosts": hosts}  # schema-valid: tests/unit prove it

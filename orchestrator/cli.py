@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from . import __version__, audit as audit_mod, plan as plan_mod, probe as probe_mod, render, upgrade as upgrade_mod
+from . import __version__, audit as audit_mod, logs, plan as plan_mod, probe as probe_mod, render, upgrade as upgrade_mod
+from . import config as config_mod, notify as notify_mod
 from .errors import InputError, OperationError
 from .store import Store
 
@@ -63,7 +65,7 @@ def stored_argv() -> list[str]:
             value = arg.split("=", 1)[1]
             arg = "--command=" + (value.split()[0] + " [arguments not recorded]" if value.split() else "")
         out.append(arg)
-    return out
+    return notify_mod.redact_argv(out)  # a --notify command's arguments and a --webhook's path neither
 
 
 def emit(text: str, output: str | None) -> None:
@@ -76,11 +78,21 @@ def emit(text: str, output: str | None) -> None:
         click.echo(text, nl=False)
 
 
+STREAM_PATHS = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/", "/dev/tty")
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomically(path: Path, text: str) -> None:
     """PATH holds the old text or the new, never part of one (node_exporter's textfile collector, a web server or
-    a cron job may read it at any moment): a temporary file in the same directory, synced, mode 0644, renamed over
-    PATH. A device, a FIFO or a file descriptor's name (-o /dev/stdout) is written in place."""
-    if (path.exists() and not path.is_file()) or str(path.absolute()).startswith(("/dev/", "/proc/")):
+    a cron job may read it at any moment): a temporary file in the same directory, synced, renamed over PATH, with
+    the old file's mode (a new one's: 0666 less the umask, as open() gives). Standard streams and file descriptors
+    by name (-o /dev/stdout), devices and FIFOs are written in place."""
+    if (path.exists() and not path.is_file()) or str(path.absolute()).startswith(STREAM_PATHS):
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
         return
@@ -91,7 +103,7 @@ def write_atomically(path: Path, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~current_umask())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -114,8 +126,14 @@ def terminal() -> Console:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fleetctl")
-def cli() -> None:
-    """Keep NVIDIA GPU fleets on a known-good driver baseline."""
+@click.pass_context
+def cli(ctx) -> None:
+    """Keep NVIDIA GPU fleets on a known-good driver baseline.
+
+    Flags default to the config file's values ($FLEETCTL_CONFIG, ~/.config/fleetctl/config.yml or
+    /etc/fleetctl/config.yml): `fleetctl config show`.
+    """
+    config_mod.apply(ctx)
 
 
 @cli.command()
@@ -130,6 +148,7 @@ def cli() -> None:
 @click.option("--forks", type=click.IntRange(1, 1000), help="Hosts worked on at once (default: all, up to 64).")
 @click.option("--no-preflight", is_flag=True, help="Skip the SSH reachability and host-key pre-flight.")
 @click.option("-a", "--all", "show_all", is_flag=True, help="Table: show passing controls too.")
+@notify_mod.options
 def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_preflight, show_all) -> None:
     """Audit driver, nouveau, persistence, container runtime and GPU health against the baseline.
 
@@ -138,7 +157,7 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
     opts = audit_mod.AuditOptions(inventory_path, limit, baseline, fail_on, forks, not no_preflight)
     writable(output)
     with Store() as store:
-        report = audit_mod.run(opts, store, stored_argv())
+        report = audit_mod.run(opts, store, stored_argv(), notify_mod.from_context())
     write_report(report, fmt, output, lambda r, console: render.print_audit(r, console, show_all))
     sys.exit(report["summary"]["exit_code"])
 
@@ -148,6 +167,7 @@ from .lab.cli import lab  # noqa: E402
 
 cli.add_command(lab)
 cli.add_command(completion)
+cli.add_command(config_mod.config_group)
 
 
 @cli.command()
@@ -166,6 +186,7 @@ cli.add_command(completion)
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically) instead of stdout.")
 @click.option("--forks", type=click.IntRange(1, 1000), help="Hosts worked on at once (default: all, up to 64).")
 @click.option("--no-preflight", is_flag=True, help="Skip the SSH reachability and host-key pre-flight.")
+@notify_mod.options
 def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, warmup_s, trial_s, fmt, output, forks,
           no_preflight) -> None:
     """GPU health (NVML, Xid, ECC, remaps, PCIe, clocks) and, with --throughput, GEMM and bandwidth samples.
@@ -181,7 +202,7 @@ def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, 
     opts = probe_mod.ProbeOptions(inventory_path, limit, baseline, throughput, engine, canary, samples, warmup_s,
                                   trial_s, forks, not no_preflight)
     with Store() as store:
-        report = probe_mod.run(opts, store, stored_argv())
+        report = probe_mod.run(opts, store, stored_argv(), notify_mod.from_context())
     write_report(report, fmt, output, render.print_probe)
     sys.exit(report["summary"]["exit_code"])
 
@@ -246,6 +267,7 @@ def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_
 @click.option("--trial", "trial_s", type=click.FloatRange(0.01, 60), default=1.0, show_default=True)
 @click.option("--forks", type=click.IntRange(1, 1000), help="Hosts of a wave worked on at once (default: all, up to 64).")
 @click.option("--no-preflight", is_flag=True, help="Skip the SSH pre-flight of the planning audit.")
+@notify_mod.options
 def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, window, rollback_scope,
             drain_preset, drain, undrain, idle_timeout, samples, warmup_s, trial_s, forks, no_preflight) -> None:
     """Move the fleet's driver to VERSION in canary waves, gated by GPU probes, rolled back on failure.
@@ -263,7 +285,8 @@ def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, 
             raise click.UsageError("--yes is needed to upgrade without a terminal (or use --dry-run)")
         click.confirm(f"Upgrade the fleet's driver to {target}?", abort=True)
     with Store() as store:
-        cid, code, text = upgrade_mod.start(opts, store, stored_argv(), dry_run, terminal())
+        cid, code, text = upgrade_mod.start(opts, store, stored_argv(), dry_run, terminal(),
+                                           notify_mod.from_context())
     click.echo(text, nl=False)
     sys.exit(code)
 
@@ -294,15 +317,28 @@ def campaign_show(campaign_id, fmt) -> None:
 
 
 @campaign.command("resume")
-@click.argument("campaign_id", type=CAMPAIGN_ID)
+@click.argument("campaign_id", type=CAMPAIGN_ID, required=False)
+@click.option("--interrupted", is_flag=True,
+              help="Every campaign at work whose process is gone (a crash or reboot); exit 0 when there is none.")
 @click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY", help="Default: the campaign's own.")
 @click.option("-b", "--baseline", metavar="BASELINE", help="Default: the campaign's own (unchanged).")
 @click.option("--window", metavar="DURATION", help="A new maintenance window from now.")
-def campaign_resume(campaign_id, inventory_path, baseline, window) -> None:
-    """Continue a campaign after a crash, or after a halt (held hosts are accepted and undrained)."""
+@notify_mod.options
+def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window) -> None:
+    """Continue a campaign after a crash, or after a halt (held hosts are accepted and undrained).
+
+    Two resumes of one campaign at once: the second refuses (exit 1) before it changes anything.
+    """
+    if (campaign_id is None) == (not interrupted):
+        raise click.UsageError("give a CAMPAIGN_ID or --interrupted (not both)")
     window_s = upgrade_mod.parse_duration(window, "--window") if window else None
     with Store() as store:
-        code, text = upgrade_mod.resume(store, campaign_id, inventory_path, baseline, window_s, terminal())
+        if interrupted:
+            code, text = upgrade_mod.resume_interrupted(store, inventory_path, baseline, window_s, terminal(),
+                                                        notify_mod.from_context())
+        else:
+            code, text = upgrade_mod.resume(store, campaign_id, inventory_path, baseline, window_s, terminal(),
+                                            notify_mod.from_context())
     click.echo(text, nl=False)
     sys.exit(code)
 
@@ -319,10 +355,12 @@ def campaign_abort(campaign_id) -> None:
 @click.argument("campaign_id", type=CAMPAIGN_ID)
 @click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY", help="Default: the campaign's own.")
 @click.option("-b", "--baseline", metavar="BASELINE", help="Default: the campaign's own (unchanged).")
+@notify_mod.options
 def rollback(campaign_id, inventory_path, baseline) -> None:
     """Roll every host a campaign changed back to the exact packages recorded before it (exit 4 when done)."""
     with Store() as store:
-        code, text = upgrade_mod.rollback(store, campaign_id, inventory_path, baseline, terminal())
+        code, text = upgrade_mod.rollback(store, campaign_id, inventory_path, baseline, terminal(),
+                                          notify_mod.from_context())
     click.echo(text, nl=False)
     sys.exit(code)
 
@@ -390,7 +428,12 @@ def metrics(output, limit) -> None:
     emit(text, output)
 
 
+from .systemd import systemd_group  # noqa: E402  (needs `upgrade` above: install offers its options)
+cli.add_command(systemd_group(cli))
+
+
 def main() -> None:
+    logs.configure()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as e:

@@ -16,7 +16,9 @@ spread over the ramp instead of being used up in the first waves.
 
 Eligibility, first reason wins: unreachable; facts not collected; the baseline does not bless the target for the
 host's groups; no driver installed (nothing to move from, nor to roll back to); unhealthy (a critical fail or error
-in driver.loaded, driver.version_match or any gpu.* control); then hosts already running the target are skipped.
+in driver.loaded, driver.version_match or any gpu.* control); next boot at risk (nouveau loaded or not blacklisted,
+or no matching nvidia module for the kernel it boots next: the new driver would not bind after the reboot); then
+hosts already running the target are skipped. The campaign's precheck applies the same rules to fresh facts.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ DEFAULT_RAMP = "1,10%,50%,100%"
 DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # DESIGN.md "Wave budget": later waves fail at >= 2 hosts or 10%
 VERSION_RE = re.compile(r"[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?")  # whole string (fullmatch): no "570.86.15\n"
 HEALTH_CONTROLS = ("driver.loaded", "driver.version_match")  # and every gpu.* control
+# Drift that decides whether the new driver binds at the reboot an upgrade needs, failing at any severity.
+BOOT_RISK_CONTROLS = ("nouveau.not_loaded", "nouveau.blacklisted", "driver.next_boot")
 # ASCII digits, at most 9 a part: Fraction() and str() refuse numbers of thousands of digits (ValueError)
 _STEP_RE = re.compile(r"^(?:(?P<count>[0-9]{1,9})|(?P<percent>[0-9]{1,9}(?:\.[0-9]{1,9})?)%)$")
 
@@ -167,6 +171,11 @@ def health_problems(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and (f["control"].startswith("gpu.") or f["control"] in HEALTH_CONTROLS)]
 
 
+def boot_risks(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fails (or unverifiable) of the controls that decide whether the driver comes back after a reboot."""
+    return [f for f in findings if f["status"] in ("fail", "error") and f["control"] in BOOT_RISK_CONTROLS]
+
+
 def classify(entry: dict[str, Any], base: baseline_mod.Baseline, target: str) -> tuple[str, str | None, str]:
     """(verdict, code, detail): ('wave', None, from_version) | ('skipped', code, why) | ('excluded', code, why)."""
     if not entry["reachable"]:
@@ -184,6 +193,11 @@ def classify(entry: dict[str, Any], base: baseline_mod.Baseline, target: str) ->
         more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
         word = "unhealthy" if bad[0]["status"] == "fail" else "health not verifiable"
         return "excluded", "unhealthy", f"{word}: {bad[0]['control']}: {bad[0]['message']}{more}"
+    risky = boot_risks(entry["findings"])
+    if risky:
+        more = f" (+{len(risky) - 1} more)" if len(risky) > 1 else ""
+        return "excluded", "boot_at_risk", (f"next boot at risk: {risky[0]['control']}: {risky[0]['message']}{more}; "
+                                            "fix it (fleetctl audit shows how) before upgrading this host")
     running = policy.running_version(facts)
     if running is None:  # only where the baseline lowered driver.loaded below critical
         return "excluded", "unhealthy", "unhealthy: no nvidia kernel module loaded: no running version to move from"

@@ -82,6 +82,9 @@ def check(host: Host, timeout: float = 5.0) -> Verdict:
         transport.start_client(timeout=timeout)
         offered = transport.get_remote_server_key()
     except (paramiko.SSHException, OSError, EOFError) as e:
+        if not transport.remote_version:  # TCP accepted, no "SSH-2.0-..." line: a hung sshd, or not sshd at all
+            return Verdict(host.name, False, f"no SSH banner from {address}:{port} within {timeout:g} s (a hung "
+                                             f"sshd, or not an SSH server on that port)")
         return Verdict(host.name, False, f"SSH handshake with {address}:{port} failed: {e}")
     finally:
         transport.close()

@@ -90,7 +90,7 @@ def verdict(entry: dict[str, Any], reference: dict[str, Any] | None, policy: dic
     return {"status": v.status, "reasons": reasons}
 
 
-def run(opts: ProbeOptions, store: Store, argv: list[str]) -> dict[str, Any]:
+def run(opts: ProbeOptions, store: Store, argv: list[str], notifier=None) -> dict[str, Any]:
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "probe", argv, fleet, base, opts.limit) as run_:
@@ -114,6 +114,9 @@ def run(opts: ProbeOptions, store: Store, argv: list[str]) -> dict[str, Any]:
                    "healthy": len(hosts) - unreachable - unhealthy, "unhealthy": unhealthy,
                    "exit_code": EXIT_UNREACHABLE if unreachable else (EXIT_UNHEALTHY if unhealthy else EXIT_OK),
                    "duration_s": round(time.monotonic() - started, 3)}
+        sent = notifier.after_run(run_, summary, hosts) if notifier else None  # notify.Notifier: findings
+        if sent:
+            summary["notifications"] = sent
         store.finish_probe(run_.id, summary["exit_code"], summary, hosts)
     report = {**runs.header(store, run_), "summary": summary, "hosts": hosts}
     schemas.check("probe-report", report, "fleetctl's own probe report (a bug: please report it)")

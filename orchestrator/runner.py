@@ -55,6 +55,14 @@ def search_path() -> str:
     return path
 
 
+def collections_path() -> str:
+    """fleetctl's collection first, then the user's (or Ansible's default) paths: an inventory may name a
+    connection or become plugin from another collection."""
+    theirs = os.environ.get("ANSIBLE_COLLECTIONS_PATH") or os.environ.get("ANSIBLE_COLLECTIONS_PATHS") \
+        or "~/.ansible/collections:/usr/share/ansible/collections"
+    return os.pathsep.join([str(resources.collections_dir()), theirs])
+
+
 def default_forks(host_count: int) -> int:
     """Every host at once for small fleets; capped where process count would hurt the control node."""
     return max(1, min(host_count, 64))
@@ -92,11 +100,14 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
         if worker:
             rc, why = run_on_worker(worker, private, name, job, on_event)
         else:
-            env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=str(resources.collections_dir()), PATH=search_path())
+            env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=collections_path(), PATH=search_path())
             result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
                                         envvars=env, event_handler=on_event, **job)
             rc, why = result.rc, None  # its output is read only when the run failed
         if rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
+            if rc is None or rc < 0:  # SIGKILL (OOM killer, an operator), not a fleetctl bug
+                signal = f" by signal {-rc}" if rc else ""
+                raise OperationError(f"ansible-playbook {name} was killed{signal} before any host answered")
             if why is None:
                 tail = (result.stdout.read() if result.stdout else "")[-500:].strip().splitlines()
                 why = tail[-1] if tail else "no output"
@@ -120,7 +131,7 @@ def worker_command() -> list[str] | None:
 
 def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any],
                   on_event: Callable[[dict[str, Any]], bool]) -> tuple[int, str]:
-    """Transmit the job (the playbook and the roles travel in it), let WORKER run it, and process its event stream
+    """Transmit the job (the playbook and the collection travel in it), let WORKER run it, and process its event stream
     here: the three phases of ansible-runner's remote execution (what Receptor execution nodes run)."""
     project = Path(private) / "project"
     project.mkdir()

@@ -11,12 +11,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import audit, baseline as baseline_mod, inventory, plan, runs
+from . import audit, baseline as baseline_mod, inventory, notify, notify_events, plan, runs
 from .campaign import hooks, packages, progress, steps, transitions
 from .campaign.engine import READ_ONLY_STEPS, Engine, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .errors import InputError, OperationError
 from .store import Store
+
+INTERRUPTIBLE = ("running", "soaking", "rolling_back")
 
 EXIT_HOSTS_FAILED = 1
 MAX_DURATION_S = 366 * 86400
@@ -106,26 +108,29 @@ def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: d
     return "\n".join(lines) + "\n"
 
 
-def listener_for(journal: Journal, cid: int, console: Console | None):
-    """The JSONL log always; a live view on a terminal, plain lines otherwise."""
+def listener_for(journal: Journal, cid: int, console: Console | None, notes=None):
+    """The JSONL log always; a live view on a terminal, plain lines otherwise; then the notifications (NOTES:
+    notify_events.CampaignNotes), if any."""
     log = progress.EventLog(cid, journal.events(cid))
     if console is not None and console.is_terminal:
         c = journal.campaign(cid)
         view = progress.LiveView(console, [dict(r) for r in journal.hosts(cid)],
                                  f"fleetctl campaign {cid} to {c['target']}")
-        return progress.Fanout(log.write, view), view
-    return progress.Fanout(log.write, progress.PlainLines()), None
+        return progress.Fanout(log.write, view, notes), view
+    return progress.Fanout(log.write, progress.PlainLines(), notes), None
 
 
 def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod.Baseline,
-          console: Console | None) -> str:
+          console: Console | None, notifier: notify.Notifier | None = None) -> str:
     engine = Engine(journal, cid, fleet, base)
-    listener, view = listener_for(journal, cid, console)
+    notes = notify_events.CampaignNotes(notifier, journal, cid) if notifier else None
+    listener, view = listener_for(journal, cid, console, notes)
     journal.listener = listener
-    if view is None:
-        return engine.run()
-    with view:
-        return engine.run()
+    with notify_events.delivering(notes):  # at the end: every notification sent or failed, failures recorded
+        if view is None:
+            return engine.run()
+        with view:
+            return engine.run()
 
 
 def exit_code(journal: Journal, cid: int) -> int | None:
@@ -138,7 +143,7 @@ def exit_code(journal: Journal, cid: int) -> int | None:
 
 
 def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
-          console: Console | None) -> tuple[int | None, int, str]:
+          console: Console | None, notifier: notify.Notifier | None = None) -> tuple[int | None, int, str]:
     """(campaign id or None, exit code, text for the operator)."""
     ramp = plan.parse_ramp(opts.waves)
     plan.parse_target(opts.target)
@@ -157,7 +162,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
         return None, 0, "nothing to upgrade: " + "; ".join(
             f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
     cid, _ = journal.create(run_.id, made, options)
-    drive(journal, cid, fleet, base, console)
+    drive(journal, cid, fleet, base, console, notifier)
     return cid, exit_code(journal, cid), summary_text(journal, cid)
 
 
@@ -182,33 +187,56 @@ def campaign_row(journal: Journal, cid: int):
 
 
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
-           window_s: float | None, console: Console | None) -> tuple[int, str]:
+           window_s: float | None, console: Console | None,
+           notifier: notify.Notifier | None = None) -> tuple[int, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if c["state"] in transitions.CAMPAIGN_TERMINAL:
         raise InputError(f"campaign {cid} is {c['state']}: nothing to resume")
+    journal.claim(cid)  # first: of two resumes at once, the second refuses here before it changes anything
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
     if window_s:
         journal.update_options(cid, window_end=later(window_s))
     if c["state"] == "halted":
         accept_held(journal, cid)
-    drive(journal, cid, fleet, base, console)
+    drive(journal, cid, fleet, base, console, notifier)
     return exit_code(journal, cid), summary_text(journal, cid)
 
 
+def interrupted(journal: Journal) -> list[int]:
+    """Campaigns the history shows at work (running, soaking, rolling back) whose process is gone: a crash, a
+    reboot of the control node, a kill. Halted ones wait for a person and are not among them."""
+    return [c["id"] for c in journal.campaigns()
+            if c["state"] in INTERRUPTIBLE and not driven_elsewhere(c["driver"])]
+
+
+def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: str | None, window_s: float | None,
+                       console: Console | None, notifier: notify.Notifier | None = None) -> tuple[int, str]:
+    """`campaign resume --interrupted` (a maintenance window's unit runs it before anything new): every interrupted
+    campaign, oldest first. Exit 0 when there is none; else the highest of their exit codes."""
+    ids = interrupted(Journal(store))
+    if not ids:
+        return 0, "no interrupted campaign\n"
+    codes, texts = [], []
+    for cid in ids:
+        code, text = resume(store, cid, inventory_path, baseline_path, window_s, console, notifier)
+        codes.append(code if code is not None else 1)
+        texts.append(f"campaign {cid}: " + text if len(ids) > 1 else text)
+    return max(codes), "".join(texts)
+
+
 def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
-             console: Console | None) -> tuple[int, str]:
+             console: Console | None, notifier: notify.Notifier | None = None) -> tuple[int, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if ("%s" % c["state"], "rollback_requested") not in transitions.CAMPAIGN_TABLE:
         raise InputError(f"campaign {cid} is {c['state']}: "
                          + ("resume it first" if c["state"] in ("running", "soaking", "rolling_back")
                             else "nothing to roll back"))
-    if driven_elsewhere(c["driver"]):
-        raise OperationError(f"campaign {cid} is being driven by another fleetctl")
+    journal.claim(cid)  # refused while another fleetctl drives it
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
     request_rollback(journal, cid, "manual rollback (fleetctl rollback)")
-    drive(journal, cid, fleet, base, console)
+    drive(journal, cid, fleet, base, console, notifier)
     return exit_code(journal, cid), summary_text(journal, cid)
 
 
@@ -288,7 +316,8 @@ def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
             soak_from = stamp(e)
         elif e["event"] in ("soaked", "window_closed", "abort_requested") and soak_from is not None:
             soak, soak_from = soak + stamp(e) - soak_from, None
-    span = stamp(events[-1]) - stamp(events[0]) if events else 0.0
+    worked = [e for e in events if e["event"] != "notification_failed"]  # recorded after the last delivery try
+    span = stamp(worked[-1]) - stamp(worked[0]) if worked else 0.0
     hooks_s = sum(t["batch_s"] for k, t in steps.items() if k in HOOK_STEPS)
     in_ansible = sum(t["ansible_s"] for t in steps.values())
     own = span - in_ansible - hooks_s - soak

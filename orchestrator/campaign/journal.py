@@ -293,6 +293,16 @@ class Journal:
             self._event(db, cid, event, **data)
         self._flush()
 
+    def note_later(self, cid: int, event: str, **data: Any) -> None:
+        """note() from inside a listener: committed now, handed to the listener with the next flush (flushing here
+        would hand it to the JSONL log before the records of the flush still under way)."""
+        with self.tx() as db:
+            self._event(db, cid, event, **data)
+
+    def flush(self) -> None:
+        """Hand the listener what note_later() left."""
+        self._flush()
+
     def set_hosts(self, cid: int, hosts: list[str], state: str, event: str, reason: str | None = None) -> None:
         """Move HOSTS to STATE outside the host table (start of a rollback, wave cancelled, operator accepted)."""
         if not hosts:

@@ -15,6 +15,10 @@ from .journal import Journal
 INTERCONNECT_CONTROLS = ("gpu.fabric", "gpu.topology", "gpu.nvlink")  # verify: none may fail that passed before
 FABRIC_WAIT_S, FABRIC_POLL_S = 120.0, 10.0  # verify waits this long for the fabric manager to register the GPUs
 FABRIC_PENDING = ("not_started", "in_progress")
+# What a rollback must give back as it was at the precheck: the driver's own findings and its daemons.
+RESTORED_CONTROLS = ("driver.", "nouveau.", "persistence.", "runtime.", "fabricmanager.")
+DAEMON_UNITS = {"nvidia-persistenced.service": ("persistence", "daemon_running"),
+                "nvidia-fabricmanager.service": ("fabric_manager", "running")}
 
 
 @dataclass
@@ -88,13 +92,21 @@ def precheck(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
                       "packages": packages.driver_versioned(facts["driver"]["packages"], detail),
                       "held": facts["driver"]["held"], "nvlink_up": nvlink_up(facts),
                       "interconnect": {f["control"]: f["status"] for f in entry["findings"]
-                                       if f["control"] in INTERCONNECT_CONTROLS}}
+                                       if f["control"] in INTERCONNECT_CONTROLS},
+                      "driver_findings": {f["control"]: f["status"] for f in entry["findings"]
+                                          if f["control"].startswith(RESTORED_CONTROLS)},
+                      "daemons": running_daemons(facts)}
             if not before["packages"]:
                 out[name] = Outcome("fail", f"pre-check: no installed package carries driver {detail}: "
                                             "fleetctl only changes package-managed drivers")
             else:
                 out[name] = Outcome("ok", None, {"from": detail, "packages": before["packages"]}, before)
     return out
+
+
+def running_daemons(facts: dict[str, Any]) -> list[str]:
+    """The driver's daemons running on the host (nvidia-persistenced, the NVSwitch fabric manager)."""
+    return [unit for unit, (part, key) in DAEMON_UNITS.items() if (facts.get(part) or {}).get(key)]
 
 
 def _probe(ctx: Context, hosts: list[str], throughput: bool) -> dict[str, dict[str, Any]]:
@@ -199,7 +211,9 @@ def _activate(ctx: Context, hosts: list[str], install_step: str,
     # No SSH pre-flight: after an interrupted run the host may be rebooting; the play waits for it.
     outcomes = playbook(ctx, "driver_activate.yml", hosts,
                         {"fleetctl_boot_ids": boot_ids, "fleetctl_versions": {h: version_of(h) for h in hosts},
-                         "fleetctl_activation": {h: ctx.activation(h) for h in hosts}},
+                         "fleetctl_activation": {h: ctx.activation(h) for h in hosts},
+                         # a reinstall stops them (prerm) and a reload or no-op activation does not start them
+                         "fleetctl_running_units": {h: ctx.befores.get(h, {}).get("daemons", []) for h in hosts}},
                         check_ssh=False)
     out = {}
     for name, o in outcomes.items():
@@ -272,9 +286,25 @@ def facts_after_activation(ctx: Context, hosts: list[str]) -> dict[str, dict[str
         waiting = [h for h in waiting if entries[h]["facts"] is not None and fabric_pending(entries[h])]
 
 
-def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str]) -> dict[str, Outcome]:
+def not_restored(entry: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    """The driver's findings (driver, nouveau, persistence, runtime/CDI, fabric manager) failing now that did not at
+    the precheck, and its daemons that ran then and do not now: a rollback gives the whole host back."""
+    was = before.get("driver_findings") or {}
+    problems = [f"{f['control']}: {f['message']} (it was {was[f['control']]} at the pre-check)"
+                for f in entry["findings"] if f["control"] in was and f["status"] in ("fail", "error")
+                and f["control"] not in ("driver.held", "driver.next_boot")  # verify judges those itself
+                and was[f["control"]] not in ("fail", "error")]
+    now = running_daemons(entry["facts"])
+    problems += [f"{unit} ran at the pre-check and is not running" for unit in before.get("daemons") or []
+                 if unit not in now]
+    return problems
+
+
+def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str],
+            whole_host: bool = False) -> dict[str, Outcome]:
     """The running module and the userspace are VERSION, NVML answers, every GPU is back, packages held, and the
-    interconnect is as whole as at the precheck (fabric completed, every NVLink link up again)."""
+    interconnect is as whole as at the precheck (fabric completed, every NVLink link up again). WHOLE_HOST (the
+    rollback): also every driver finding and daemon as at the precheck."""
     out = {}
     for name, entry in facts_after_activation(ctx, hosts).items():
         if entry["facts"] is None:
@@ -296,6 +326,8 @@ def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str]) ->
         problems += interconnect_problems(entry, ctx.befores[name])
         problems += [f"driver.next_boot: {f['message']}" for f in entry["findings"]
                      if f["control"] == "driver.next_boot" and f["status"] == "fail"]
+        if whole_host:
+            problems += [p for p in not_restored(entry, ctx.befores[name]) if p not in problems]
         detail = {"running": running, "state": d["state"], "gpus": len(gpus), "held": d["held"],
                   "nvlink_up": nvlink_up(facts)}
         out[name] = Outcome("fail", "verify: " + "; ".join(problems), detail) if problems else Outcome("ok", None, detail)
@@ -330,7 +362,7 @@ def rollback_activate(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
 
 
 def rollback_verify(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    return _verify(ctx, hosts, lambda h: ctx.befores[h]["version"])
+    return _verify(ctx, hosts, lambda h: ctx.befores[h]["version"], whole_host=True)
 
 
 def rollback_probe(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:

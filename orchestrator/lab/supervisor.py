@@ -420,7 +420,13 @@ class Host:
         hw = read_conf(self.hw / "gpus.conf")
         self.release = read_conf(self.hw / "faults.conf").get("kernel_update") or os.uname().release
         module = self.module()
-        nouveau = module is None and not self.nouveau_blacklisted()
+        nouveau = not self.nouveau_blacklisted()
+        if module and nouveau and not self.nvidia_in_initramfs(module):
+            # An un-blacklisted nouveau loads at boot and holds the GPUs; nvidia's probe finds none and its module
+            # does not load, unless the initramfs loaded it first.
+            module = None
+        nouveau = nouveau and module is None
+        self.booted_module = module
         self.boot_id = str(uuid.uuid4())
         write_in_place(self.kernel / "boot_id", self.boot_id + "\n")
         write_in_place(self.kernel / "booted_at", f"{time.time():.3f}\n")
@@ -471,6 +477,19 @@ class Host:
                       for tree in (self.root / "var/lib/dkms").glob("nvidia*/*")  # source: a link into the host
                       if re.fullmatch(r"\d+\.\d+(\.\d+)?", tree.name) and (tree / "source").is_symlink()]
         return max(registered)[1:] if registered else None
+
+    def nvidia_in_initramfs(self, module: tuple[str, str]) -> bool:
+        """Whether the initramfs loads MODULE's version before nouveau can: the one made when the host was set up
+        holds the driver it was set up with; the package manager rebuilds it on a driver change without nvidia in it
+        (Debian's and Ubuntu's default), so from the first boot into another driver version on, nouveau wins."""
+        record = self.kernel / "initramfs-nvidia"
+        if self.boots <= 1 and not record.exists():
+            write_in_place(record, module[0] + "\n")
+        held = record.read_text().strip() if record.exists() else ""
+        if held and held != module[0]:
+            record.unlink()
+            held = ""
+        return held == module[0]
 
     def nouveau_blacklisted(self) -> bool:
         for directory in ("etc/modprobe.d", "run/modprobe.d", "usr/lib/modprobe.d", "lib/modprobe.d"):
@@ -542,9 +561,9 @@ class Host:
         return True
 
     def start_daemons(self) -> None:
-        persistent = self.module() is not None and self.start_daemon(PERSISTENCED, PERSISTENCED_UNIT, "--verbose")
+        persistent = self.booted_module is not None and self.start_daemon(PERSISTENCED, PERSISTENCED_UNIT, "--verbose")
         self.reset_driver_state(persistent)
-        if self.module() is not None and self.config.get("nvswitch"):
+        if self.booted_module is not None and self.config.get("nvswitch"):
             self.start_daemon(FABRICMANAGER, FABRICMANAGER_UNIT)
 
     def start_sshd(self) -> None:

@@ -51,6 +51,9 @@ def test_the_wheel_installs_into_a_fresh_venv_and_audits_localhost_outside_a_che
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON", "VIRTUAL_ENV"))}
     env.update(FLEETCTL_HOME=str(tmp_path / "home"), PATH=f"{venv / 'bin'}:/usr/bin:/bin")
+    where = subprocess.run([str(venv / "bin/python"), "-c", "from orchestrator import resources; "
+                            "print(resources.collection_dir())"], cwd=work, env=env, capture_output=True, text=True)
+    assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
     audit = subprocess.run([str(venv / "bin/fleetctl"), "audit", "--format", "json", "-o", "report.json"],
                            cwd=work, env=env, capture_output=True, text=True, timeout=300)
     if os.path.exists("/sys/module/nvidia"):
@@ -61,9 +64,6 @@ def test_the_wheel_installs_into_a_fresh_venv_and_audits_localhost_outside_a_che
     assert host["name"] == "localhost" and host["reachable"] and host["error"] is None, host
     finding = next(f for f in host["findings"] if f["control"] == "driver.installed")
     assert finding["status"] == "fail" and finding["severity"] == "critical"
-    where = subprocess.run([str(venv / "bin/python"), "-c", "from orchestrator import resources; "
-                            "print(resources.collection_dir())"], cwd=work, env=env, capture_output=True, text=True)
-    assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
 
 
 @pytest.mark.parametrize("python", ["3.11", "3.12", "3.13"])

@@ -205,7 +205,7 @@ class Fleet:
 def fleetctl_lab(workdir: Path, specs: tuple[str, ...]):
     """`fleetctl lab up --spec ...` in WORKDIR (its own $LAB, history and SSH control dir); always torn down."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(FLEETCTL_LAB_DIR=str(workdir / "lab"), FLEETCTL_HOME=str(workdir / "home"),
+    env.update(FLEETCTL_LAB_DIR=str(workdir / "lab"), FLEETCTL_HOME=str(workdir / "home"), FLEETCTL_CONFIG=os.devnull,
                ANSIBLE_SSH_CONTROL_PATH_DIR=str(workdir / "cp"), ANSIBLE_LOCAL_TEMP=str(workdir / "tmp"))
     handle = Fleet(env, "", workdir)
     try:

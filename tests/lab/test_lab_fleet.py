@@ -66,21 +66,24 @@ def test_the_collection_built_and_installed_runs_a_plain_playbook_without_fleetc
     installed = subprocess.run([*galaxy, "install", str(tarball), "-p", str(tmp_path / "collections")],
                                capture_output=True, text=True, timeout=120)
     assert installed.returncode == 0, installed.stdout + installed.stderr
+    fleet.inject("h100-02", "xid", "79", "--gpu", "1")  # fallen off the bus: critical class
     env = {k: v for k, v in fleet.env.items() if k != "FLEETCTL_HOME"}
     env.update(ANSIBLE_COLLECTIONS_PATH=str(tmp_path / "collections"), ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:/usr/bin:/bin")
     play = subprocess.run([str(BIN / "ansible-playbook"), "-i", fleet.inventory, str(REPO / "examples/gpu-check.yml"),
                            "-e", "expected_driver=570.86.15"], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL)
     out = play.stdout
-    assert play.returncode == 2, out[-3000:] + play.stderr[-3000:]  # two hosts fail the driver assertion
+    fleet.reboot("h100-02")  # clears the planted Xid for the tests after this one
+    assert play.returncode == 2, out[-3000:] + play.stderr[-3000:]  # two hosts fail the driver assertion, one the Xid's
     recap = dict(re.findall(r"^(\S+)\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=(\d+)", out, re.M))
-    assert recap == {"h100-01": "0", "h100-02": "0", "l40s-01": "1", "a100-01": "1"}, out[-3000:]
+    assert recap == {"h100-01": "0", "h100-02": "1", "l40s-01": "1", "a100-01": "1"}, out[-3000:]
     said = dict(re.findall(r'^ok: \[(\S+)\] => \{\s*"msg": "([^"]*)"', out, re.M))
     assert said["h100-01"] == "driver 570.86.15 (loaded), 8 GPUs", said
     assert said["a100-01"] == "driver none (not_installed), 0 GPUs", said
     assert re.search(r'fatal: \[l40s-01\]: FAILED! => .*"msg": "loaded driver 550.163.01, expected 570.86.15"', out)
     probed = re.findall(r"^ok: \[(\S+)\]$", out.split("TASK [Probe GPU health")[1].split("TASK [")[0], re.M)
-    assert sorted(probed) == ["h100-01", "h100-02"], out[-3000:]  # healthy hosts only: the others stopped before
+    assert sorted(probed) == ["h100-01", "h100-02"], out[-3000:]  # on the driver: the others stopped before
+    assert re.search(r'fatal: \[h100-02\]: FAILED! => .*"msg": "critical Xid events since boot: \[79\]"', out), out
 
 
 def test_the_nvidia_smi_fallback_reads_what_nvml_read(fleet):

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import schemas
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
+from tests.webhook_receiver import Receiver, closed_port, recorded, recorder
 
 pytestmark = pytest.mark.lab
 
@@ -116,11 +118,20 @@ def test_upgrade_8_hosts_in_3_waves(tmp_path):
 
 
 # ---- 2. Xid 79 on a wave-2 host after its reboot: every changed host back to 550 -------------------------
+# (and it notifies, issue 15: a webhook on this machine and a command get every event; a second webhook, on a
+# closed port, fails each time without changing anything)
 
 def test_xid_after_reboot_rolls_back_every_changed_host(tmp_path):
+    hook, dead = Receiver(), closed_port()
+    script, out = recorder(tmp_path / "notify")
     with fleetctl_lab(tmp_path, (f"4xh100-sxm/2@{FROM}",)) as lab:
         lab.inject("h100-02", "xid", "79", "--at-boot", TO)  # wave 2's first host: its GPU 0 fails under 570
-        proc = upgrade(lab, "--waves", "1,3,100%", "-b", write_baseline(tmp_path / "b.yml", 1))
+        try:
+            proc = upgrade(lab, "--waves", "1,3,100%", "-b", write_baseline(tmp_path / "b.yml", 1),
+                           "--notify", f"{sys.executable} {script} {out} {{event}} {{host}}",
+                           "--webhook", hook.url("/fleetctl"), "--webhook", f"http://127.0.0.1:{dead}/hook")
+        finally:
+            hook.close()
         assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr
         doc = show(lab)
         hosts = hosts_of(doc)
@@ -135,6 +146,28 @@ def test_xid_after_reboot_rolls_back_every_changed_host(tmp_path):
         for name in hosts:
             assert_on(lab, name, FROM)
         assert "wave 2 failed" in doc["campaign"]["reason"] and "h100-02" in doc["campaign"]["reason"]
+        # notifications: every event, schema-valid, to the webhook and the command alike
+        events = hook.bodies()
+        assert [schemas.first_error("notification", e) for e in events] == [None] * len(events)
+        assert [(e["event"], e["host"]) for e in events] == [
+            ("started", None), ("wave_passed", None), ("host_failed", "h100-02"), ("wave_failed", None),
+            ("rolled_back", None)]
+        assert [c["stdin"] for c in recorded(out)] == events
+        assert [c["argv"] for c in recorded(out)] == [[e["event"], e["host"] or ""] for e in events]
+        failed = events[2]
+        assert failed["campaign"] == {"id": 1, "target": TO, "state": "running", "wave": 2, "waves": 3,
+                                      "event_seq": failed["campaign"]["event_seq"]}
+        assert "79" in failed["reason"] and failed["severity"] == "warning"
+        assert events[4]["campaign"]["state"] == "rolled_back" and events[4]["counts"] == {
+            "not_started": 1, "rolled_back": 3}
+        # the dead webhook: one line on stderr and one journal event per notification, the campaign unchanged
+        lines = [line for line in proc.stderr.splitlines() if "notification failed" in line]
+        assert len(lines) == 5 and all(f"webhook http://127.0.0.1:{dead}/… (campaign 1 " in line for line in lines)
+        assert "connection refused (3 tries)" in lines[0] and lines[1].endswith(": connection refused")
+        journal = [json.loads(line) for line in Path(doc["event_log"]).read_text().splitlines()]
+        refused = [e for e in journal if e["event"] == "notification_failed"]
+        assert [e["notification"] for e in refused] == [e["event"] for e in events]
+        assert [e["seq"] for e in journal] == list(range(1, doc["events"] + 1))
 
 
 # ---- 3. throughput x0.92 on 570: the canary fails, only it is touched --------------------------------------
@@ -282,10 +315,15 @@ def test_host_faults_within_the_budget(tmp_path):
         assert "unreachable" in unreachable["reason"] and steps_of(unreachable)[-1] == "release"
         failed_install = hosts["h100-03"]
         assert "lab fault install_fail" in next(s["reason"] for s in failed_install["steps"] if s["step"] == "install")
-        # Its packages are back on 550 (below), but the fabric manager the failed install stopped is not running
-        # again (its package does not start it, as NVIDIA's does not): the fabric never completes, and the
-        # rollback's verify says so instead of reporting "rolled back" (issue 15: restart what ran before).
-        assert failed_install["state"] == "rollback_failed" and "gpu.fabric" in failed_install["reason"], failed_install
+        # Its packages are back on 550 (below), and the fabric manager the failed install stopped (its package does
+        # not start it, as NVIDIA's does not) runs again: the rollback gives the whole host back, and its verify
+        # judged the driver's findings and daemons against the precheck.
+        assert failed_install["state"] == "rolled_back", failed_install
+        rollback_verify = next(s for s in failed_install["steps"] if s["step"] == "rollback_verify")
+        assert rollback_verify["status"] == "ok", rollback_verify
+        _, report = lab.audit("-l", "h100-03")
+        controls = {f["control"]: f["status"] for f in report["hosts"][0]["findings"]}
+        assert controls["fabricmanager.version"] == controls["gpu.fabric"] == controls["persistence.daemon"] == "pass"
         lost = hosts["h100-04"]
         assert "1 of 2 GPUs" in next(s["reason"] for s in lost["steps"] if s["step"] == "verify")
         assert lost["state"] == "rollback_failed" and "1 of 2 GPUs" in lost["reason"]  # back on 550, GPU still lost

@@ -309,3 +309,30 @@ def test_a_wave_interrupted_before_any_drain_still_halts_at_a_closed_window(stor
     engine = Engine(journal, cid, engine.ctx.fleet, engine.ctx.base)
     assert engine.run() == "halted"
     assert states(journal, cid) == {"a": "done", "b": "probe_before"}  # nothing of b was changed
+
+
+def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store, monkeypatch):
+    from orchestrator import upgrade
+    crashed_journal, crashed, engine = start(store, monkeypatch, Script(crash_at=("a", "install")), ["a"])
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    _, halted, held_engine = start(store, monkeypatch, Script({("b", "probe_after"): "inconclusive",
+                                                                ("b", "probe_again"): "inconclusive"}), ["b"])
+    assert held_engine.run() == "halted"
+    _, finished, done_engine = start(store, monkeypatch, Script(), ["c"])
+    assert done_engine.run() == "done"
+    journal = Journal(store)
+    assert upgrade.interrupted(journal) == [crashed]  # the halted one waits for a person, the done one is done
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:  # another fleetctl resumed it already: it is not interrupted, and a second resume refuses, changing nothing
+        driver = dict(journal_mod.this_process(), pid=other.pid, start=journal_mod.process_start(other.pid))
+        store.db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(driver), crashed))
+        events = len(journal.events(crashed))
+        assert upgrade.interrupted(journal) == []
+        with pytest.raises(OperationError, match=f"campaign {crashed} is being driven by pid {other.pid}"):
+            upgrade.resume(store, crashed, None, None, None, None)
+        assert len(journal.events(crashed)) == events
+    finally:
+        other.kill()
+        other.wait()
+    assert upgrade.interrupted(journal) == [crashed]

@@ -119,3 +119,27 @@ def test_the_driver_daemons_are_ignored_under_their_cut_process_names():
     ignore = {"nvidia-persistenced", "nv-fabricmanager"}
     assert module.ignored("nvidia-persiste", ignore) and module.ignored("nv-fabricmanage", ignore)
     assert module.ignored("nvidia-persistenced", ignore) and not module.ignored("python3", ignore)
+
+
+def test_a_rollback_is_judged_on_the_whole_host_as_the_precheck_saw_it():
+    """The rollback that put every package back but left nv-fabricmanager stopped (an HGX host that can run no
+    multi-GPU job) fails its verify: a finding that passed at the precheck fails now, a daemon that ran is down."""
+    from orchestrator.campaign import steps
+    before_facts = {"persistence": {"daemon_running": True}, "fabric_manager": {"running": True}}
+    assert steps.running_daemons(before_facts) == ["nvidia-persistenced.service", "nvidia-fabricmanager.service"]
+    before = {"daemons": steps.running_daemons(before_facts),
+              "driver_findings": {"fabricmanager.version": "pass", "persistence.daemon": "pass",
+                                  "nouveau.blacklisted": "fail", "driver.held": "pass"}}
+    after = {"facts": {"persistence": {"daemon_running": True}, "fabric_manager": {"running": False}},
+             "findings": [
+                 {"control": "fabricmanager.version", "status": "fail", "message": "nv-fabricmanager is not running"},
+                 {"control": "persistence.daemon", "status": "pass", "message": ""},
+                 {"control": "nouveau.blacklisted", "status": "fail", "message": "not blacklisted"},  # as before
+                 {"control": "driver.held", "status": "fail", "message": "not held"}]}  # verify's own check
+    assert steps.not_restored(after, before) == [
+        "fabricmanager.version: nv-fabricmanager is not running (it was pass at the pre-check)",
+        "nvidia-fabricmanager.service ran at the pre-check and is not running"]
+    after["facts"]["fabric_manager"]["running"] = True
+    after["findings"][0]["status"] = "pass"
+    assert steps.not_restored(after, before) == []
+    assert steps.not_restored(after, {}) == []  # a campaign recorded before this check: nothing to compare

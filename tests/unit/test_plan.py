@@ -94,9 +94,11 @@ def device_facts(testdata):
 
 
 def on(facts, version):
-    """The same host, running VERSION (module and userspace)."""
+    """The same host, running VERSION (module and userspace), with nouveau blacklisted: the captured H100 VM has no
+    blacklist, which puts its next boot at risk (excluded from waves)."""
     f = copy.deepcopy(facts)
     f["driver"].update(module_version=version, userspace_version=version, branch=version.split(".")[0])
+    f["nouveau"].update(blacklisted=True, blacklist_files=["/etc/modprobe.d/blacklist-nouveau.conf"])
     return f
 
 
@@ -165,6 +167,10 @@ EXCLUSIONS = [
          "class": "critical", "severity": "critical", "action": "drain and reset", "source": "NVIDIA"})),
     ("unhealthy", "health not verifiable: gpu.count: could not read the facts this control needs",
      lambda f: f.update(errors={"gpus[0].ecc": "NVML: Unknown Error"})),
+    ("boot_at_risk", "next boot at risk: nouveau.not_loaded: the nouveau module is loaded",
+     lambda f: f["nouveau"].update(loaded=True)),
+    ("boot_at_risk", "next boot at risk: nouveau.blacklisted: ",
+     lambda f: f["nouveau"].update(blacklisted=False, blacklist_files=[])),
     ("no_driver", "no NVIDIA driver installed: no version to move from or to roll back to",
      lambda f: (f["driver"].update(state="not_installed", module_version=None, module_flavor=None,
                                    userspace_version=None, nvml_version=None, cuda_driver_version=None, branch=None),
@@ -187,11 +193,11 @@ def test_unhealthy_and_driverless_hosts_are_excluded_with_the_reason(device_fact
 
 
 def test_warnings_and_non_health_drift_do_not_exclude(device_facts):
-    f = on(device_facts, "550.163.01")  # as captured: nouveau not blacklisted, persistenced down (real drift)
+    f = on(device_facts, "550.163.01")  # as captured, persistenced down (real drift)
     f["gpus"][0]["pcie"]["width"] = 8  # gpu.pcie fails, but at medium severity
     f["gpus"][0]["ecc"]["uncorrected_aggregate"] = 3  # gpu.ecc_errors warns
     e = entry("h", ["h100"], f)
-    assert {x["control"] for x in e["findings"] if x["status"] == "fail"} >= {"gpu.pcie", "nouveau.blacklisted"}
+    assert {x["control"] for x in e["findings"] if x["status"] == "fail"} >= {"gpu.pcie", "persistence.daemon"}
     p = plan.build("570.86.15", plan.parse_ramp("100%"), [e], DEFAULT)
     assert names(p["waves"]) == [["h"]]
 
@@ -217,7 +223,7 @@ def test_skipped_unreachable_no_facts_and_downgrade(device_facts):
         entry("current", ["h100"], on(device_facts, "570.86.15")),
         entry("gone", ["h100"], status="unreachable", message="pre-flight: connection refused"),
         entry("garbage", ["h100"], status="failed", message="MODULE FAILURE"),
-        entry("newer", ["h100"], device_facts),
+        entry("newer", ["h100"], on(device_facts, "580.159.04")),
         entry("older", ["h100"], on(device_facts, "550.163.01")),
     ]
     p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), entries, DEFAULT)
@@ -367,3 +373,19 @@ def test_bad_input_is_one_line_exit_2_and_records_nothing(home, args, expected):
     assert proc.stderr.startswith("fleetctl: error: ") and expected in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and proc.stdout == ""
     assert [tuple(r) for r in runs(home)] == before
+
+
+def test_the_campaign_precheck_refuses_a_host_whose_next_boot_became_at_risk_after_the_plan(device_facts, monkeypatch):
+    """The plan saw a clean host; by the time its wave starts, nouveau is loaded again (or its blacklist went):
+    the precheck, on fresh facts, fails it before anything is touched."""
+    from types import SimpleNamespace
+    from orchestrator.campaign import steps
+    clean = on(device_facts, "550.163.01")
+    drifted = copy.deepcopy(clean)
+    drifted["nouveau"].update(blacklisted=False, blacklist_files=[])
+    fresh = {"clean": entry("clean", ["h100"], clean), "drifted": entry("drifted", ["h100"], drifted)}
+    monkeypatch.setattr(steps, "facts_of", lambda ctx, hosts: {h: fresh[h] for h in hosts})
+    out = steps.precheck(SimpleNamespace(base=DEFAULT, target="570.86.15"), ["clean", "drifted"])
+    assert "next boot" not in (out["clean"].reason or "")  # (the captured VM's driver is not package-managed)
+    assert out["drifted"].outcome == "fail"
+    assert out["drifted"].reason.startswith("pre-check: next boot at risk: nouveau.blacklisted: "), out["drifted"].reason

@@ -240,7 +240,7 @@ def test_o_replaces_the_file_atomically_and_leaves_no_temporary_file(history, tm
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr
     assert os.listdir(textfiles) == ["fleetctl.prom"]
     assert out.stat().st_ino != inode  # a new file renamed over the old one, not rewritten in place
-    assert out.stat().st_mode & 0o777 == 0o644  # node_exporter runs as another user
+    assert out.stat().st_mode & 0o777 == 0o600  # the file's own mode (reports may hold what not everyone reads)
     assert value(out.read_text(), "fleetctl_host_reachable", host="gpu-a") == 1
 
 
@@ -411,6 +411,9 @@ def test_the_alerts_fire_on_what_fleetctl_metrics_renders_from_a_history(history
     expected = [
         alert("FleetctlDriverDrift", severity="critical", host="gpu-b", control="driver.version_allowed",
               status="fail"),
+        {"eval_time": "20m", "alertname": "FleetctlControlFailing", "exp_alerts": [  # as captured on the real H200s
+            {"exp_labels": {"severity": "warning", "host": h, "control": "nouveau.blacklisted", "status": "fail"}}
+            for h in ("gpu-a", "gpu-b")]},
         alert("FleetctlXidCritical", severity="critical", host="gpu-b"),
         alert("FleetctlFabricNotReady", severity="critical", host="gpu-b", control="gpu.fabric", status="fail"),
         alert("FleetctlCampaignHalted", severity="warning", campaign="2", target="570.86.15", state="halted"),
@@ -448,3 +451,17 @@ def test_real_h100_captures_parse_and_say_what_the_host_had():
     assert not audit_names & probe_names  # both files can sit in one textfile directory
     assert audit_names | probe_names <= {name for name, _, _ in samples(latest)}  # `metrics` holds both
     assert value(latest, "fleetctl_history_chain_records") >= 2
+
+
+def test_a_new_o_file_gets_the_umask_mode_and_a_stream_is_written_in_place(history, tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_atomically(tmp_path / "new.prom", "x 1\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.prom").stat().st_mode & 0o777 == 0o644
+    read, write = os.pipe()
+    with os.fdopen(read) as reader:
+        write_atomically(Path(f"/proc/self/fd/{write}"), "through the pipe\n")
+        os.close(write)
+        assert reader.read() == "through the pipe\n"

@@ -1,0 +1,266 @@
+"""The configuration file: the defaults people set once (inventory, baseline, notifications, drain hooks...).
+
+Where: $FLEETCTL_CONFIG (it must exist; `/dev/null` for none), else $XDG_CONFIG_HOME/fleetctl/config.yml (default
+~/.config), else /etc/fleetctl/config.yml: the first that exists, alone (files are not merged). YAML checked against
+schemas/config.schema.json: a bad file is one line naming it and the JSON path, exit 2. Relative paths in it are
+relative to its directory.
+
+The file becomes click's default_map on the root command's context, so every command takes its keys as the
+defaults of its flags with no code of its own, and a flag given on the command line wins. `fleetctl config show`
+prints each key's effective value and where it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from . import notify, schemas
+from .baseline import non_string_key
+from .errors import InputError
+
+ENV = "FLEETCTL_CONFIG"
+SYSTEM_PATH = Path("/etc/fleetctl/config.yml")
+META = "fleetctl.config"
+
+RUNS = (("audit",), ("probe",), ("plan",), ("upgrade",))
+NOTIFYING = (("audit",), ("probe",), ("upgrade",), ("campaign", "resume"), ("rollback",))
+UPGRADE = (("upgrade",),)
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str  # in the file
+    param: str  # the commands' parameter
+    flag: str  # the commands' flag
+    commands: tuple[tuple[str, ...], ...]
+    path: bool = False  # relative to the file's directory
+    many: bool = False  # a list (a repeatable flag)
+
+
+KEYS = (
+    Key("inventory", "inventory_path", "--inventory", RUNS, path=True),
+    Key("baseline", "baseline", "--baseline", RUNS, path=True),
+    Key("forks", "forks", "--forks", RUNS),
+    Key("fail_on", "fail_on", "--fail-on", (("audit",),)),
+    Key("waves", "waves", "--waves", (("plan",), ("upgrade",))),
+    Key("soak", "soak", "--soak", UPGRADE),
+    Key("rollback_scope", "rollback_scope", "--rollback-scope", UPGRADE),
+    Key("drain_preset", "drain_preset", "--drain-preset", UPGRADE),
+    Key("drain", "drain", "--drain", UPGRADE),
+    Key("undrain", "undrain", "--undrain", UPGRADE),
+    Key("idle_timeout", "idle_timeout", "--idle-timeout", UPGRADE),
+    Key("notify", "notify", "--notify", NOTIFYING, many=True),
+    Key("webhook", "webhook", "--webhook", NOTIFYING, many=True),
+    Key("webhook_format", "webhook_format", "--webhook-format", NOTIFYING),
+    Key("webhook_headers", "webhook_headers", "--webhook-headers", NOTIFYING, path=True),
+    Key("webhook_ca", "webhook_ca", "--webhook-ca", NOTIFYING, path=True),
+    Key("notify_timeout", "notify_timeout", "--notify-timeout", NOTIFYING),
+)
+COMMANDS = {k.commands[i][0] for k in KEYS for i in range(len(k.commands))} | {"config"}  # those that read it
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None  # the file in use, None without one
+    searched: tuple[str, ...]
+    values: dict[str, Any] = field(default_factory=dict)  # file key -> value, paths resolved
+
+
+def candidates() -> tuple[list[Path], bool]:
+    """(paths in order, whether the first was named by $FLEETCTL_CONFIG)."""
+    if os.environ.get(ENV):
+        return [Path(os.environ[ENV])], True
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path("~/.config").expanduser()  # the XDG spec: relative is ignored
+    return [base / "fleetctl" / "config.yml", SYSTEM_PATH], False
+
+
+def load() -> Config:
+    paths, named = candidates()
+    searched = tuple(str(p) for p in paths)
+    if named and not paths[0].exists():
+        raise InputError(f"{paths[0]}: config file not found (${ENV})")
+    for path in paths:
+        if path.exists():
+            return Config(path, searched, read(path))
+    return Config(None, searched)
+
+
+def read(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the config file: {e.strerror}") from None
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"{path}:{where}: not valid YAML: {problem}") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to be a config file") from None
+    if doc is None:  # empty (or /dev/null)
+        return {}
+    where, key = non_string_key(doc)
+    if where:
+        raise InputError(f"{path}: {where}: key {key} is not a string (quote it in the YAML)")
+    schemas.check("config", doc, str(path))
+    return normalise(doc, path.parent)
+
+
+def normalise(doc: dict[str, Any], directory: Path | None) -> dict[str, Any]:
+    out = {}
+    for key in KEYS:
+        if key.name not in doc:
+            continue
+        value = doc[key.name]
+        if key.many and isinstance(value, str):
+            value = [value]
+        if key.path and directory is not None:
+            value = str(directory / Path(value).expanduser())  # an absolute path stays as it is
+        if key.name == "soak":
+            value = f"{value:g}" if isinstance(value, float) else str(value)
+        out[key.name] = list(value) if key.many else value
+    return out
+
+
+def default_map(values: dict[str, Any]) -> dict[str, Any]:
+    """click's default_map: {command: {subcommand: {param: value}}}."""
+    out: dict[str, Any] = {}
+    for key in KEYS:
+        if key.name in values:
+            for path in key.commands:
+                node = out
+                for part in path:
+                    node = node.setdefault(part, {})
+                node[key.param] = values[key.name]
+    return out
+
+
+def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply(ctx: click.Context) -> None:
+    """In the root command: the file's keys become the defaults of the subcommands' flags (commands that read
+    none, such as `lab down`, do not even open it: a broken file never stands in their way)."""
+    if ctx.invoked_subcommand not in COMMANDS:
+        return
+    cfg = load()
+    ctx.meta[META] = cfg
+    if cfg.values:
+        ctx.default_map = merge(ctx.default_map or {}, default_map(cfg.values))
+
+
+# ---- fleetctl config show ---------------------------------------------------------------------------------
+
+def builtin_default(root: click.Command, key: Key) -> Any:
+    """The default of KEY's flag, as the first command that has it declares it."""
+    for path in key.commands:
+        command = root
+        for part in path:
+            command = command.commands.get(part) if isinstance(command, click.Group) else None
+            if command is None:
+                break
+        if command is None:
+            continue
+        for param in command.params:
+            if param.name == key.param:
+                default = param.default
+                if isinstance(default, (tuple, list)):
+                    return list(default)
+                return default if isinstance(default, (str, int, float)) else None  # None, or click's UNSET
+    return None
+
+
+def shown(key: Key, value: Any) -> Any:
+    """A webhook's path (Slack's secret) is never printed."""
+    if key.name == "webhook" and value:
+        return [notify.redact_url(u) for u in value]
+    return value
+
+
+def option_type(key: Key) -> click.ParamType | None:
+    spec = schemas.validator("config").schema["properties"][key.name]
+    if "enum" in spec:
+        return click.Choice(spec["enum"])
+    return {"integer": click.INT, "number": click.FLOAT}.get(spec.get("type")) if isinstance(spec.get("type"), str) \
+        else None
+
+
+def effective(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any]:
+    cfg: Config = ctx.find_root().meta.get(META) or load()
+    given = {k.name: list(flags[k.name]) if k.many else flags[k.name] for k in KEYS
+             if flags.get(k.name) not in (None, ())}
+    error = schemas.first_error("config", given)
+    if error is not None:
+        flag = next((k.flag for k in KEYS if error.absolute_path and k.name == error.absolute_path[0]), "a flag")
+        raise InputError(f"{flag}: {error.message}")
+    root = ctx.find_root().command
+    values = {}
+    for key in KEYS:
+        if key.name in given:
+            value, source = list(given[key.name]) if key.many else given[key.name], "flag"
+        elif key.name in cfg.values:
+            value, source = cfg.values[key.name], str(cfg.path)
+        else:
+            value, source = builtin_default(root, key), "default"
+        values[key.name] = {"value": shown(key, value), "source": source, "flag": key.flag,
+                            "commands": [" ".join(c) for c in key.commands]}
+    env_headers = os.environ.get(notify.HEADERS_ENV)
+    environment = {ENV: os.environ.get(ENV) or None,
+                   notify.HEADERS_ENV: [name for name, _ in notify.parse_headers(env_headers, f"${notify.HEADERS_ENV}")]
+                   if env_headers else None}
+    return {"file": str(cfg.path) if cfg.path else None, "searched": list(cfg.searched), "values": values,
+            "environment": environment}
+
+
+def text(doc: dict[str, Any]) -> str:
+    lines = [f"config file: {doc['file'] or 'none'} (searched: {', '.join(doc['searched'])})"]
+    width = max(len(k) for k in doc["values"])
+    for name, v in doc["values"].items():
+        value = v["value"]
+        if isinstance(value, list):
+            value = ", ".join(value) if value else "-"
+        elif value is None:
+            value = "-"
+        lines.append(f"{name:<{width}}  {value}  ({v['source']})")
+    names = doc["environment"][notify.HEADERS_ENV]
+    if names:
+        lines.append(f"${notify.HEADERS_ENV}: headers {', '.join(names)} (values not shown)")
+    return "\n".join(lines) + "\n"
+
+
+@click.group("config")
+def config_group() -> None:
+    """The configuration file: defaults for the commands' flags (a flag given wins)."""
+
+
+def show_options(f):
+    for key in reversed(KEYS):
+        f = click.option(key.flag, key.name, multiple=key.many, type=option_type(key), metavar="VALUE",
+                         help=f"As a command would get {key.flag}.")(f)
+    return f
+
+
+@config_group.command("show")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@show_options
+@click.pass_context
+def config_show(ctx, fmt, **flags) -> None:
+    """Each key's effective value and where it came from: flag, the file, or the built-in default.
+
+    Give a command's flags to see what wins over the file."""
+    doc = effective(ctx, flags)
+    click.echo(json.dumps(doc, indent=2) if fmt == "json" else text(doc), nl=fmt == "json")

@@ -1,0 +1,558 @@
+"""Notifications: each event (schemas/notification.schema.json) to commands run on this machine and to webhooks.
+
+`--notify CMD` runs CMD without a shell (split into words first, then the placeholders {event} {severity} {kind}
+{campaign} {host} {target} {state} {run} filled in per word, as the drain hooks do), the event as JSON on stdin,
+killed with its process group after the timeout. `--webhook URL` POSTs the event (as it is, or shaped for Slack or
+Microsoft Teams) with urllib: TLS verified (`--webhook-ca FILE` adds a private CA, nothing turns verification off),
+redirects not followed, 3 tries with exponential backoff (1 s, 2 s; one try while the target keeps failing), headers
+from `--webhook-headers FILE` and `$FLEETCTL_WEBHOOK_HEADERS` (`Name: value` lines, for tokens).
+
+A notification that fails is one line on stderr and a record in the history; it never stops or changes what
+fleetctl was doing, nor its exit code. Header values and webhook URL paths (Slack's secret) are never shown or
+recorded: a target is named by its program or its scheme://host:port.
+
+Events are built by notify_events.py; each target gets them in order from its own thread (a dead webhook delays
+neither a campaign nor the other targets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.client
+import ipaddress
+import json
+import os
+import queue
+import re
+import shlex
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from . import __version__
+from .errors import InputError
+
+FORMATS = ("json", "slack", "teams")
+PLACEHOLDERS = ("event", "severity", "kind", "campaign", "host", "target", "state", "run")
+HEADERS_ENV = "FLEETCTL_WEBHOOK_HEADERS"
+TRIES = 3
+BACKOFF_S = 1.0  # before the second try; doubled before each later one
+MAX_RETRY_AFTER_S = 30.0
+DEFAULT_TIMEOUT_S = 10.0
+META = "fleetctl.notifier"
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
+RESERVED_HEADERS = ("content-type", "content-length", "host", "transfer-encoding", "connection")
+
+
+_STDERR = threading.Lock()
+
+
+def warn(line: str) -> None:
+    """LINE on stderr in one write: the targets' threads report at once, and a line is never cut by another."""
+    with _STDERR, contextlib.suppress(Exception):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """Printable, one line, bounded: what a failure says about a server's or a command's words."""
+    s = "".join(c if c.isprintable() else " " for c in str(text)).strip()
+    return s[:limit] + ("..." if len(s) > limit else "")
+
+
+# ---- targets ------------------------------------------------------------------------------------------------
+
+def redact_url(url: str) -> str:
+    """scheme://host[:port] and '/…' for the rest: a webhook's path or query is often its secret (Slack's)."""
+    try:
+        p = urllib.parse.urlsplit(url)
+        host = p.hostname or ""
+        port = p.port
+    except ValueError:
+        return "(not a URL)"
+    if ":" in host:
+        host = f"[{host}]"
+    rest = "/…" if p.path not in ("", "/") or p.query or p.fragment else ""
+    return f"{p.scheme}://{host}{f':{port}' if port else ''}{rest}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return False
+
+
+def check_url(url: str, with_headers: bool) -> None:
+    try:
+        p = urllib.parse.urlsplit(url)
+        p.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        raise InputError(f"--webhook {redact_url(url)}: not a URL") from None
+    if p.scheme not in ("http", "https") or not p.hostname:
+        raise InputError(f"--webhook {redact_url(url)}: not an http:// or https:// URL")
+    if p.username is not None or p.password is not None:
+        raise InputError(f"--webhook {redact_url(url)}: credentials in the URL: put them in --webhook-headers")
+    if p.scheme == "http" and with_headers and not is_loopback(p.hostname):
+        raise InputError(f"--webhook {redact_url(url)}: plain http would send the webhook headers in clear text "
+                         "(use https)")
+
+
+def parse_headers(text: str, source: str) -> list[tuple[str, str]]:
+    """`Name: value` lines (blank lines and # comments skipped). An error names the line, never its value."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not HEADER_NAME.match(name):
+            raise InputError(f"{source}: line {n}: not a 'Name: value' header")
+        if not value or not value.isprintable():
+            raise InputError(f"{source}: line {n}: header {name}: an empty value or one with control characters")
+        if name.lower() in RESERVED_HEADERS:
+            raise InputError(f"{source}: line {n}: header {name} is fleetctl's to set")
+        out.append((name, value))
+    return out
+
+
+def load_headers(path: str | None) -> list[tuple[str, str, str]]:
+    """(name, value, source): the file's headers, then the environment's (which win on the same name)."""
+    found: dict[str, tuple[str, str, str]] = {}
+    if path:
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"{path}: cannot read the webhook headers: {getattr(e, 'strerror', None) or e}") from None
+        for name, value in parse_headers(text, path):
+            found[name.lower()] = (name, value, path)
+    env = os.environ.get(HEADERS_ENV)
+    if env:
+        for name, value in parse_headers(env, f"${HEADERS_ENV}"):
+            found[name.lower()] = (name, value, f"${HEADERS_ENV}")
+    return list(found.values())
+
+
+def ssl_context(ca_file: str | None) -> ssl.SSLContext:
+    """The system's trust store (certificate and host name verified), plus CA_FILE's certificates."""
+    context = ssl.create_default_context()
+    if ca_file:
+        try:
+            context.load_verify_locations(cafile=ca_file)
+        except ssl.SSLError as e:  # (an OSError too)
+            raise InputError(f"{ca_file}: not a PEM CA certificate ({e.reason or type(e).__name__})") from None
+        except OSError as e:
+            raise InputError(f"{ca_file}: cannot read the webhook CA: {e.strerror}") from None
+    return context
+
+
+def values_of(payload: dict[str, Any]) -> dict[str, str]:
+    """The placeholders' values for one event ('' where it has none)."""
+    campaign, run = payload.get("campaign") or {}, payload.get("run") or {}
+    return {"event": payload["event"], "severity": payload["severity"], "kind": payload["source"],
+            "campaign": str(campaign.get("id", "")), "host": payload.get("host") or "",
+            "target": campaign.get("target", ""), "state": campaign.get("state", ""), "run": str(run.get("id", ""))}
+
+
+def template_words(template: str) -> list[str]:
+    """TEMPLATE split into words, its placeholders checked (an input error now, never at the first event)."""
+    try:
+        words = shlex.split(template)
+    except ValueError as e:
+        raise InputError(f"--notify {template!r}: {e}") from None
+    if not words:
+        raise InputError("--notify: empty command")
+    sample = dict.fromkeys(PLACEHOLDERS, "x")
+    for word in words:
+        try:
+            word.format(**sample)
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
+            raise InputError(f"--notify {template!r}: unknown placeholder {e} (use "
+                             + " ".join("{" + p + "}" for p in PLACEHOLDERS) + ")") from None
+    return words
+
+
+class Command:
+    def __init__(self, template: str, timeout_s: float):
+        self.words = template_words(template)
+        self.timeout_s = timeout_s
+
+    def describe(self) -> str:
+        return f"command {self.words[0]}"  # its arguments may hold a token: never shown or recorded
+
+    def deliver(self, payload: dict[str, Any], body: bytes) -> str | None:
+        values = values_of(payload)
+        argv = [w.format(**values) for w in self.words]
+        env = {k: v for k, v in os.environ.items() if k != HEADERS_ENV}
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env, start_new_session=True)  # its own group: killed whole on a timeout
+        except OSError as e:
+            return f"cannot run it: {e.strerror or type(e).__name__}"
+        try:
+            out, err = proc.communicate(body + b"\n", timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:  # something left the group and holds its pipes
+                for pipe in (proc.stdout, proc.stderr):
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+                proc.wait()
+            return f"no exit in {self.timeout_s:g}s (killed)"
+        if proc.returncode != 0:
+            lines = (err or out).decode(errors="replace").strip().splitlines()
+            return f"exited {proc.returncode}" + (f": {one_line(lines[-1], 200)}" if lines else "")
+        return None
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: following it would carry the headers (tokens) to wherever it points."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 (urllib's signature)
+        return None
+
+
+def retry_after(value: str | None) -> float | None:
+    with contextlib.suppress(TypeError, ValueError):
+        return min(max(float(value), 0.0), MAX_RETRY_AFTER_S)  # seconds; an HTTP date is ignored
+    return None
+
+
+class Webhook:
+    def __init__(self, url: str, fmt: str, headers: list[tuple[str, str, str]], context: ssl.SSLContext,
+                 timeout_s: float):
+        self.url, self.fmt, self.timeout_s = url, fmt, timeout_s
+        self.headers = {name: value for name, value, _ in headers}
+        self.opener = urllib.request.build_opener(NoRedirect(), urllib.request.HTTPSHandler(context=context))
+        self.failing = False  # the last notification failed every try: one try each until one gets through
+
+    def describe(self) -> str:
+        return f"webhook {redact_url(self.url)}"
+
+    def deliver(self, payload: dict[str, Any], body: bytes) -> str | None:
+        data = json.dumps(shape(payload, self.fmt)).encode() if self.fmt != "json" else body
+        tries = 1 if self.failing else TRIES
+        for attempt in range(1, tries + 1):
+            error, again, wait = self.post(data)
+            if error is None:
+                self.failing = False
+                return None
+            if not again or attempt == tries:
+                break
+            time.sleep(max(BACKOFF_S * 2 ** (attempt - 1), wait or 0.0))
+        self.failing = True
+        return error + (f" ({attempt} tries)" if attempt > 1 else "")
+
+    def post(self, data: bytes) -> tuple[str | None, bool, float | None]:
+        """(error or None, worth another try, the server's Retry-After)."""
+        request = urllib.request.Request(self.url, data=data, method="POST", headers={
+            "Content-Type": "application/json; charset=utf-8", "User-Agent": f"fleetctl/{__version__}",
+            **self.headers})
+        try:
+            with self.opener.open(request, timeout=self.timeout_s) as response:
+                response.read(1 << 16)
+            return None, False, None
+        except urllib.error.HTTPError as e:
+            with contextlib.suppress(Exception):
+                e.close()
+            if 300 <= e.code < 400:
+                return f"HTTP {e.code} {one_line(e.reason, 80)}: redirects are not followed", False, None
+            again = e.code >= 500 or e.code in (408, 425, 429)
+            return f"HTTP {e.code} {one_line(e.reason, 80)}", again, retry_after(e.headers.get("Retry-After"))
+        except urllib.error.URLError as e:
+            reason = e.reason
+            return self.describe_error(reason), not isinstance(reason, ssl.SSLCertVerificationError), None
+        except (OSError, http.client.HTTPException) as e:  # a read timeout, a reset, a malformed answer
+            return self.describe_error(e), True, None
+
+    def describe_error(self, e: object) -> str:
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return f"TLS: certificate not trusted ({one_line(e.verify_message, 120)})"
+        if isinstance(e, ssl.SSLError):
+            return f"TLS: {one_line(e.reason or type(e).__name__, 120)}"
+        if isinstance(e, TimeoutError):
+            return f"no answer in {self.timeout_s:g}s"
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(e, socket.gaierror):
+            return f"cannot resolve the host name ({one_line(e.strerror, 80)})"
+        if isinstance(e, OSError) and e.strerror:
+            return one_line(e.strerror, 120)
+        if isinstance(e, str):
+            return one_line(e, 120)
+        return type(e).__name__  # never str(e): an exception's text could quote what was sent
+
+
+# ---- Slack and Microsoft Teams ------------------------------------------------------------------------------
+
+EMOJI = {"info": ":large_blue_circle:", "warning": ":large_orange_circle:", "critical": ":red_circle:"}
+CARD_COLOR = {"info": "Good", "warning": "Warning", "critical": "Attention"}
+
+
+def title(payload: dict[str, Any]) -> str:
+    c = payload.get("campaign")
+    if c:
+        return f"fleetctl campaign {c['id']} to {c['target']}: {payload['event'].replace('_', ' ')}"
+    return f"fleetctl {payload['source']}: {payload['event'].replace('_', ' ')}"
+
+
+def facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
+    out = [("Severity", payload["severity"])]
+    c = payload.get("campaign")
+    if c:
+        out += [("Campaign", str(c["id"])), ("Target", c["target"]), ("State", c["state"]),
+                ("Wave", f"{c['wave']} of {c['waves']}")]
+    run = payload.get("run")
+    if run:
+        out += [("Run", f"{run['kind']} {run['id']}"), ("Inventory", run["inventory"])]
+    if payload.get("host"):
+        out.append(("Host", payload["host"]))
+    out.append(("Control node", payload["control_node"]))
+    return out
+
+
+def slack_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")  # <!channel> would ping everyone
+
+
+def cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def shape(payload: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """The body for FMT: json is the event itself; slack an incoming-webhook message (text + Block Kit blocks);
+    teams a message with one Adaptive Card (Teams workflows and incoming webhooks)."""
+    if fmt == "slack":
+        blocks: list[dict[str, Any]] = [
+            {"type": "header", "text": {"type": "plain_text", "text": cut(title(payload), 150), "emoji": True}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": cut(
+                f"{EMOJI[payload['severity']]} {slack_escape(payload['summary'])}", 3000)}},
+            {"type": "section", "fields": [{"type": "mrkdwn", "text": cut(f"*{k}*\n{slack_escape(v)}", 2000)}
+                                           for k, v in facts(payload)[:10]]}]
+        if payload.get("action"):
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": cut(
+                f"*What to do:* {slack_escape(payload['action'])}", 3000)}})
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": cut(
+            f"fleetctl {payload['tool']['version']} on {slack_escape(payload['control_node'])} at {payload['at']}",
+            3000)}]})
+        return {"text": cut(f"{title(payload)}: {payload['summary']}", 3000), "blocks": blocks}
+    if fmt == "teams":
+        body: list[dict[str, Any]] = [
+            {"type": "TextBlock", "text": title(payload), "weight": "Bolder", "size": "Medium", "wrap": True,
+             "color": CARD_COLOR[payload["severity"]]},
+            {"type": "TextBlock", "text": payload["summary"], "wrap": True},
+            {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in facts(payload)]}]
+        if payload.get("action"):
+            body.append({"type": "TextBlock", "text": f"What to do: {payload['action']}", "wrap": True,
+                         "weight": "Bolder"})
+        card = {"$schema": "http://adaptivecards.io/schemas/adaptive-card.json", "type": "AdaptiveCard",
+                "version": "1.4", "msteams": {"width": "Full"}, "body": body}
+        return {"type": "message", "attachments": [
+            {"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None, "content": card}]}
+    return payload
+
+
+# ---- delivery -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Failure:
+    target: str  # as describe() names it: no secret
+    notification: str  # the event
+    about: str  # "campaign 3" or "audit run 12"
+    reason: str
+
+    def line(self) -> str:
+        return (f"fleetctl: warning: notification failed: {self.target} ({self.about} {self.notification}): "
+                f"{self.reason}")
+
+    def record(self) -> dict[str, str]:
+        return {"target": self.target, "notification": self.notification, "reason": self.reason}
+
+
+def about(payload: dict[str, Any]) -> str:
+    if payload.get("campaign"):
+        return f"campaign {payload['campaign']['id']}"
+    run = payload.get("run") or {}
+    return f"{payload['source']} run {run.get('id', '?')}"
+
+
+class Notifier:
+    """The targets of one command (built from its flags and the config file's defaults)."""
+
+    def __init__(self, targets: list[Command | Webhook], secrets: list[str]):
+        self.targets = targets
+        self.secrets = [s for s in secrets if s]  # scrubbed from every failure, whatever reported it
+
+    def scrub(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "[redacted]")
+        return text
+
+    def dispatch(self) -> Dispatch:
+        return Dispatch(self)
+
+    def send_now(self, payload: dict[str, Any]) -> list[Failure]:
+        """PAYLOAD to every target at once; back when each has answered, failed or timed out."""
+        d = self.dispatch()
+        d.submit(payload)
+        d.close(wait=True)
+        return d.take_failures()
+
+    def after_run(self, run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """audit / probe: the `findings` event when the run found something; what happened to it, for the run's
+        recorded summary (None when nothing was sent)."""
+        from . import notify_events
+        try:
+            payload = notify_events.run_payload(run, summary, hosts)
+        except Exception as e:  # a bug here never costs the run its result
+            failure = Failure("fleetctl", "findings", f"{run.kind} run {run.id}",
+                              f"internal error building the event: {type(e).__name__}")
+            warn(failure.line())
+            return {"event": "findings", "targets": len(self.targets), "failed": [failure.record()]}
+        if payload is None:
+            return None
+        failures = self.send_now(payload)
+        return {"event": "findings", "targets": len(self.targets), "failed": [f.record() for f in failures]}
+
+
+class Dispatch:
+    """One thread per target, each sending events in the order submitted; failures printed (one line each) as
+    they happen and kept for the caller to record."""
+
+    def __init__(self, notifier: Notifier):
+        self.notifier = notifier
+        self.failures: queue.SimpleQueue[Failure] = queue.SimpleQueue()
+        self.queues: list[queue.SimpleQueue] = []
+        self.threads = []
+        for i, target in enumerate(notifier.targets):
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            t = threading.Thread(target=self._work, args=(target, q), name=f"fleetctl-notify-{i}", daemon=True)
+            self.queues.append(q)
+            self.threads.append(t)
+            t.start()
+
+    def submit(self, payload: dict[str, Any]) -> None:
+        for q in self.queues:
+            q.put(payload)
+
+    def _work(self, target: Command | Webhook, q: queue.SimpleQueue) -> None:
+        while True:
+            payload = q.get()
+            if payload is None:
+                return
+            try:
+                body = json.dumps(payload).encode()
+                reason = target.deliver(payload, body)
+            except Exception as e:  # a bug: reported like any failure, never raised into the campaign
+                reason = f"internal error: {type(e).__name__}"
+            if reason is not None:
+                failure = Failure(target.describe(), payload["event"], about(payload), self.notifier.scrub(reason))
+                warn(failure.line())
+                self.failures.put(failure)
+
+    def take_failures(self) -> list[Failure]:
+        out = []
+        while True:
+            try:
+                out.append(self.failures.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self, wait: bool = True) -> None:
+        """No more events; with WAIT, back when every target has sent (or failed) what it was given."""
+        for q in self.queues:
+            q.put(None)
+        if wait:
+            for t in self.threads:
+                t.join()
+
+
+def build(commands: tuple[str, ...] | list[str], webhooks: tuple[str, ...] | list[str], fmt: str,
+          headers_file: str | None, ca_file: str | None, timeout_s: float) -> Notifier | None:
+    """The notifier for these settings, checked (input errors now), or None without a target."""
+    if not commands and not webhooks:
+        return None
+    if fmt not in FORMATS:
+        raise InputError(f"--webhook-format {fmt!r}: choose {', '.join(FORMATS)}")
+    targets: list[Command | Webhook] = [Command(c, timeout_s) for c in commands]
+    secrets: list[str] = []
+    if webhooks:
+        headers = load_headers(headers_file)
+        context = ssl_context(ca_file)
+        for url in webhooks:
+            check_url(url, bool(headers))
+            targets.append(Webhook(url, fmt, headers, context, timeout_s))
+        secrets = [value for _, value, _ in headers] + list(webhooks)
+        secrets += [urllib.parse.urlsplit(u).path for u in webhooks if len(urllib.parse.urlsplit(u).path) > 8]
+    return Notifier(targets, secrets)
+
+
+# ---- the command line ---------------------------------------------------------------------------------------
+
+def options(f: Callable) -> Callable:
+    """The notification flags, for audit, probe, upgrade, campaign resume and rollback: the command finds its
+    notifier (checked before anything runs) with from_context()."""
+
+    @functools.wraps(f)
+    def command(*args, notify, webhook, webhook_format, webhook_headers, webhook_ca, notify_timeout, **kwargs):
+        click.get_current_context().meta[META] = build(notify, webhook, webhook_format, webhook_headers, webhook_ca,
+                                                       notify_timeout)
+        return f(*args, **kwargs)
+
+    flags = [
+        click.option("--notify", "notify", multiple=True, metavar="CMD",
+                     help="Run CMD on this machine for each event (no shell; the event as JSON on stdin; "
+                          "placeholders {event} {severity} {kind} {campaign} {host} {target} {state} {run}). "
+                          "Repeatable."),
+        click.option("--webhook", "webhook", multiple=True, metavar="URL",
+                     help="POST each event to URL (TLS verified, 3 tries). Repeatable."),
+        click.option("--webhook-format", type=click.Choice(FORMATS), default="json", show_default=True,
+                     help="The event as it is, a Slack message or a Microsoft Teams Adaptive Card."),
+        click.option("--webhook-headers", metavar="FILE",
+                     help=f"HTTP headers for the webhooks ('Name: value' lines; also ${HEADERS_ENV}); never "
+                          "shown or recorded."),
+        click.option("--webhook-ca", metavar="FILE", help="Also trust this CA (PEM) for https webhooks."),
+        click.option("--notify-timeout", type=click.FloatRange(0.1, 600), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                     show_default=True, help="Seconds for each --notify command and each webhook try."),
+    ]
+    for flag in reversed(flags):
+        command = flag(command)
+    return command
+
+
+def from_context() -> Notifier | None:
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(META) if ctx is not None else None
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """The command line as the history keeps it: a --notify command's program only, a --webhook's scheme://host."""
+    out = []
+    for i, arg in enumerate(argv):
+        previous = argv[i - 1] if i else ""
+        if previous == "--notify" or arg.startswith("--notify="):
+            prefix, value = ("--notify=", arg.split("=", 1)[1]) if arg.startswith("--notify=") else ("", arg)
+            words = value.split()
+            arg = prefix + (words[0] + " [arguments not recorded]" if len(words) > 1 else value)
+        elif previous == "--webhook" or arg.startswith("--webhook="):
+            prefix, value = ("--webhook=", arg.split("=", 1)[1]) if arg.startswith("--webhook=") else ("", arg)
+            arg = prefix + redact_url(value)
+        out.append(arg)
+    return out

@@ -1,0 +1,289 @@
+"""Which events fleetctl notifies, and what each says (schemas/notification.schema.json).
+
+Campaigns: a listener beside the JSONL log and the display (upgrade.listener_for) maps the journal's records to
+events; it reads the history and writes no state (only its own `notification_failed` events), so the engine
+behaves the same with or without it.
+
+  journal record                               notification   severity
+  campaign_started                             started        info
+  wave_passed (a wave but the last)            wave_passed    info
+  step_finished, outcome fail                  host_failed    warning (critical: a rollback step failed)
+  wave_failed (the failure budget is reached)  wave_failed    warning
+  rollback_finished                            rolled_back    warning (critical: a host's rollback failed)
+  host_held (inconclusive gate, twice)         halted         critical
+  window_closed                                window_closed  warning
+  abort_requested                              aborted        warning
+  last_wave_passed                             done           info (warning: some hosts failed)
+
+audit and probe: `findings` when the run exits 1 or 3 (findings at or above --fail-on, unhealthy or
+inconclusive hosts, hosts unreachable).
+
+A notification that fails is recorded as the campaign event `notification_failed` (target, notification, reason)
+or in the run's summary (`notifications`).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from . import __version__
+from .audit import blocking
+from .campaign import transitions
+from .campaign.journal import Journal
+from .notify import Dispatch, Failure, Notifier, warn
+from .store import now
+
+HOSTS_LISTED = 50  # hosts named in one audit/probe event
+PROBLEMS_LISTED = 10  # problems named per host
+
+
+def envelope(event: str, severity: str, source: str, summary: str, action: str | None, **fields: Any) -> dict[str, Any]:
+    return {"schema_version": 1, "event": event, "severity": severity, "at": now(),
+            "tool": {"name": "fleetctl", "version": __version__}, "control_node": socket.getfqdn(),
+            "source": source, "summary": summary, "action": action, **fields}
+
+
+def names(hosts: list[str], limit: int = 10) -> str:
+    return ", ".join(hosts[:limit]) + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
+
+
+# ---- campaigns ----------------------------------------------------------------------------------------------
+
+class CampaignNotes:
+    """The journal's listener for notifications: events to the dispatch, failures back into the journal."""
+
+    def __init__(self, notifier: Notifier, journal: Journal, cid: int):
+        self.journal, self.cid = journal, cid
+        self.dispatch: Dispatch = notifier.dispatch()
+        self.reported: set[tuple[str, bool]] = set()  # (host, in rollback): one host_failed each
+        history = journal.events(cid)
+        if [e["event"] for e in history] == ["campaign_started"]:  # created before this listener was added
+            self(history[0])
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        try:
+            payload = self.payload(record)
+        except Exception as e:  # a bug here never stops the campaign
+            payload = None
+            failure = Failure("fleetctl", record.get("event", "?"), f"campaign {self.cid}",
+                              f"internal error building the event: {type(e).__name__}")
+            warn(failure.line())
+            self.dispatch.failures.put(failure)
+        if payload is not None:
+            self.dispatch.submit(payload)
+        try:
+            self.record(later=True)
+        except Exception as e:  # the history is busy or gone: the campaign's own next write will say so
+            warn(f"fleetctl: warning: notification failures not recorded: {type(e).__name__}")
+
+    def record(self, later: bool) -> None:
+        """Failures so far into the journal. From inside the listener (LATER) they are committed now and handed to
+        the listeners with the next flush, so the JSONL log keeps the history's order."""
+        for failure in self.dispatch.take_failures():
+            if later:
+                self.journal.note_later(self.cid, "notification_failed", **failure.record())
+            else:
+                self.journal.note(self.cid, "notification_failed", **failure.record())
+
+    def finish(self) -> None:
+        """The campaign stopped (done, rolled back, halted): every event sent or failed, failures recorded."""
+        self.dispatch.close(wait=True)
+        self.record(later=False)
+        self.journal.flush()
+
+    def abandon(self) -> None:
+        """fleetctl is being stopped (an interrupt, a crash): no waiting; what failed so far is recorded."""
+        self.dispatch.close(wait=False)
+        try:
+            self.record(later=False)
+        except Exception:  # noqa: BLE001 (the exception on its way out matters, not this)
+            pass
+
+    # ---- journal record -> event ----------------------------------------------------------------------------
+    def payload(self, r: dict[str, Any]) -> dict[str, Any] | None:
+        e = r["event"]
+        if e == "step_finished":
+            return self.host_failed(r) if r.get("outcome") == "fail" else None
+        handler = {"campaign_started": self.started, "wave_passed": self.wave_passed, "wave_failed": self.wave_failed,
+                   "rollback_finished": self.rolled_back, "host_held": self.halted,
+                   "window_closed": self.window_closed, "abort_requested": self.aborted,
+                   "last_wave_passed": self.done}.get(e)
+        return handler(r) if handler else None
+
+    def campaign(self, r: dict[str, Any]) -> dict[str, Any]:
+        c = self.journal.campaign(self.cid)
+        waves = len(self.plan()["waves"])
+        return {"id": self.cid, "target": c["target"], "state": c["state"], "wave": min(c["wave"], waves),
+                "waves": waves, "event_seq": r["seq"]}
+
+    def plan(self) -> dict[str, Any]:
+        return json.loads(self.journal.campaign(self.cid)["plan"])
+
+    def event(self, r: dict[str, Any], event: str, severity: str, summary: str, action: str | None,
+              host: str | None = None, reason: str | None = None, campaign: dict[str, Any] | None = None):
+        return envelope(event, severity, "campaign", summary, action, campaign=campaign or self.campaign(r),
+                        host=host, reason=reason, counts=self.journal.tally(self.cid))
+
+    def head(self) -> str:
+        return f"campaign {self.cid} to {self.journal.campaign(self.cid)['target']}"
+
+    def show(self) -> str:
+        return f"fleetctl campaign show {self.cid}"
+
+    def started(self, r):
+        waves = r.get("waves") or []
+        hosts = sum(len(w) for w in waves)
+        text = (f"{self.head()} started: {hosts} host{'s' if hosts != 1 else ''} in {len(waves)} "
+                f"wave{'s' if len(waves) != 1 else ''} (canary: {names(waves[0]) if waves else '-'})")
+        if r.get("locked_elsewhere"):
+            text += f"; left out, in another campaign: {names(r['locked_elsewhere'])}"
+        return self.event(r, "started", "info", text, None, campaign=dict(self.campaign(r), wave=1))
+
+    def wave_passed(self, r):
+        passed = (r.get("wave") or 2) - 1
+        c = self.campaign(r)
+        soak = self.journal.campaign(self.cid)["soak_until"]
+        text = f"{self.head()}: wave {passed} of {c['waves']} passed; wave {passed + 1} starts"
+        text += f" after the soak, at {soak}" if soak else ""
+        if r.get("failed"):
+            text += f" (failed within the wave's budget, rolled back alone: {names(r['failed'])})"
+        return self.event(r, "wave_passed", "info", text, None, campaign=dict(c, wave=passed))
+
+    def host_failed(self, r):
+        host, step = r["host"], r["step"]
+        rollback = step.startswith("rollback_")
+        if (host, rollback) in self.reported:  # e.g. the undrain after a failed drain failing too
+            return None
+        self.reported.add((host, rollback))
+        reason = r.get("reason") or f"{step} failed"
+        if rollback:
+            return self.event(r, "host_failed", "critical", f"{self.head()}: {host} failed its rollback at {step}: "
+                              f"{reason}", f"{host} needs a person: it is neither on its recorded packages nor "
+                              f"known good; its steps: {self.show()}", host=host, reason=reason)
+        changed = any(h["host"] == host and h["changed"] for h in self.journal.hosts(self.cid))
+        action = (f"nothing yet: the campaign rolls {host} back to its recorded packages (alone within the "
+                  f"wave's failure budget, with the others at it); its steps: {self.show()}" if changed else
+                  f"nothing was installed on {host}; its steps: {self.show()}")
+        return self.event(r, "host_failed", "warning", f"{self.head()}: {host} failed {step}: {reason}", action,
+                          host=host, reason=reason)
+
+    def wave_failed(self, r):
+        back = sorted(h for h, s in (r.get("hosts") or {}).items() if s == transitions.ROLLBACK_START)
+        text = f"{self.head()}: {r.get('reason') or 'a wave failed'}; rolling back {len(back)} host" \
+               f"{'s' if len(back) != 1 else ''}" + (f": {names(back)}" if back else "")
+        return self.event(r, "wave_failed", "warning", text,
+                          "nothing yet: the campaign rolls the hosts back on its own (rolled_back follows)",
+                          reason=r.get("reason"))
+
+    def rolled_back(self, r):
+        hosts = self.journal.hosts(self.cid)
+        broken = [h["host"] for h in hosts if h["state"] == "rollback_failed"]
+        back = [h["host"] for h in hosts if h["state"] == "rolled_back"]
+        reason = self.journal.campaign(self.cid)["reason"]
+        text = f"{self.head()} rolled back ({len(back)} host{'s' if len(back) != 1 else ''} back on their " \
+               f"recorded packages)" + (f": {reason}" if reason else "")
+        if broken:
+            return self.event(r, "rolled_back", "critical", text + f"; rollback FAILED on {names(broken)}",
+                              f"{names(broken)} need a person; the steps: {self.show()}", reason=reason)
+        return self.event(r, "rolled_back", "warning", text,
+                          f"nothing for the fleet; why it failed: {self.show()}", reason=reason)
+
+    def halted(self, r):
+        held = [h["host"] for h in self.journal.hosts(self.cid) if h["state"] == "held"]
+        return self.event(
+            r, "halted", "critical", f"{self.head()} halted for a person: {r.get('reason')}",
+            f"look at the held hosts ({names(held)}): {self.show()}; then accept them and go on: "
+            f"fleetctl campaign resume {self.cid}; or roll the campaign back: fleetctl rollback {self.cid}",
+            reason=r.get("reason"))
+
+    def window_closed(self, r):
+        return self.event(
+            r, "window_closed", "warning", f"{self.head()} halted: {r.get('reason')}",
+            f"go on in a new window: fleetctl campaign resume {self.cid} --window 2h; or roll back: "
+            f"fleetctl rollback {self.cid}", reason=r.get("reason"))
+
+    def aborted(self, r):
+        return self.event(
+            r, "aborted", "warning", f"{self.head()} aborted: {r.get('reason') or 'by the operator'}",
+            f"the hosts stay where they are; to take back what it changed: fleetctl rollback {self.cid}",
+            reason=r.get("reason"))
+
+    def done(self, r):
+        hosts = self.journal.hosts(self.cid)
+        failed = [h["host"] for h in hosts if h["state"] in transitions.FAILED]
+        ok = [h["host"] for h in hosts if h["state"] == "done"]
+        text = f"{self.head()} done: {len(ok)} host{'s' if len(ok) != 1 else ''} on the new driver"
+        if failed:
+            return self.event(r, "done", "warning", text + f"; failed and rolled back alone: {names(failed)}",
+                              f"why they failed: {self.show()}")
+        return self.event(r, "done", "info", text, None)
+
+
+@contextmanager
+def delivering(notes: CampaignNotes | None) -> Iterator[None]:
+    """Around a campaign's drive: at the end wait for every notification and record the failures; on an
+    interrupt or crash, leave at once."""
+    if notes is None:
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        notes.abandon()
+        raise
+    notes.finish()
+
+
+# ---- audit and probe ----------------------------------------------------------------------------------------
+
+def run_payload(run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The `findings` event of an audit or probe run (RUN: runs.Run), or None when it found nothing."""
+    if summary["exit_code"] == 0:
+        return None
+    kind = run.kind
+    unreachable = [h["name"] for h in hosts if not h["reachable"]]
+    problems: dict[str, list[str]] = {}
+    critical = False
+    for h in hosts:
+        if not h["reachable"]:
+            problems[h["name"]] = [f"unreachable: {h.get('error') or 'no answer'}"]
+        elif kind == "audit":
+            failing = [f for f in h["findings"] if blocking(f, summary["fail_on"])]
+            critical |= any(f["severity"] == "critical" for f in failing)
+            if failing:
+                problems[h["name"]] = [f"{f['control']} {f['severity']} {f['status']}: {f['message']}"
+                                       for f in failing]
+        elif h["health"]["status"] != "pass":
+            critical |= h["health"]["status"] in ("fail", "error")
+            problems[h["name"]] = [f"{h['health']['status']}: {reason}" for reason in h["health"]["reasons"]] \
+                or [h["health"]["status"]]
+    listed = list(problems)[:HOSTS_LISTED]
+    if kind == "audit":
+        counts = {k: summary[k] for k in ("hosts", "reachable", "unreachable", "compliant", "noncompliant")}
+        text = (f"audit of {summary['hosts']} host{'s' if summary['hosts'] != 1 else ''}: {summary['noncompliant']} "
+                f"not compliant at --fail-on {summary['fail_on']}, {len(unreachable)} unreachable")
+    else:
+        counts = {k: summary[k] for k in ("hosts", "reachable", "unreachable", "healthy", "unhealthy")}
+        text = (f"probe of {summary['hosts']} host{'s' if summary['hosts'] != 1 else ''}: {summary['unhealthy']} "
+                f"unhealthy or inconclusive, {len(unreachable)} unreachable")
+    shown = [f"{name} ({problems[name][0][:150]}"
+             + (f", +{len(problems[name]) - 1} more" if len(problems[name]) > 1 else "") + ")" for name in listed[:5]]
+    if shown:
+        text += ": " + "; ".join(shown) + (f"; and {len(problems) - 5} more hosts" if len(problems) > 5 else "")
+    inventory = run.fleet.source
+    again = f"fleetctl {kind}" + (f" -i {inventory}" if inventory != "localhost" else "") \
+        + (f" -l {','.join(listed[:10])}" if len(problems) <= 10 else (f" -l '{run.limit}'" if run.limit else ""))
+    action = (f"see each host's findings and their remediation: {again}" if kind == "audit" else
+              f"drain a failed host before it takes work again; the reasons: {again} --format json")
+    if unreachable and len(unreachable) == len(problems):
+        action = f"check SSH to {names(unreachable)}, then: {again}"
+    run_info = {"id": run.id, "uuid": run.uuid, "kind": kind, "inventory": inventory, "limit": run.limit}
+    if kind == "audit":
+        run_info["fail_on"] = summary["fail_on"]
+    return envelope("findings", "critical" if critical else "warning", kind, text, action, run=run_info,
+                    host=None, reason=None, counts=counts,
+                    hosts=[{"name": n, "problems": problems[n][:PROBLEMS_LISTED]} for n in listed])
+

@@ -1,0 +1,563 @@
+"""fleetctl systemd install|uninstall: a scheduled audit and a maintenance-window upgrade as systemd timers.
+
+Four units at most, each headed by MARKER so that uninstall (and a later install) touches only what fleetctl wrote:
+
+- fleetctl-audit.service (Type=oneshot: `fleetctl audit ...`) + fleetctl-audit.timer (OnCalendar from
+  --audit-schedule, Persistent=true: an audit missed while the control node was down runs at the next boot).
+- fleetctl-window.service + fleetctl-window.timer (OnCalendar from --window, Persistent=false: a window missed while
+  the control node was down is NOT run late, at hours nobody agreed to). The service is Type=exec so that its
+  runtime can be bounded (RuntimeMaxSec= does nothing for Type=oneshot): ExecStartPre= first resumes campaigns
+  whose fleetctl died (a crash or reboot of this node, the end of the previous window), bounded by
+  TimeoutStartSec=; ExecStart= then runs `fleetctl upgrade --to VERSION --yes --window ...`, bounded by
+  RuntimeMaxSec=. KillMode=control-group: a crash or the end of the window takes the whole process tree (no
+  orphaned ansible-playbook races the next resume). No Restart=.
+
+Every command line is checked by fleetctl's own click parser (and the upgrade's values by the functions the
+upgrade uses) before a unit is written, so a unit never holds a command fleetctl would reject. The units pin
+FLEETCTL_HOME (and FLEETCTL_CONFIG, when a config file is in use) to what the installing shell uses; webhooks and
+--notify commands are never written into a unit (world-readable): the units read them from the config file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from . import __version__, plan as plan_mod, runs, store as store_mod, upgrade as upgrade_mod
+from .campaign import hooks
+from .errors import InputError, OperationError
+
+DEFAULT_UNIT_DIR = "/etc/systemd/system"
+# Where a system manager reads units from: only there do daemon-reload and enable make sense.
+SYSTEM_UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
+                    "/usr/lib/systemd/system", "/lib/systemd/system")
+SYSTEMD_BOOTED = Path("/run/systemd/system")  # sd_booted(3): systemd is PID 1
+AUDIT, WINDOW = "fleetctl-audit", "fleetctl-window"
+UNIT_NAMES = (f"{AUDIT}.service", f"{AUDIT}.timer", f"{WINDOW}.service", f"{WINDOW}.timer")
+MARKER = "# Written by `fleetctl systemd install`"
+AUDIT_RANDOM_DELAY = "5min"
+# `upgrade` options that `systemd install` sets itself (or that make no sense in a unit); every other option of
+# `fleetctl upgrade` is offered by `systemd install` too and written into ExecStart= when given.
+OWN_UPGRADE_PARAMS = {"target", "yes", "dry_run", "window", "inventory_path", "limit", "baseline"}
+# Not offered: a unit file is world-readable and `systemctl show` shows any user its command lines, while a
+# webhook URL is a bearer secret and a --notify command may carry a token (the history keeps neither whole). The
+# units read them from the config file (FLEETCTL_CONFIG is pinned: see environment()).
+SECRET_PARAMS = {"notify", "webhook"}
+# Passed on from the installing shell when set (FLEETCTL_HOME is always pinned: see environment()).
+PASSED_ENV = ("FLEETCTL_WORKER",)
+CALENDAR_CHARS = re.compile(r"[A-Za-z0-9*:.,/~ _+-]+")  # a rough check where systemd-analyze is not installed
+SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./$-]+")
+
+
+# ---- systemd.syntax -------------------------------------------------------------------------------------
+
+def quote_word(arg: str, expand_env: bool = True) -> str:
+    """ARG as one word of a unit file setting: '%' doubled (specifiers), '$' doubled where systemd expands
+    environment variables (ExecStart= and friends), quoted with C escapes when it holds anything but plain
+    characters (spaces, quotes, backslashes, a lone ';' that would separate commands, control characters)."""
+    text = arg.replace("%", "%%")
+    if expand_env:
+        text = text.replace("$", "$$")
+    if SAFE_WORD.fullmatch(arg):
+        return text
+    out = []
+    for ch in text:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def exec_line(argv: list[str]) -> str:
+    if not os.path.isabs(argv[0]):
+        raise ValueError(f"{argv[0]}: not an absolute path")
+    return " ".join(quote_word(a) for a in argv)
+
+
+def timespan(seconds: float) -> str:
+    """A systemd time span ('3h', '1h 30min', '90s' -> '1min 30s'), to the millisecond."""
+    ms = round(seconds * 1000)
+    parts = []
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000), ("ms", 1)):
+        if ms >= size:
+            parts.append(f"{ms // size}{unit}")
+            ms %= size
+    return " ".join(parts) or "0"
+
+
+def duration_arg(seconds: float) -> str:
+    """SECONDS as fleetctl's DURATION (upgrade.parse_duration reads it back): '3h', '90m', '45s', '0.5s'."""
+    if seconds == int(seconds):
+        s = int(seconds)
+        return f"{s // 3600}h" if s % 3600 == 0 else f"{s // 60}m" if s % 60 == 0 else f"{s}s"
+    return f"{round(seconds, 3)}s"
+
+
+def calendar(expression: str, flag: str) -> str:
+    """A systemd calendar expression ('daily', 'Sat 02:00', 'Mon..Fri 06:00'), normalized by `systemd-analyze
+    calendar` where that tool exists; without it only obviously bad input is refused."""
+    text = expression.strip()
+    if not text or "\n" in text:
+        raise InputError(f"{flag} {expression!r}: not a systemd calendar expression (e.g. daily, 'Sat 02:00')")
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        if not CALENDAR_CHARS.fullmatch(text) or len(text) > 200:
+            raise InputError(f"{flag} {expression!r}: not a systemd calendar expression (e.g. daily, 'Sat 02:00')")
+        return text
+    try:
+        done = subprocess.run([tool, "calendar", text], capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "LC_ALL": "C", "SYSTEMD_COLORS": "0", "SYSTEMD_PAGER": ""})
+    except (OSError, subprocess.SubprocessError) as e:
+        raise OperationError(f"systemd-analyze calendar: {e}") from None
+    lines = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in done.stdout.splitlines()) if v}
+    if done.returncode != 0 or "Normalized form" not in lines:
+        why = (done.stderr.strip().splitlines() or ["invalid"])[-1]
+        raise InputError(f"{flag} {expression!r}: not a systemd calendar expression ({why})")
+    if lines.get("Next elapse") == "never":
+        raise InputError(f"{flag} {expression!r}: never elapses")
+    return lines["Normalized form"]
+
+
+# ---- what the units hold --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AuditUnit:
+    calendar: str
+    argv: list[str]
+    metrics_file: str | None
+
+
+@dataclass(frozen=True)
+class WindowUnit:
+    calendar: str
+    duration_s: float
+    target: str
+    resume_argv: list[str]
+    upgrade_argv: list[str]
+
+
+@dataclass(frozen=True)
+class Units:
+    audit: AuditUnit | None
+    window: WindowUnit | None
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def fleetctl_executable() -> str:
+    """The absolute path of the fleetctl being run: argv[0] when it is a fleetctl script, else the one next to
+    this interpreter (the same installation), else the one on PATH. Symlinks are kept (an installation replaced
+    behind /usr/local/bin/fleetctl keeps working)."""
+    candidates = []
+    if Path(sys.argv[0]).name == "fleetctl":
+        candidates.append(sys.argv[0])
+    candidates.append(str(Path(sys.executable).parent / "fleetctl"))
+    candidates.append(shutil.which("fleetctl") or "")
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.abspath(c)
+    raise OperationError("cannot find the fleetctl executable (not next to this Python, not on PATH)")
+
+
+def environment() -> dict[str, str]:
+    """FLEETCTL_HOME pinned to the history this shell uses, and FLEETCTL_CONFIG to the config file it reads, if
+    any (under systemd $HOME, $XDG_* and sudo's environment differ: the units must use the history the operator
+    looks at and the defaults, notifications included, the operator set), plus PASSED_ENV."""
+    env = {"FLEETCTL_HOME": os.path.abspath(store_mod.home())}
+    config = config_file()
+    if config:
+        env["FLEETCTL_CONFIG"] = config
+    env.update({k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)})
+    return env
+
+
+def config_file() -> str | None:
+    """The config file fleetctl reads here (checked: a broken one is refused now), absolute; None without one."""
+    try:
+        from . import config as config_mod
+    except ImportError:  # a fleetctl without a config file
+        return None
+    path = config_mod.load().path
+    return os.path.abspath(path) if path else None
+
+
+def path_params() -> set[str]:
+    """Parameters naming a file (made absolute for a unit, which runs in /)."""
+    try:
+        from . import config as config_mod
+    except ImportError:
+        return set()
+    return {k.param for k in config_mod.KEYS if k.path}
+
+
+def header(name: str) -> str:
+    return (f"{MARKER} (fleetctl {__version__}); `fleetctl systemd uninstall` removes it.\n"
+            f"# A later install overwrites it: put local settings in a drop-in (systemctl edit {name}).\n")
+
+
+def env_lines(env: dict[str, str]) -> str:
+    return "".join(f"Environment={quote_word(f'{k}={v}', expand_env=False)}\n" for k, v in sorted(env.items()))
+
+
+def render(units: Units) -> dict[str, str]:
+    """Unit file name -> text."""
+    out: dict[str, str] = {}
+    env = env_lines(units.environment)
+    if units.audit:
+        a = units.audit
+        if a.metrics_file:
+            codes = ("# Exit codes: 0 compliant, 1 findings, 3 hosts unreachable, 2 input error, 70 a bug. The "
+                     "findings and\n# unreachable hosts are in the metrics file (and its alert rules), so only 2 "
+                     "and 70 fail the unit.\nSuccessExitStatus=1 3\n")
+        else:
+            codes = ("# Exit codes: 0 compliant; 1 findings, 3 hosts unreachable, 2 input error and 70 (a bug) "
+                     "fail the unit,\n# for `systemctl --failed` and OnFailure= (no metrics file carries them).\n")
+        out[f"{AUDIT}.service"] = (
+            header(f"{AUDIT}.service")
+            + "[Unit]\nDescription=fleetctl: audit the GPU fleet against the baseline\n"
+            "Wants=network-online.target\nAfter=network-online.target\n\n"
+            "[Service]\nType=oneshot\n" + env
+            + f"ExecStart={exec_line(a.argv)}\n" + codes + "KillMode=control-group\n")
+        out[f"{AUDIT}.timer"] = (
+            header(f"{AUDIT}.timer")
+            + "[Unit]\nDescription=fleetctl: scheduled audit\n\n"
+            f"[Timer]\nOnCalendar={a.calendar}\n"
+            "# An audit missed while this node was down runs when it is back.\nPersistent=true\n"
+            f"RandomizedDelaySec={AUDIT_RANDOM_DELAY}\n\n"
+            "[Install]\nWantedBy=timers.target\n")
+    if units.window:
+        w = units.window
+        span = timespan(w.duration_s)
+        out[f"{WINDOW}.service"] = (
+            header(f"{WINDOW}.service")
+            + f"[Unit]\nDescription=fleetctl: upgrade window ({span}) to driver {w.target}\n"
+            "Wants=network-online.target\nAfter=network-online.target\n\n"
+            "[Service]\n"
+            "# Type=exec, not oneshot: RuntimeMaxSec= bounds only a service that became active.\nType=exec\n" + env
+            + "# First the campaigns whose fleetctl died (a crash or reboot of this node, the end of the last window)"
+            "\n# are resumed from the history; a failure there (e.g. a campaign halted or rolled back) stops the "
+            "unit\n# before a new campaign starts.\n"
+            f"ExecStartPre={exec_line(w.resume_argv)}\n"
+            f"ExecStart={exec_line(w.upgrade_argv)}\n"
+            "# The window: the resume gets at most TimeoutStartSec=, the upgrade at most RuntimeMaxSec=; then the "
+            "whole\n# process tree is stopped (KillMode=control-group) and the next window resumes what was "
+            "cut off.\n"
+            f"TimeoutStartSec={span}\nRuntimeMaxSec={span}\nKillMode=control-group\n"
+            "# Exit codes: only 0 (done) succeeds; 1 (hosts failed and were rolled back), 4 (rolled back), 5 (halted "
+            "for a\n# person: inconclusive gate, window closed, aborted), 2 (input error) and 70 (a bug) fail the "
+            "unit, for\n# `systemctl --failed` and OnFailure=. No Restart=: a failed window waits for a person.\n")
+        out[f"{WINDOW}.timer"] = (
+            header(f"{WINDOW}.timer")
+            + f"[Unit]\nDescription=fleetctl: upgrade window to driver {w.target}\n\n"
+            f"[Timer]\nOnCalendar={w.calendar}\n"
+            "# A window missed while this node was down is not run late, at hours nobody agreed to.\n"
+            "Persistent=false\nAccuracySec=1s\n\n"
+            "[Install]\nWantedBy=timers.target\n")
+    return out
+
+
+# ---- checking the command lines -------------------------------------------------------------------------
+
+def command_for(root: click.Group, words: list[str]) -> tuple[click.Command, list[str], str]:
+    """The (sub)command WORDS name, the rest of the words, and its name."""
+    cmd, name = root, "fleetctl"
+    while isinstance(cmd, click.Group):
+        if not words or words[0] not in cmd.commands:
+            raise InputError(f"fleetctl {' '.join(words[:1])}: no such command")
+        name, words = words[0], words[1:]
+        cmd = cmd.commands[name]
+    return cmd, words, name
+
+
+def parse(root: click.Group, argv: list[str]) -> click.Context:
+    """ARGV (a unit's command line, the executable first) through fleetctl's own parser: click's error as one
+    line (an InputError) where it would refuse it."""
+    cmd, rest, name = command_for(root, argv[1:])
+    try:
+        return cmd.make_context(name, rest)
+    except click.ClickException as e:
+        raise InputError(f"the unit's command `{' '.join(argv[1:])}` would be refused: {e.format_message()}") \
+            from None
+
+
+def check_commands(root: click.Group, units: Units) -> None:
+    """Every command line of UNITS as fleetctl will parse it, and the upgrade's values as the upgrade reads them
+    (target, ramp, durations, drain templates): refused here rather than at 02:00 on a Saturday."""
+    if units.audit:
+        parse(root, units.audit.argv)
+    if units.window:
+        parse(root, units.window.resume_argv)
+        p = parse(root, units.window.upgrade_argv).params
+        plan_mod.parse_target(p["target"])
+        upgrade_mod.parse_duration(p["window"], "--window")
+        if p.get("waves") is not None:
+            plan_mod.parse_ramp(p["waves"])
+        if p.get("soak") is not None:
+            upgrade_mod.parse_duration(p["soak"], "--soak", allow_zero=True)
+        hooks.resolve(p.get("drain_preset"), p.get("drain"), p.get("undrain"))
+
+
+# ---- install / uninstall --------------------------------------------------------------------------------
+
+def is_ours(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().startswith(MARKER)
+    except OSError:
+        return False
+
+
+def systemd_manages(unit_dir: Path) -> bool:
+    """systemd is PID 1 here and reads units from UNIT_DIR: daemon-reload and enable apply."""
+    return SYSTEMD_BOOTED.is_dir() and str(unit_dir.resolve()) in {os.path.realpath(d) for d in SYSTEM_UNIT_DIRS}
+
+
+def systemctl(*args: str, check: bool = True) -> str:
+    """systemctl's output; a failure (with CHECK) is one line, exit 1 (the unit files are written by then)."""
+    try:
+        done = subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise OperationError(f"systemctl {' '.join(args)}: {e}") from None
+    if check and done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise OperationError(f"systemctl {' '.join(args)}: {why}")
+    return done.stdout.strip()
+
+
+def unit_directory(unit_dir: str) -> Path:
+    """UNIT_DIR, checked before anything is written or removed there (not half an install)."""
+    path = Path(os.path.abspath(unit_dir))
+    if not path.is_dir():
+        raise InputError(f"--unit-dir {unit_dir}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"--unit-dir {unit_dir}: not writable (run it as root: sudo fleetctl systemd ...)")
+    return path
+
+
+def absolute(path: str | None, flag: str, must_exist: bool = True) -> str | None:
+    """PATH made absolute (a unit runs in /): it must exist now, a typo is refused here, not at the next run."""
+    if path is None:
+        return None
+    if not path.strip():
+        raise InputError(f"{flag} {path!r}: empty (a variable that is not set?)")
+    full = os.path.abspath(os.path.expanduser(path))
+    if must_exist and not os.path.exists(full):
+        raise InputError(f"{flag} {path}: no such file or directory")
+    return full
+
+
+def option_words(param: click.Option, value) -> list[str]:
+    """An upgrade option given on the command line, as words for the unit's `fleetctl upgrade`."""
+    name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+    if param.is_flag:
+        if value:
+            return [name]
+        off = next((o for o in param.secondary_opts if o.startswith("--")), None)
+        return [off] if off else []
+    values = value if param.multiple else [value]
+    words = []
+    for v in values:
+        words.append(name)
+        words.extend(str(x) for x in (v if isinstance(v, tuple) else (v,)))
+    return words
+
+
+def given_words(ctx: click.Context, params: dict, passthrough: list[click.Option]) -> list[tuple[str, list[str]]]:
+    """The passed-on options given on the command line: (parameter name, words), file names made absolute."""
+    out = []
+    for o in passthrough:
+        if ctx.get_parameter_source(o.name) != ParameterSource.COMMANDLINE:
+            continue  # a default stays fleetctl's (or the config file's) at run time, not frozen into the unit
+        value = params[o.name]
+        if o.name in path_params() and value is not None:
+            value = absolute(value, o.opts[-1])
+        out.append((o.name, option_words(o, value)))
+    return out
+
+
+def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list[click.Option]) -> Units:
+    p = params
+    given = given_words(ctx, p, passthrough)
+    if p["audit_output"] is not None and p["audit_schedule"] is None:
+        raise click.UsageError("--audit-output needs --audit-schedule")
+    if p["window"] is None:
+        audit_takes = {q.name for q in command_for(root, ["audit"])[0].params} if p["audit_schedule"] else set()
+        stray = [f for f, v in (("--duration", p["duration"]), ("--to", p["target"]), ("--margin", p["margin"]))
+                 if v is not None] + [words[0] for name, words in given if name not in audit_takes and words]
+        if stray:
+            raise click.UsageError(f"{stray[0]} needs --window")
+    elif p["duration"] is None or p["target"] is None:
+        raise click.UsageError("--window needs --duration and --to")
+    if p["audit_schedule"] is None and p["window"] is None:
+        raise click.UsageError("nothing to install: give --audit-schedule and/or --window (with --duration, --to)")
+    exe = fleetctl_executable()
+    inventory = absolute(p["inventory_path"], "--inventory")
+    baseline = absolute(p["baseline"], "--baseline")
+    limit = p["limit"]
+    runs.prepare(inventory, limit, baseline)  # a broken inventory or baseline is refused now
+    common = ([] if inventory is None else ["-i", inventory]) + ([] if baseline is None else ["-b", baseline]) \
+        + ([] if limit is None else ["-l", limit])
+
+    def extra(*command: str) -> list[str]:
+        """The given options COMMAND takes (--forks: the audit's too; the notification flags: all three)."""
+        takes = {q.name for q in command_for(root, list(command))[0].params}
+        return [w for name, words in given if name in takes for w in words]
+
+    audit = window = None
+    if p["audit_schedule"] is not None:
+        metrics = absolute(p["audit_output"], "--audit-output", must_exist=False)
+        if metrics and not os.path.isdir(os.path.dirname(metrics)):
+            raise InputError(f"--audit-output {p['audit_output']}: no such directory")
+        if metrics and os.path.isdir(metrics):
+            raise InputError(f"--audit-output {p['audit_output']}: is a directory")
+        argv = [exe, "audit", *common] + (["--format", "prometheus", "-o", metrics] if metrics else []) \
+            + extra("audit")
+        audit = AuditUnit(calendar(p["audit_schedule"], "--audit-schedule"), argv, metrics)
+    if p["window"] is not None:
+        duration_s = upgrade_mod.parse_duration(p["duration"], "--duration")
+        margin_s = upgrade_mod.parse_duration(p["margin"], "--margin", allow_zero=True) if p["margin"] else 0.0
+        if margin_s >= duration_s:
+            raise InputError(f"--margin {p['margin']}: not shorter than --duration {p['duration']}")
+        target = plan_mod.parse_target(p["target"])
+        soft = duration_arg(duration_s - margin_s)
+        # The resume takes the campaign's own inventory and baseline (a changed baseline is for a person to
+        # accept), and the window.
+        resume = [exe, "campaign", "resume", "--interrupted", "--window", soft, *extra("campaign", "resume")]
+        upgrade = [exe, "upgrade", "--to", target, "--yes", "--window", soft, *common, *extra("upgrade")]
+        window = WindowUnit(calendar(p["window"], "--window"), duration_s, target, resume, upgrade)
+    return Units(audit, window, environment())
+
+
+def install(root: click.Group, units: Units, unit_dir: str, print_only: bool) -> None:
+    check_commands(root, units)
+    texts = render(units)
+    directory = Path(os.path.abspath(unit_dir))
+    if print_only:
+        for name, text in texts.items():
+            click.echo(f"# {directory / name}\n{text}")
+        return
+    directory = unit_directory(unit_dir)
+    foreign = [str(directory / n) for n in texts if (directory / n).exists() and not is_ours(directory / n)]
+    if foreign:
+        raise InputError(f"{foreign[0]}: not written by fleetctl; move it away first (nothing was written)")
+    from .cli import write_atomically  # cli imports this module: late
+    for name, text in texts.items():
+        try:
+            write_atomically(directory / name, text)
+            os.chmod(directory / name, 0o644)  # whatever the umask: systemd warns about world-writable units
+        except OSError as e:
+            raise InputError(f"{directory / name}: cannot write: {e.strerror}") from None
+        click.echo(f"wrote {directory / name}")
+    timers = [n for n in texts if n.endswith(".timer")]
+    if systemd_manages(directory):
+        systemctl("daemon-reload")
+        systemctl("enable", "--now", *timers)
+        click.echo(f"enabled: {' '.join(timers)} (systemctl list-timers 'fleetctl-*')")
+    else:
+        why = ("systemd is not running here" if not SYSTEMD_BOOTED.is_dir()
+               else f"systemd does not read units from {directory}")
+        click.echo(f"{why}; where it runs these units, run:\n  systemctl daemon-reload\n"
+                   f"  systemctl enable --now {' '.join(timers)}")
+
+
+def uninstall(unit_dir: str) -> None:
+    directory = unit_directory(unit_dir)
+    present = [n for n in UNIT_NAMES if (directory / n).exists() or (directory / n).is_symlink()]
+    ours = [n for n in present if is_ours(directory / n)]
+    for n in present:
+        if n not in ours:
+            click.echo(f"left alone (not written by fleetctl): {directory / n}")
+    if not ours:
+        click.echo(f"nothing to uninstall in {directory}")
+        return
+    managed = systemd_manages(directory)
+    timers = [n for n in ours if n.endswith(".timer")]
+    if managed and timers:
+        systemctl("disable", "--now", *timers)
+    for n in ours:
+        try:
+            (directory / n).unlink()
+        except OSError as e:
+            raise OperationError(f"{directory / n}: cannot remove: {e.strerror}") from None
+        click.echo(f"removed {directory / n}")
+    if managed:
+        systemctl("daemon-reload")
+        if systemctl("is-active", f"{WINDOW}.service", check=False) in ("active", "activating", "deactivating"):
+            click.echo(f"{WINDOW}.service is still running (a campaign): it was left to finish")
+    elif timers:
+        click.echo(f"where systemd runs these units, run:\n  systemctl disable --now {' '.join(timers)}\n"
+                   "  systemctl daemon-reload")
+
+
+def refuse_secret(ctx: click.Context, param: click.Parameter, value) -> None:
+    if value:
+        raise click.UsageError(f"{param.opts[0]} is not written into a unit (world-readable, and `systemctl show` "
+                               f"shows it to any user): set `{param.name}:` in the config file, which the units "
+                               "read (fleetctl config show)")
+
+
+# ---- the command group ----------------------------------------------------------------------------------
+
+def systemd_group(root: click.Group) -> click.Group:
+    """`fleetctl systemd`; the options of ROOT's `upgrade` (bar OWN_UPGRADE_PARAMS) are offered by `install`."""
+    passthrough = [p for p in root.commands["upgrade"].params
+                   if isinstance(p, click.Option) and p.name not in OWN_UPGRADE_PARAMS | SECRET_PARAMS]
+
+    @click.group("systemd")
+    def group() -> None:
+        """A scheduled audit and a maintenance-window upgrade as systemd timers: install, uninstall."""
+
+    @group.command("install", epilog=f"The options from {passthrough[0].opts[-1] if passthrough else '--waves'} "
+                   "on are `fleetctl upgrade`'s: each given goes into every unit command that takes it (--forks and "
+                   "the notification options also into the audit's and the resume's). --notify and --webhook are "
+                   "not written into units (world-readable): the units read them from the config file.")
+    @click.option("--audit-schedule", metavar="CALENDAR",
+                  help="Audit on this systemd calendar expression: daily, hourly, 'Mon..Fri 06:00'.")
+    @click.option("--audit-output", metavar="FILE",
+                  help="The audit writes Prometheus metrics to FILE (e.g. node_exporter's textfile directory).")
+    @click.option("--window", metavar="CALENDAR", help="When the maintenance window opens: 'Sat 02:00'.")
+    @click.option("--duration", metavar="DURATION", help="How long the window lasts: 3h, 90m.")
+    @click.option("--margin", metavar="DURATION",
+                  help="No wave starts in the window's last DURATION: the campaign halts between waves for a "
+                       "person (default 0: a wave still running when the window ends is stopped, and resumed by "
+                       "the next window).")
+    @click.option("--to", "target", metavar="VERSION", help="Target driver version of the window's upgrade.")
+    @click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY",
+                  help="Ansible inventory for both units. Default: localhost.")
+    @click.option("-b", "--baseline", metavar="BASELINE", help="Baseline YAML for both units.")
+    @click.option("-l", "--limit", metavar="LIMIT", help="Ansible host pattern for both units.")
+    @click.option("--unit-dir", default=DEFAULT_UNIT_DIR, show_default=True, metavar="DIR")
+    @click.option("--print", "print_only", is_flag=True, help="Print the units instead of writing them.")
+    @click.option("--notify", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
+    @click.option("--webhook", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
+    @click.pass_context
+    def install_cmd(ctx, **params) -> None:
+        """Write the units (and enable the timers where systemd runs): an audit on --audit-schedule and/or an
+        upgrade to --to in each --window of --duration. The window's start first resumes a campaign a crash
+        interrupted."""
+        units = build(root, ctx, params, passthrough)
+        install(root, units, params["unit_dir"], params["print_only"])
+
+    install_cmd.params.extend(passthrough)
+
+    @group.command("uninstall")
+    @click.option("--unit-dir", default=DEFAULT_UNIT_DIR, show_default=True, metavar="DIR")
+    def uninstall_cmd(unit_dir) -> None:
+        """Disable and remove the units `systemd install` wrote (others of the same names are left alone)."""
+        uninstall(unit_dir)
+
+    return group

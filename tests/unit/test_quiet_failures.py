@@ -1,0 +1,65 @@
+"""Unattended logs hold one line per problem: third-party libraries must not print tracebacks into them.
+
+A host that accepts the TCP connection but never sends an SSH banner (a hung sshd, a wrong port behind a load
+balancer) made paramiko's transport thread print two full tracebacks during the pre-flight, before the audit
+correctly reported the host unreachable."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from tests.cli_helpers import fleetctl
+
+
+@pytest.fixture
+def silent_listener():
+    """A TCP port on loopback that accepts connections and never says a word."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_a_host_that_never_sends_a_banner_is_one_clean_line_not_a_traceback(silent_listener, tmp_path):
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(f"hung ansible_host=127.0.0.1 ansible_port={silent_listener} ansible_user=root\n")
+    started = time.monotonic()
+    proc = fleetctl("audit", "-i", str(inventory), "--format", "json", "-o", str(tmp_path / "r.json"), home=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert time.monotonic() - started < 60
+    assert "Traceback" not in proc.stderr and "Exception (client)" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "" and proc.stdout == "", proc.stderr
+    (host,) = json.loads((tmp_path / "r.json").read_text())["hosts"]
+    assert not host["reachable"]
+    assert f"no SSH banner from 127.0.0.1:{silent_listener} within 5 s" in host["error"], host["error"]
+
+
+def test_debug_mode_still_shows_what_paramiko_saw(silent_listener, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEETCTL_DEBUG", "1")
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(f"hung ansible_host=127.0.0.1 ansible_port={silent_listener} ansible_user=root\n")
+    proc = fleetctl("audit", "-i", str(inventory), "--format", "json", home=tmp_path)
+    assert proc.returncode == 3
+    assert "paramiko.transport" in proc.stderr and "banner" in proc.stderr
