@@ -48,6 +48,8 @@ class Fleet:
     hosts: tuple[Host, ...]
     groups: frozenset[str]
     runner_inventory: Any  # what ansible-runner takes: a path or an inline inventory dict
+    # Ansible's parse warnings, shown once every input is known good (an input error stays one line)
+    parse_warnings: str = field(default="", compare=False)
 
     def only(self, names: list[str] | set[str]) -> Fleet:
         """The same fleet restricted to NAMES (inventory order kept)."""
@@ -137,5 +139,4 @@ def load(path: str | None, limit: str | None = None) -> Fleet:
         hostvars.update(h.get_vars())
         check_host(str(source), h.name, hostvars)
         hosts.append(Host(h.name, tuple(g.name for g in groups), hostvars))
-    sys.stderr.write(warnings.getvalue())
-    return Fleet(str(source), tuple(hosts), frozenset(manager.groups), str(source.resolve()))
+    return Fleet(str(source), tuple(hosts), frozenset(manager.groups), str(source.resolve()), warnings.getvalue())

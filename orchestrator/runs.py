@@ -3,6 +3,8 @@ failed if anything goes wrong, and head its report with who ran what against whi
 
 from __future__ import annotations
 
+import sys
+
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -28,6 +30,7 @@ def prepare(inventory_path: str | None, limit: str | None,
     base = baseline_mod.load(baseline_path)
     base.check_groups(set(fleet.groups))
     runner.worker_command()  # a malformed $FLEETCTL_WORKER is an input error too
+    sys.stderr.write(fleet.parse_warnings)
     return fleet, base
 
 

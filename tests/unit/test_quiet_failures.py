@@ -63,3 +63,13 @@ def test_debug_mode_still_shows_what_paramiko_saw(silent_listener, tmp_path, mon
     proc = fleetctl("audit", "-i", str(inventory), "--format", "json", home=tmp_path)
     assert proc.returncode == 3
     assert "paramiko.transport" in proc.stderr and "banner" in proc.stderr
+
+
+def test_ansible_inventory_warnings_never_precede_an_input_error(tmp_path):
+    """An inventory Ansible parses with warnings, then a bad baseline: the error is still the one line on stderr."""
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "hosts.yml").write_text("schema_version: 1\nall:\n  hosts:\n    gpu-01:\n      ansible_connection: local\n")
+    proc = fleetctl("audit", f"--inventory={inputs}", f"--baseline={inputs}", home=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("fleetctl: error: ") and proc.stderr.count("\n") == 1, proc.stderr
