@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from . import resources, schemas
-from .errors import InputError
+from .errors import InputError, yaml_error
 
 DEFAULT_PATH = resources.data_path("default-baseline.yml")
 
@@ -81,10 +81,7 @@ def load(path: str | Path | None) -> Baseline:
         doc = yaml.safe_load(raw)
         schemas.check("baseline", doc, str(path))
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(f"{path}:{where}: not valid YAML: {problem}") from None
+        raise yaml_error(path, e) from None
     except RecursionError:
         raise InputError(f"{path}: nested too deeply to be a baseline") from None
     where, key = non_string_key(doc)

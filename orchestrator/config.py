@@ -23,7 +23,7 @@ import yaml
 
 from . import notify, schemas
 from .baseline import non_string_key
-from .errors import InputError
+from .errors import InputError, yaml_error
 
 ENV = "FLEETCTL_CONFIG"
 SYSTEM_PATH = Path("/etc/fleetctl/config.yml")
@@ -101,10 +101,7 @@ def read(path: Path) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(raw)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(f"{path}:{where}: not valid YAML: {problem}") from None
+        raise yaml_error(path, e) from None
     except RecursionError:
         raise InputError(f"{path}: nested too deeply to be a config file") from None
     if doc is None:  # empty (or /dev/null)
