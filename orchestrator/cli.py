@@ -59,11 +59,11 @@ def stored_argv() -> list[str]:
     argv = sys.argv[1:]
     out = []
     for i, arg in enumerate(argv):
-        if i and argv[i - 1] == "--command":
+        if i and argv[i - 1] in ("--command", "--canary"):
             arg = arg.split()[0] + " [arguments not recorded]" if arg.split() else arg
-        elif arg.startswith("--command="):
-            value = arg.split("=", 1)[1]
-            arg = "--command=" + (value.split()[0] + " [arguments not recorded]" if value.split() else "")
+        elif arg.startswith(("--command=", "--canary=")):
+            flag, value = arg.split("=", 1)
+            arg = flag + "=" + (value.split()[0] + " [arguments not recorded]" if value.split() else "")
         out.append(arg)
     return notify_mod.redact_argv(out)  # a --notify command's arguments and a --webhook's path neither
 
@@ -250,8 +250,16 @@ def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_
               help="Cumulative wave targets: host counts or percentages of the eligible hosts, ending at 100%.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
 @click.option("--dry-run", is_flag=True, help="Print what would be done, change nothing.")
-@click.option("--soak", "soak", default="300", show_default=True, metavar="DURATION",
-              help="Wait between waves (e.g. 300, 10m).")
+@click.option("--soak", "soak", default=upgrade_mod.soak.DEFAULT_SOAK, show_default=True, metavar="DURATIONS",
+              help="Watched soak between waves, one length per gap (the last repeated), e.g. 2h,30m; 0: none.")
+@click.option("--soak-interval", "soak_interval", default="60", show_default=True, metavar="DURATION",
+              help="A health check and a canary run of every changed host this often while soaking.")
+@click.option("--soak-grace", "soak_grace", default="5m", show_default=True, metavar="DURATION",
+              help="A changed host unreachable this long during a soak fails.")
+@click.option("--canary", metavar="CMD", help="The canary workload run on changed hosts while soaking (the probe "
+              "command engine's protocol; default: the host's probe engine).")
+@click.option("--canary-max-failures", type=click.IntRange(0, 100000), default=0, show_default=True,
+              help="Failed canary runs a host may have before it fails.")
 @click.option("--window", metavar="DURATION", help="Maintenance window length: no wave starts after it (exit 5).")
 @click.option("--rollback-scope", type=click.Choice(upgrade_mod.ROLLBACK_SCOPES), default="campaign",
               show_default=True, help="On a failed wave roll back every changed host, or the wave's only.")
@@ -268,16 +276,22 @@ def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_
 @click.option("--forks", type=click.IntRange(1, 1000), help="Hosts of a wave worked on at once (default: all, up to 64).")
 @click.option("--no-preflight", is_flag=True, help="Skip the SSH pre-flight of the planning audit.")
 @notify_mod.options
-def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, window, rollback_scope,
-            drain_preset, drain, undrain, idle_timeout, samples, warmup_s, trial_s, forks, no_preflight) -> None:
-    """Move the fleet's driver to VERSION in canary waves, gated by GPU probes, rolled back on failure.
+def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, soak_interval, soak_grace, canary,
+            canary_max_failures, window, rollback_scope, drain_preset, drain, undrain, idle_timeout, samples, warmup_s,
+            trial_s, forks, no_preflight) -> None:
+    """Move the fleet's driver to VERSION in canary waves, gated by GPU probes, watched while they soak, rolled
+    back on failure.
 
-    Exit codes: 0 done, 1 done but some hosts failed (each rolled back), 2 usage or input error,
-    4 rolled back, 5 halted for a person (inconclusive gate, window closed) or aborted.
+    Exit codes: 0 done, 1 done but hosts are off the target (failed and rolled back within the budget, or left
+    out at plan), 2 usage or input error, 4 rolled back, 5 halted for a person (inconclusive gate, window closed)
+    or aborted, 6 a host's rollback failed: it needs a person.
     """
+    if canary and ("{{" in canary or "{%" in canary):
+        raise click.UsageError("--canary may not contain '{{' or '{%'")  # Ansible would template it here
     opts = upgrade_mod.UpgradeOptions(
         target, waves, inventory_path, limit, baseline, forks, not no_preflight,
-        upgrade_mod.parse_duration(soak, "--soak", allow_zero=True),
+        upgrade_mod.parse_soaks(soak), upgrade_mod.parse_duration(soak_interval, "--soak-interval"),
+        upgrade_mod.parse_duration(soak_grace, "--soak-grace", allow_zero=True), canary, canary_max_failures,
         upgrade_mod.parse_duration(window, "--window") if window else None, rollback_scope, drain_preset, drain,
         undrain, idle_timeout_s=idle_timeout, samples=samples, warmup_s=warmup_s, trial_s=trial_s)
     if not dry_run and not yes:

@@ -51,6 +51,10 @@ KEYS = (
     Key("fail_on", "fail_on", "--fail-on", (("audit",),)),
     Key("waves", "waves", "--waves", (("plan",), ("upgrade",))),
     Key("soak", "soak", "--soak", UPGRADE),
+    Key("soak_interval", "soak_interval", "--soak-interval", UPGRADE),
+    Key("soak_grace", "soak_grace", "--soak-grace", UPGRADE),
+    Key("canary", "canary", "--canary", UPGRADE),
+    Key("canary_max_failures", "canary_max_failures", "--canary-max-failures", UPGRADE),
     Key("rollback_scope", "rollback_scope", "--rollback-scope", UPGRADE),
     Key("drain_preset", "drain_preset", "--drain-preset", UPGRADE),
     Key("drain", "drain", "--drain", UPGRADE),
@@ -123,7 +127,7 @@ def normalise(doc: dict[str, Any], directory: Path | None) -> dict[str, Any]:
             value = [value]
         if key.path and directory is not None:
             value = str(directory / Path(value).expanduser())  # an absolute path stays as it is
-        if key.name == "soak":
+        if key.name in ("soak", "soak_interval", "soak_grace"):
             value = f"{value:g}" if isinstance(value, float) else str(value)
         out[key.name] = list(value) if key.many else value
     return out

@@ -9,11 +9,13 @@ behaves the same with or without it.
   wave_passed (a wave but the last)            wave_passed    info
   step_finished, outcome fail                  host_failed    warning (critical: a rollback step failed)
   wave_failed (the failure budget is reached)  wave_failed    warning
+  soak_check_failed (a changed host, soaking)  soak_failed    critical
+  soak_failed (a soak over a wave's budget)    wave_failed    warning
   rollback_finished                            rolled_back    warning (critical: a host's rollback failed)
   host_held (inconclusive gate, twice)         halted         critical
   window_closed                                window_closed  warning
   abort_requested                              aborted        warning
-  last_wave_passed                             done           info (warning: some hosts failed)
+  last_wave_passed                             done           info (warning: hosts failed or left out at plan)
 
 audit and probe: `findings` when the run exits 1 or 3 (findings at or above --fail-on, unhealthy or
 inconclusive hosts, hosts unreachable).
@@ -109,6 +111,7 @@ class CampaignNotes:
             return self.host_failed(r) if r.get("outcome") == "fail" else None
         handler = {"campaign_started": self.started, "wave_passed": self.wave_passed, "wave_failed": self.wave_failed,
                    "rollback_finished": self.rolled_back, "host_held": self.halted,
+                   "soak_check_failed": self.soak_failed, "soak_failed": self.wave_failed,
                    "window_closed": self.window_closed, "abort_requested": self.aborted,
                    "last_wave_passed": self.done}.get(e)
         return handler(r) if handler else None
@@ -178,6 +181,15 @@ class CampaignNotes:
                           "nothing yet: the campaign rolls the hosts back on its own (rolled_back follows)",
                           reason=r.get("reason"))
 
+    def soak_failed(self, r):
+        host, reason = r["host"], r.get("reason") or "a soak check failed"
+        what = "the end-of-soak gate" if r.get("kind") == "gate" else "a soak check"
+        return self.event(r, "soak_failed", "critical",
+                          f"{self.head()}: {host}, on the new driver, failed {what} after wave {r.get('gap')}: "
+                          f"{reason}", f"no later wave starts; the campaign rolls {host} back (alone within its "
+                          f"wave's failure budget, else with the others). What it saw: {self.show()}; take the host "
+                          f"out of service if its jobs fail meanwhile", host=host, reason=reason)
+
     def rolled_back(self, r):
         hosts = self.journal.hosts(self.cid)
         broken = [h["host"] for h in hosts if h["state"] == "rollback_failed"]
@@ -214,8 +226,18 @@ class CampaignNotes:
     def done(self, r):
         hosts = self.journal.hosts(self.cid)
         failed = [h["host"] for h in hosts if h["state"] in transitions.FAILED]
+        broken = [h["host"] for h in hosts if h["state"] == "rollback_failed"]
+        left_out = [h["name"] for h in self.plan()["excluded"]]
         ok = [h["host"] for h in hosts if h["state"] == "done"]
         text = f"{self.head()} done: {len(ok)} host{'s' if len(ok) != 1 else ''} on the new driver"
+        if broken:
+            return self.event(r, "done", "critical", text + f"; rollback FAILED on {names(broken)}",
+                              f"{names(broken)} need a person; the steps: {self.show()}")
+        if left_out:
+            text += f"; left out at plan, not on the target: {names(left_out)}"
+            if failed:
+                text += f"; failed and rolled back alone: {names(failed)}"
+            return self.event(r, "done", "warning", text, f"why they were left out or failed: {self.show()}")
         if failed:
             return self.event(r, "done", "warning", text + f"; failed and rolled back alone: {names(failed)}",
                               f"why they failed: {self.show()}")

@@ -307,7 +307,10 @@ def check_commands(root: click.Group, units: Units) -> None:
         if p.get("waves") is not None:
             plan_mod.parse_ramp(p["waves"])
         if p.get("soak") is not None:
-            upgrade_mod.parse_duration(p["soak"], "--soak", allow_zero=True)
+            upgrade_mod.parse_soaks(p["soak"])
+        for key, flag in (("soak_interval", "--soak-interval"), ("soak_grace", "--soak-grace")):
+            if p.get(key) is not None:
+                upgrade_mod.parse_duration(p[key], flag, allow_zero=key == "soak_grace")
         hooks.resolve(p.get("drain_preset"), p.get("drain"), p.get("undrain"))
 
 

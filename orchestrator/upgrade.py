@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import audit, baseline as baseline_mod, inventory, notify, notify_events, plan, runs
-from .campaign import hooks, packages, progress, steps, transitions
+from .campaign import hooks, packages, progress, soak, steps, transitions
 from .campaign.engine import READ_ONLY_STEPS, Engine, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .errors import InputError, OperationError
@@ -20,7 +20,8 @@ from .store import Store
 
 INTERRUPTIBLE = ("running", "soaking", "rolling_back")
 
-EXIT_HOSTS_FAILED = 1
+EXIT_HOSTS_FAILED = transitions.EXIT_HOSTS_OFF_TARGET
+EXIT_NEEDS_PERSON = transitions.EXIT_NEEDS_PERSON
 MAX_DURATION_S = 366 * 86400
 ROLLBACK_SCOPES = ("campaign", "wave")
 
@@ -34,7 +35,11 @@ class UpgradeOptions:
     baseline: str | None = None
     forks: int | None = None
     preflight: bool = True
-    soak_s: float = 300.0
+    soak_s: tuple[float, ...] = (7200.0, 1800.0)  # soak.DEFAULT_SOAK
+    soak_interval_s: float = soak.DEFAULT_INTERVAL_S
+    soak_grace_s: float = soak.DEFAULT_GRACE_S
+    canary: str | None = None
+    canary_max_failures: int = 0
     window_s: float | None = None
     rollback_scope: str = "campaign"
     drain_preset: str | None = None
@@ -62,11 +67,23 @@ def parse_duration(text: str, flag: str, allow_zero: bool = False) -> float:
     return value
 
 
+def parse_soaks(text: str, flag: str = "--soak") -> tuple[float, ...]:
+    """'2h,30m,10m' -> one soak length per gap between waves (the last repeated); '300' -> every gap."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(parts):
+        raise InputError(f"{flag} {text!r}: an empty length (e.g. 2h,30m)")
+    return tuple(parse_duration(p, flag, allow_zero=True) for p in parts)
+
+
 def campaign_options(opts: UpgradeOptions) -> dict[str, Any]:
     h = hooks.resolve(opts.drain_preset, opts.drain, opts.undrain, opts.hook_timeout_s)
     if opts.rollback_scope not in ROLLBACK_SCOPES:
         raise InputError(f"--rollback-scope {opts.rollback_scope!r}: choose campaign or wave")
-    return {"forks": opts.forks, "soak_s": opts.soak_s, "rollback_scope": opts.rollback_scope,
+    if opts.canary is not None and not opts.canary.strip():
+        raise InputError("--canary: an empty command")
+    return {"forks": opts.forks, "soak_s": list(opts.soak_s), "soak_interval_s": opts.soak_interval_s,
+            "soak_grace_s": opts.soak_grace_s, "canary": opts.canary, "canary_max_failures": opts.canary_max_failures,
+            "rollback_scope": opts.rollback_scope,
             "window_end": later(opts.window_s) if opts.window_s else None,
             "hooks": {"drain": h.drain, "undrain": h.undrain, "timeout_s": h.timeout_s},
             "idle": {"timeout_s": opts.idle_timeout_s, "poll_s": min(opts.idle_poll_s, max(1, opts.idle_timeout_s // 5))},
@@ -102,7 +119,10 @@ def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: d
                          f"{'module reload (reboot if in use)' if activation[h['name']] == 'reload' else 'reboot'},"
                          " verify, probe and gate, undrain")
         if w["index"] < len(made["waves"]):
-            lines.append(f"  soak {options['soak_s']:g}s")
+            length = soak.length(options, w["index"])
+            lines.append(f"  soak {length:g}s" + (
+                f", watched: a health check and the canary ({options['canary'] or 'the probe engine'}) every "
+                f"{options['soak_interval_s']:g}s, the throughput gate at its end" if length else " (not watched)"))
     for h in made["skipped"] + made["excluded"]:
         lines.append(f"not in the campaign: {h['name']}: {h['reason']}")
     return "\n".join(lines) + "\n"
@@ -134,10 +154,16 @@ def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod
 
 
 def exit_code(journal: Journal, cid: int) -> int | None:
-    """The campaign's exit code; None while it is running (or stopped by a crash mid-way)."""
+    """The campaign's exit code; None while it is running (or stopped by a crash mid-way). A host whose rollback
+    failed needs a person whatever else happened (6); a campaign done with hosts off the target, failed and
+    rolled back or left out at plan, is not a success (1)."""
     c = journal.campaign(cid)
     code = transitions.CAMPAIGN_EXIT.get(c["state"])
-    if c["state"] == "done" and any(r["state"] in transitions.FAILED for r in journal.hosts(cid)):
+    hosts = journal.hosts(cid)
+    if code is not None and any(r["state"] == "rollback_failed" for r in hosts):
+        return EXIT_NEEDS_PERSON
+    if c["state"] == "done" and (any(r["state"] in transitions.FAILED for r in hosts)
+                                 or json.loads(c["plan"])["excluded"]):
         return EXIT_HOSTS_FAILED
     return code
 
@@ -159,7 +185,8 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     if dry_run:
         return None, 0, dry_run_text(made, entries, options, base)
     if not hosts:
-        return None, 0, "nothing to upgrade: " + "; ".join(
+        # Hosts left out with a reason are off the target: an unattended window must not report success.
+        return None, EXIT_HOSTS_FAILED if made["excluded"] else 0, "nothing to upgrade: " + "; ".join(
             f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
     cid, _ = journal.create(run_.id, made, options)
     drive(journal, cid, fleet, base, console, notifier)
@@ -293,9 +320,34 @@ def document(store: Store, cid: int) -> dict[str, Any]:
         "created_at": c["created_at"], "updated_at": c["updated_at"], "operator": run["operator"],
         "control_node": run["control_node"], "inventory": run["inventory"], "baseline_digest": run["baseline_digest"],
         "options": json.loads(c["options"]), "exit_code": exit_code(journal, cid)},
-        "plan": json.loads(c["plan"]), "hosts": hosts, "events": len(journal.events(cid)),
+        "plan": json.loads(c["plan"]), "hosts": hosts, "soak": soak_document(journal, c),
+        "events": len(journal.events(cid)),
         "time": time_split(journal.events(cid)),
         "event_log": str(progress.log_path(cid))}
+
+
+def soak_document(journal: Journal, c) -> dict[str, Any]:
+    """The watched soaks: the one under way (time left) and, per host, what its checks saw."""
+    options = json.loads(c["options"])
+    records = journal.soak_records(c["id"])
+    remaining = None
+    if c["state"] == "soaking" and c["soak_until"]:
+        until = datetime.fromisoformat(c["soak_until"].replace("Z", "+00:00"))
+        remaining = round(max(0.0, (until - datetime.now(until.tzinfo)).total_seconds()), 1)
+    hosts: dict[str, dict[str, Any]] = {}
+    for r in records:
+        h = hosts.setdefault(r["host"], {"checks": 0, "gates": 0, "failed_canary_runs": 0, "last": None})
+        h["checks" if r["kind"] == "check" else "gates"] += 1
+        h["failed_canary_runs"] += not r["detail"].get("canary", {}).get("ok", True)
+        h["last"] = {"at": r["at"], "gap": r["gap"], "kind": r["kind"], "status": r["status"], "reason": r["reason"],
+                     "seen": r["detail"].get("seen", [])}
+    last = records[-1] if records else None
+    return {"soaking": c["state"] == "soaking", "after_wave": c["wave"] - 1 if c["state"] == "soaking" else None,
+            "until": c["soak_until"] if c["state"] == "soaking" else None, "remaining_s": remaining,
+            "lengths_s": options.get("soak_s"), "interval_s": options.get("soak_interval_s"),
+            "grace_s": options.get("soak_grace_s"), "canary": options.get("canary"),
+            "canary_max_failures": options.get("canary_max_failures"),
+            "last_check_at": last["at"] if last else None, "hosts": hosts}
 
 
 def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -314,7 +366,7 @@ def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
     for e in events:
         if e["event"] == "wave_passed":
             soak_from = stamp(e)
-        elif e["event"] in ("soaked", "window_closed", "abort_requested") and soak_from is not None:
+        elif e["event"] in ("soaked", "soak_failed", "window_closed", "abort_requested") and soak_from is not None:
             soak, soak_from = soak + stamp(e) - soak_from, None
     worked = [e for e in events if e["event"] != "notification_failed"]  # recorded after the last delivery try
     span = stamp(worked[-1]) - stamp(worked[0]) if worked else 0.0
@@ -334,9 +386,17 @@ def summary_text(journal: Journal, cid: int) -> str:
     c = journal.campaign(cid)
     counts = journal.tally(cid)
     states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    text = f"campaign {cid} to {c['target']}: {c['state']} ({states}); exit {exit_code(journal, cid)}"
+    code = exit_code(journal, cid)
+    text = f"campaign {cid} to {c['target']}: {c['state']} ({states}); exit {code}"
     if c["reason"] and c["state"] != "done":
         text += f"\nreason: {c['reason']}"
+    excluded = json.loads(c["plan"])["excluded"]
+    if excluded:
+        text += "\nleft out at plan, not on the target: " + "; ".join(f"{h['name']}: {h['reason']}" for h in excluded)
+    broken = [r["host"] for r in journal.hosts(cid) if r["state"] == "rollback_failed"]
+    if broken:
+        text += (f"\nNEEDS A PERSON: the rollback failed on {', '.join(broken)}: neither on the recorded packages nor "
+                 f"known good (fleetctl campaign show {cid})")
     return text + f"\nevent log: {progress.log_path(cid)}\n"
 
 
@@ -367,6 +427,15 @@ def show_table(doc: dict[str, Any], console: Console) -> None:
         t.add_row(str(h["wave"]), h["name"], h["from_version"] or "", Text(h["state"],
                   style=progress.STATE_STYLE.get(h["state"], "cyan")), steps, h["reason"] or "")
     console.print(t)
+    s = doc["soak"]
+    if s["soaking"]:
+        console.print(f"soaking after wave {s['after_wave']}: {s['remaining_s']:.0f}s left; last check "
+                      f"{(s['last_check_at'] or 'none yet')[:19]}")
+    for name, h in s["hosts"].items():
+        if h["last"]:
+            seen = "; ".join(h["last"]["seen"]) or "nothing wrong"
+            console.print(f"soak {name}: {h['checks']} checks, {h['failed_canary_runs']} failed canary runs; last "
+                          f"{h['last']['kind']} {h['last']['status']} at {h['last']['at'][11:19]}: {seen}"[:300])
     if c["reason"]:
         console.print(f"reason: {c['reason']}")
     console.print(f"exit {c['exit_code']}; event log: {doc['event_log']}")

@@ -11,7 +11,7 @@ from typing import Any
 from .. import baseline as baseline_mod, inventory, runner
 from ..errors import OperationError
 from ..store import now
-from . import steps, transitions
+from . import soak, steps, transitions
 from .journal import Journal
 
 
@@ -97,22 +97,77 @@ class Engine:
         elif wave == len(self.plan["waves"]):
             self.journal.transition(self.cid, "last_wave_passed", wave=wave, summary=self.tally())
         else:
-            self.journal.transition(self.cid, "wave_passed", wave=wave + 1, soak_until=later(self.options["soak_s"]),
-                                    failed=failed)
+            self.journal.transition(self.cid, "wave_passed", wave=wave + 1,
+                                    soak_until=later(soak.length(self.options, wave)), failed=failed)
 
     def soak(self, c) -> None:
+        """Wait out the soak after wave GAP while watching the changed hosts (campaign/soak.py): a check every
+        soak interval, the gate at the end; a failure acts like a gate failure against the host's wave's budget.
+        Everything is read back from the journal each round, so a resume continues with the time left."""
+        gap = c["wave"] - 1
         deadline = parse_time(c["soak_until"]) if c["soak_until"] else datetime.now(timezone.utc)
-        while datetime.now(timezone.utc) < deadline:
+        watching = soak.length(self.options, gap) > 0  # --soak 0: no soak, nothing watched
+        interval = float(self.options.get("soak_interval_s", soak.DEFAULT_INTERVAL_S))
+        while True:
+            failures = soak.failing(self.journal, self.cid) if watching else {}
+            if failures:
+                if self.soak_failed(failures):
+                    return
+                continue
             if self.journal.campaign(self.cid)["abort_requested"]:
                 self.journal.transition(self.cid, "abort_requested", reason="aborted by the operator")
                 return
-            time.sleep(min(1.0, max(0.0, (deadline - datetime.now(timezone.utc)).total_seconds())))
+            hosts = soak.watched(self.journal, self.cid) if watching else []
+            now_ = datetime.now(timezone.utc)
+            if now_ >= deadline:
+                gated = {r["host"] for r in self.journal.soak_records(self.cid, gap=gap, kind="gate")}
+                todo = [h for h in hosts if h not in gated]
+                if not todo:
+                    break
+                self.journal.record_soak(self.cid, gap, "gate", soak.observe(self.ctx, todo, final=True))
+                continue
+            checks = self.journal.soak_records(self.cid, gap=gap, kind="check")
+            due = parse_time(checks[-1]["at"]) + timedelta(seconds=interval) if checks else now_
+            if hosts and now_ >= due:
+                self.journal.record_soak(self.cid, gap, "check", soak.observe(self.ctx, hosts, final=False))
+                continue
+            time.sleep(min(1.0, max(0.0, (min(deadline, due) - now_).total_seconds())))
         if self.window_closed():
             self.journal.transition(self.cid, "window_closed",
                                     reason=f"the maintenance window closed at {self.options['window_end']} "
                                            f"before wave {c['wave']}")
         else:
             self.journal.transition(self.cid, "soaked", wave=c["wave"])
+
+    def soak_failed(self, failures: dict[str, str]) -> bool:
+        """Watched hosts failed a soak observation: each against its own wave's budget (the canary: any failure).
+        Over a budget the campaign rolls back as for a failed wave (True); within, those hosts roll back alone and
+        the soak goes on."""
+        c, rows = self.journal.campaign(self.cid), self.journal.hosts(self.cid)
+        over = []
+        for wave in sorted({r["wave"] for r in rows if r["host"] in failures}):
+            members = [r for r in rows if r["wave"] == wave]
+            failed = [r["host"] for r in members if r["state"] in transitions.FAILED or r["host"] in failures]
+            budget = self.plan["waves"][wave - 1]["budget"]
+            if len(failed) >= budget["fail_at"]:
+                over.append(f"wave {wave} ({len(failed)} of {len(members)} hosts, {budget['rule']})")
+        reasons = {h: r for h, r in failures.items()}
+        text = "; ".join(f"{h}: {r}" for h, r in sorted(failures.items()))
+        if over:
+            failed_waves = {int(w.split()[1]) for w in over}
+            moves = {r["host"]: transitions.ROLLBACK_START for r in rows
+                     if (self.options["rollback_scope"] == "campaign" or r["wave"] in failed_waves)
+                     and r["changed"] and r["state"] not in ("rolled_back", "rollback_failed")}
+            moves.update({r["host"]: "not_started" for r in rows if r["wave"] >= c["wave"]})
+            self.journal.transition(self.cid, "soak_failed", hosts=moves, host_reasons=reasons, wave=c["wave"] - 1,
+                                    reason=f"the soak after wave {c['wave'] - 1} failed, over the budget of "
+                                           f"{', '.join(over)}: {text}")
+            return True
+        self.journal.transition(self.cid, "soak_host_failed", hosts={h: transitions.ROLLBACK_START for h in failures},
+                                host_reasons=reasons, soak_until=c["soak_until"],
+                                reason=f"failed during the soak, within the wave's budget: {text}")
+        self.advance(sorted(failures))
+        return False
 
     def window_closed(self) -> bool:
         end = self.options.get("window_end")

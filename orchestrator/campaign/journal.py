@@ -72,6 +72,18 @@ CREATE TABLE IF NOT EXISTS campaign_events (
     data TEXT NOT NULL,
     PRIMARY KEY (campaign_id, seq)
 );
+CREATE TABLE IF NOT EXISTS campaign_soak (
+    id INTEGER PRIMARY KEY,
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    gap INTEGER NOT NULL,              -- the soak after wave GAP
+    host TEXT NOT NULL,
+    kind TEXT NOT NULL,                -- check (every --soak-interval) | gate (at the end of the soak)
+    at TEXT NOT NULL,
+    status TEXT NOT NULL,              -- ok | fail | unreachable
+    reason TEXT,
+    detail TEXT NOT NULL               -- JSON: kernel-log marker, boot id, what was seen, the canary run
+);
+CREATE INDEX IF NOT EXISTS campaign_soak_host ON campaign_soak (campaign_id, host, id);
 CREATE TABLE IF NOT EXISTS host_locks (
     host TEXT PRIMARY KEY,
     campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
@@ -184,9 +196,10 @@ class Journal:
 
     def transition(self, cid: int, event: str, reason: str | None = None, wave: int | None = None,
                    soak_until: str | None = None, hosts: dict[str, str] | None = None,
-                   lock: list[str] | None = None, **data: Any) -> str:
+                   lock: list[str] | None = None, host_reasons: dict[str, str] | None = None, **data: Any) -> str:
         """Campaign-level transition per transitions.CAMPAIGN_TABLE, committed with its event, the next wave or
-        soak deadline and any host moves it implies (HOSTS: name -> state), all in one transaction."""
+        soak deadline and any host moves it implies (HOSTS: name -> state; HOST_REASONS: why), all in one
+        transaction."""
         with self.tx() as db:
             state = db.execute("SELECT state FROM campaigns WHERE id=?", (cid,)).fetchone()[0]
             new = transitions.campaign_next(state, event)
@@ -194,10 +207,13 @@ class Journal:
             db.execute("UPDATE campaigns SET state=?, reason=COALESCE(?, reason), wave=COALESCE(?, wave),"
                        " soak_until=?, updated_at=? WHERE id=?", (new, reason, wave, soak_until, now(), cid))
             for host, host_state in (hosts or {}).items():
-                db.execute("UPDATE campaign_hosts SET state=?, updated_at=? WHERE campaign_id=? AND host=?",
-                           (host_state, now(), cid, host))
+                db.execute("UPDATE campaign_hosts SET state=?, reason=COALESCE(?, reason), updated_at=?"
+                           " WHERE campaign_id=? AND host=?",
+                           (host_state, (host_reasons or {}).get(host), now(), cid, host))
             if new in transitions.CAMPAIGN_TERMINAL:
                 db.execute("DELETE FROM host_locks WHERE campaign_id=?", (cid,))
+            if soak_until and new == "soaking":
+                data["soak_until"] = soak_until
             self._event(db, cid, event, state_from=state, state=new, reason=reason, wave=wave,
                         hosts=hosts or None, **data)
         self._flush()
@@ -313,6 +329,40 @@ class Journal:
                            (state, now(), cid, host))
                 self._event(db, cid, event, host, state=state, reason=reason)
         self._flush()
+
+    # ---- the watched soak ------------------------------------------------------------------------------
+    def record_soak(self, cid: int, gap: int, kind: str, observations: dict[str, Any]) -> None:
+        """One soak check or end-of-soak gate of several hosts (OBSERVATIONS: host -> soak.Observation), with a
+        `soak_check` event and a `soak_check_failed` event per failing host, in one transaction: what was seen
+        (and the kernel-log marker it was read up to) is in the history before anything acts on it."""
+        if not observations:
+            return
+        with self.tx() as db:
+            stamp = now()
+            for host, o in observations.items():
+                db.execute("INSERT INTO campaign_soak (campaign_id, gap, host, kind, at, status, reason, detail)"
+                           " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           (cid, gap, host, kind, stamp, o.status, o.reason, json.dumps(o.detail, sort_keys=True)))
+            self._event(db, cid, "soak_check", kind=kind, gap=gap,
+                        ok=sorted(h for h, o in observations.items() if o.status == "ok"),
+                        unreachable=sorted(h for h, o in observations.items() if o.status == "unreachable"),
+                        failed={h: o.reason for h, o in sorted(observations.items()) if o.status == "fail"},
+                        seen={h: o.detail.get("seen", []) for h, o in sorted(observations.items())
+                              if o.detail.get("seen")})
+            for host, o in sorted(observations.items()):
+                if o.status == "fail":
+                    self._event(db, cid, "soak_check_failed", host, kind=kind, gap=gap, reason=o.reason)
+        self._flush()
+
+    def soak_records(self, cid: int, host: str | None = None, gap: int | None = None,
+                     kind: str | None = None) -> list[dict[str, Any]]:
+        """Soak observations, oldest first, each with its detail decoded."""
+        query, args = "SELECT * FROM campaign_soak WHERE campaign_id=?", [cid]
+        for column, value in (("host", host), ("gap", gap), ("kind", kind)):
+            if value is not None:
+                query += f" AND {column}=?"
+                args.append(value)
+        return [dict(r, detail=json.loads(r["detail"])) for r in self.db.execute(query + " ORDER BY id", args)]
 
     def events(self, cid: int) -> list[dict[str, Any]]:
         return [{"campaign": cid, "seq": r["seq"], "at": r["at"], "event": r["event"], "host": r["host"],

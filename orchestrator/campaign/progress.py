@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -64,6 +65,13 @@ def describe(record: dict[str, Any]) -> str:
     if e == "batch_finished":
         return (f"{record['step']} of {len(record['batch'])} host{'s' if len(record['batch']) != 1 else ''} took "
                 f"{record['batch_s']:.1f}s ({record['ansible_s']:.1f}s in ansible-playbook)")
+    if e == "soak_check":
+        what = "end-of-soak gate" if record["kind"] == "gate" else "soak check"
+        parts = [f"{len(record['ok'])} ok"] + [f"{h} unreachable" for h in record["unreachable"]]
+        parts += [f"{h} FAILED: {reason}" for h, reason in record["failed"].items()]
+        parts += [f"{h} saw: {'; '.join(seen)}" for h, seen in record.get("seen", {}).items()
+                  if h not in record["failed"]]
+        return f"{what} after wave {record['gap']}: " + "; ".join(parts)
     if e == "campaign_started":
         return f"campaign to {record['target']}: " + " | ".join(
             f"wave {i}: {', '.join(hosts)}" for i, hosts in enumerate(record["waves"], 1))
@@ -90,10 +98,21 @@ class LiveView:
         self.hosts = {h["host"]: dict(h) for h in hosts}
         self.title = title
         self.recent: list[str] = []
-        self.live = Live(self.render(), console=console, refresh_per_second=4, transient=False)
+        self.soak_until: datetime | None = None
+        self.last_check = "none yet"
+        self.live = Live(console=console, refresh_per_second=4, transient=False, get_renderable=self.render)
+
+    def soak_line(self) -> str | None:
+        """While soaking: the time left, the last check and what it saw (redrawn every refresh)."""
+        if self.soak_until is None:
+            return None
+        left = max(0.0, (self.soak_until - datetime.now(timezone.utc)).total_seconds())
+        return f"soaking: {int(left // 3600)}h{int(left % 3600 // 60):02d}m{int(left % 60):02d}s left; " \
+               f"last check {self.last_check}"
 
     def render(self) -> Table:
-        t = Table(title=self.title, title_justify="left", expand=False)
+        t = Table(title=self.title, title_justify="left", expand=False, caption=self.soak_line(),
+                  caption_justify="left")
         for col in ("Wave", "Host", "State", "Step", "Reason"):
             t.add_column(col, overflow="fold")
         for h in sorted(self.hosts.values(), key=lambda h: (h["wave"], h["position"])):
@@ -116,8 +135,14 @@ class LiveView:
         for name, state in (record.get("hosts") or {}).items():
             if name in self.hosts:
                 self.hosts[name]["state"] = state
+        if record["event"] == "soak_check":
+            self.last_check = f"{record['at'][11:19]}: {describe(record)}"[:200]
+        elif record.get("state") and record.get("state_from") != record["state"]:
+            until = record.get("soak_until")
+            self.soak_until = datetime.fromisoformat(until.replace("Z", "+00:00")) \
+                if record["state"] == "soaking" and until else None
         self.recent.append(f"{record['at'][11:19]} {record.get('host') or ''} {describe(record)}"[:150])
-        self.live.update(self.render())
+        self.live.refresh()
 
     def __enter__(self) -> LiveView:
         self.live.__enter__()

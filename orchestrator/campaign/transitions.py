@@ -69,6 +69,10 @@ CAMPAIGN_TABLE = {
     ("running", "host_held"):             "halted",
     ("running", "abort_requested"):       "aborted",
     ("soaking", "soaked"):                "running",
+    # the watched soak (campaign/soak.py): a changed host failed a check; over its wave's budget the campaign
+    # rolls back (scope as for a failed wave), within it that host rolls back alone and the soak goes on
+    ("soaking", "soak_failed"):           "rolling_back",
+    ("soaking", "soak_host_failed"):      "soaking",
     ("soaking", "window_closed"):         "halted",
     ("soaking", "abort_requested"):       "aborted",
     ("running", "window_closed"):         "halted",
@@ -81,6 +85,8 @@ CAMPAIGN_TABLE = {
 }
 CAMPAIGN_TERMINAL = ("done", "rolled_back", "aborted")
 CAMPAIGN_EXIT = {"done": 0, "rolled_back": 4, "halted": 5, "aborted": 5}
+EXIT_HOSTS_OFF_TARGET = 1  # done, but hosts failed (each rolled back within the budget) or were left out at plan
+EXIT_NEEDS_PERSON = 6  # a host could not be rolled back: neither on its recorded packages nor known good
 
 
 def campaign_next(state: str, event: str) -> str:

@@ -1,0 +1,190 @@
+"""The watched soak between waves: every host the campaign has changed and that is on the target is looked at
+while the next wave waits, because the faults a canary exists to catch show under load, after a while.
+
+- A check every `soak_interval_s` (one probe playbook run over the watched hosts): the health part of the probe,
+  judged with the gate's judge_health against the host's own passing gate probe (the same driver load): new Xids
+  since the kernel-log marker the previous check read up to, GPUs lost or missing (against the precheck and the
+  baseline too), new uncorrectable ECC, row remaps pending or failed, a recovery action, NVLink links down, a
+  fabric not completed. A boot id that changed is a reboot nobody asked for: a failure. And the canary workload:
+  the operators' command (`--canary`, the command engine's protocol) or, without one, the host's probe engine; a
+  host whose failed runs exceed `canary_max_failures` fails.
+- An unreachable host fails once it has been unreachable for `soak_grace_s`.
+- At the end of the soak, the gate: a throughput probe judged against the host's own `probe_before` samples with
+  the existing gate (and the health part once more), and the canary's metrics of its last run against its first.
+
+Each observation is written to the journal before anything acts on it (journal.record_soak): the engine reads
+failures back from there, and the next check starts from the marker recorded last, so an Xid logged while fleetctl
+was down is still seen by the resumed soak. Markers, not clocks, decide what is new.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from .. import gate, probe
+from .journal import Journal
+from .steps import Context
+
+DEFAULT_SOAK = "2h,30m"  # the canary soaks for hours, later waves less: see the README
+DEFAULT_INTERVAL_S = 60.0
+DEFAULT_GRACE_S = 300.0
+GATE_STEPS = ("probe_again", "probe_after")  # the gate probe a changed host passed last, newest first
+
+
+@dataclass
+class Observation:
+    status: str  # ok | fail | unreachable
+    reason: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def length(options: dict[str, Any], gap: int) -> float:
+    """The soak after wave GAP: one length per gap between waves, the last repeated (a number: every gap)."""
+    soak = options.get("soak_s", 0)
+    if isinstance(soak, list):
+        return float(soak[min(gap, len(soak)) - 1]) if soak else 0.0
+    return float(soak)
+
+
+def watched(journal: Journal, cid: int) -> list[str]:
+    """The hosts the campaign changed that are on the target now (done): every earlier wave's, not only the last."""
+    return [r["host"] for r in journal.hosts(cid) if r["changed"] and r["state"] == "done"]
+
+
+def failing(journal: Journal, cid: int) -> dict[str, str]:
+    """Watched hosts whose latest soak observation failed and that nothing has acted on yet: host -> reason."""
+    out = {}
+    for host in watched(journal, cid):
+        records = journal.soak_records(cid, host)
+        if records and records[-1]["status"] == "fail":
+            out[host] = records[-1]["reason"]
+    return out
+
+
+def reference(ctx: Context, host: str) -> dict[str, Any]:
+    """The probe result of the gate this host passed after its change: what the soak is judged against."""
+    for step in GATE_STEPS:
+        detail = ctx.journal.step_detail(ctx.campaign, host, step)
+        if detail and detail.get("probe"):
+            return detail["probe"]
+    raise LookupError(f"{host}: no gate probe in the journal")
+
+
+def marker(ctx: Context, host: str, ref: dict[str, Any]) -> dict[str, Any] | None:
+    """Where this host's kernel log was read up to: the last soak observation's marker, else its gate probe's."""
+    for record in reversed(ctx.journal.soak_records(ctx.campaign, host)):
+        if record["detail"].get("marker"):
+            return record["detail"]["marker"]
+    return probe.markers({host: ref}).get(host)
+
+
+def _probe_options(ctx: Context, canary: bool) -> probe.ProbeOptions:
+    o, command = ctx.options["probe"], ctx.options.get("canary") if canary else None
+    return probe.ProbeOptions(throughput=True, engine="command" if command else None, command=command,
+                              samples=o["samples"], warmup_s=o["warmup_s"], trial_s=o["trial_s"],
+                              forks=ctx.options.get("forks"), preflight=False)
+
+
+def _since(stamp: str) -> float:
+    return (datetime.now(timezone.utc) - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
+
+
+def _unreachable(ctx: Context, host: str, error: str | None) -> Observation:
+    """Unreachable now: a failure once the streak of unreachable observations is older than the grace."""
+    grace = float(ctx.options.get("soak_grace_s", DEFAULT_GRACE_S))
+    streak = None
+    for record in reversed(ctx.journal.soak_records(ctx.campaign, host)):
+        if record["status"] != "unreachable":
+            break
+        streak = record["at"]
+    down_s = _since(streak) if streak else 0.0
+    if down_s >= grace:
+        return Observation("fail", f"soak: unreachable for {down_s:.0f}s, over the {grace:g}s grace: {error}",
+                           {"seen": [f"unreachable: {error}"]})
+    return Observation("unreachable", f"unreachable ({down_s:.0f}s of the {grace:g}s grace): {error}",
+                       {"seen": [f"unreachable: {error}"]})
+
+
+def _health(ctx: Context, host: str, ref: dict[str, Any], result: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(failures, notes) of one probe result against the host's gate probe."""
+    pol = ctx.policy(host)
+    expected = max(ctx.befores.get(host, {}).get("gpus") or 0, pol.get("gpus", {}).get("count") or 0)
+    verdict = gate.judge_health(ref, result, gate.gate_policy(pol), expected or None)
+    fails = list(verdict.reasons) if verdict.status == "fail" else []
+    notes = [] if verdict.status == "fail" else [r for r in verdict.reasons if not r.startswith("GPU health unchanged")]
+    was, now = ref["host"]["boot_id"], result["host"]["boot_id"]
+    if was and now and was != now:
+        fails.insert(0, f"the host rebooted during the soak without fleetctl asking (boot id {was[:8]} -> {now[:8]})")
+    notes += [f"could not check {k}: {v}" for k, v in result.get("errors", {}).items() if k in ("nvml", "xid")]
+    return fails, notes
+
+
+def _canary_run(result: dict[str, Any]) -> dict[str, Any]:
+    broken = {k: v for k, v in result.get("errors", {}).items() if k.startswith("throughput")}
+    tp = result.get("throughput")
+    ok = not broken and bool(tp and tp.get("samples"))
+    error = "; ".join(f"{k}: {v}" for k, v in sorted(broken.items())) or (None if ok else "no samples")
+    return {"ok": ok, "error": error, "engine": (tp or {}).get("engine"), "throughput": tp}
+
+
+def _marker_of(result: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any] | None:
+    seq = result["health"]["xid"]["last_seq"]
+    return {"seq": seq, "boot_id": result["host"]["boot_id"]} if seq is not None else previous
+
+
+def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observation]:
+    """One soak check (FINAL: the end-of-soak gate) of HOSTS, in one playbook run."""
+    refs = {h: reference(ctx, h) for h in hosts}
+    markers = {h: m for h in hosts if (m := marker(ctx, h, refs[h]))}
+    # The end-of-soak gate measures with the engine probe_before used; a check runs the canary workload.
+    collected = probe.collect(_probe_options(ctx, canary=not final), ctx.fleet.only(hosts), ctx.base, markers)
+    out = {}
+    for host in hosts:
+        entry, ref = collected[host], refs[host]
+        result = entry["probe"]
+        if result is None:
+            out[host] = (_unreachable(ctx, host, entry["error"]) if not entry["reachable"] else
+                         Observation("fail", f"soak: probe: {entry['error'] or 'no probe result'}",
+                                     {"seen": [entry["error"] or "no probe result"]}))
+            continue
+        fails, notes = _health(ctx, host, ref, result)
+        detail: dict[str, Any] = {"marker": _marker_of(result, markers.get(host)), "boot_id": result["host"]["boot_id"],
+                                  "gpus": result["health"]["gpu_count"]}
+        if final:
+            fails += _final_throughput(ctx, host, result, detail, notes)
+        else:
+            run = detail["canary"] = _canary_run(result)
+            if not run["ok"]:
+                failed = 1 + sum(1 for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")
+                                 if not r["detail"].get("canary", {}).get("ok", True))
+                limit = int(ctx.options.get("canary_max_failures", 0))
+                line = f"canary run failed ({failed} failed run(s), at most {limit} allowed): {run['error']}"
+                (fails if failed > limit else notes).append(line)
+        detail["seen"] = fails + notes
+        out[host] = Observation("fail", "soak: " + "; ".join(fails), detail) if fails else Observation("ok", None, detail)
+    return out
+
+
+def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: dict[str, Any],
+                      notes: list[str]) -> list[str]:
+    """The end-of-soak gate's throughput: against probe_before (the existing gate), and the canary command's
+    metrics, its last run against its first. An inconclusive verdict is a note: the wave's own gate passed."""
+    pol = gate.gate_policy(ctx.policy(host))
+    fails = []
+    before = (ctx.journal.step_detail(ctx.campaign, host, "probe_before") or {}).get("probe") or {}
+    broken = {k: v for k, v in result.get("errors", {}).items() if k.startswith("throughput")}
+    verdict = gate.judge_throughput(before.get("throughput"), result.get("throughput"), pol, broken)
+    detail["gate"] = verdict.as_dict()
+    if verdict.status != "pass":
+        (fails if verdict.status == "fail" else notes).extend(
+            f"throughput at the end of the soak, gate {verdict.status}: {r}" for r in verdict.reasons)
+    runs = [r["detail"]["canary"]["throughput"] for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")
+            if r["detail"].get("canary", {}).get("ok") and r["detail"]["canary"].get("engine") == "command"]
+    if len(runs) >= 2:
+        canary = gate.judge_throughput(runs[0], runs[-1], pol)
+        detail["canary_gate"] = canary.as_dict()
+        if canary.status == "fail":
+            fails += [f"canary metrics, last run against the first: {r}" for r in canary.reasons]
+    return fails
