@@ -55,6 +55,13 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
                                      ("campaign", "host", "state")),
     "fleetctl_campaign_state": ("1 for the state of each campaign that is some host's latest (running, soaking, "
                                 "halted, done, rolling_back, rolled_back, aborted).", ("campaign", "target", "state")),
+    "fleetctl_campaign_soak_remaining_seconds": ("Time left of the soak a campaign is in (soaking campaigns that are "
+                                                 "some host's latest).", ("campaign",)),
+    "fleetctl_campaign_soak_host_status": ("1 for the status of the host's latest soak observation in its latest "
+                                           "campaign (kind: check or gate; status: ok, fail, unreachable).",
+                                           ("campaign", "host", "kind", "status")),
+    "fleetctl_campaign_soak_canary_failed_runs": ("Failed canary runs of the host during the soaks of its latest "
+                                                  "campaign.", ("campaign", "host")),
     # the history
     "fleetctl_history_chain_records": ("Records in the history's hash chain.", ()),
     "fleetctl_history_chain_head_timestamp_seconds": ("When the newest record of the history's hash chain was sealed "
@@ -225,6 +232,22 @@ def _latest_campaigns(db: sqlite3.Connection) -> list[sqlite3.Row]:
         return []
 
 
+def _soaks(db: sqlite3.Connection, ids: list[int]) -> list[sqlite3.Row]:
+    return [db.execute("SELECT id, state, soak_until FROM campaigns WHERE id=?", (cid,)).fetchone() for cid in ids]
+
+
+def _soak_hosts(db: sqlite3.Connection) -> list[sqlite3.Row]:
+    """Per campaign and host: the latest soak observation and the failed canary runs ([] before any soak)."""
+    try:
+        return db.execute(
+            "SELECT s.campaign_id, s.host, s.kind, s.status, (SELECT SUM(json_extract(detail, '$.canary.ok') = 0)"
+            " FROM campaign_soak c WHERE c.campaign_id = s.campaign_id AND c.host = s.host) AS canary_failed"
+            " FROM campaign_soak s WHERE s.id = (SELECT MAX(id) FROM campaign_soak m"
+            " WHERE m.campaign_id = s.campaign_id AND m.host = s.host) ORDER BY s.campaign_id, s.host").fetchall()
+    except sqlite3.OperationalError:  # a history from before the watched soak, or without campaigns
+        return []
+
+
 def history_families(store: Store, limit: str | None = None, now: float | None = None) -> Families:
     """The latest state of every host the history knows (no host is contacted). LIMIT: hosts or groups (shell
     patterns, comma separated), as `fleetctl report -l`; a host's groups are those of its latest audit."""
@@ -254,6 +277,17 @@ def history_families(store: Store, limit: str | None = None, now: float | None =
             campaigns[r["id"]] = (r["target"], r["campaign_state"])
     for cid, (target, state) in sorted(campaigns.items()):
         out.gauge("fleetctl_campaign_state", 1, campaign=cid, target=target, state=state)
+    for r in _soaks(db, sorted(campaigns)):
+        if r["state"] == "soaking" and r["soak_until"]:
+            out.gauge("fleetctl_campaign_soak_remaining_seconds", max(0.0, unix(r["soak_until"]) - now),
+                      campaign=r["id"])
+    latest_campaign = {r["host"]: r["id"] for r in _latest_campaigns(db)}
+    for r in _soak_hosts(db):
+        if latest_campaign.get(r["host"]) == r["campaign_id"] and wanted(r["host"]):
+            out.gauge("fleetctl_campaign_soak_host_status", 1, campaign=r["campaign_id"], host=r["host"],
+                      kind=r["kind"], status=r["status"])
+            out.gauge("fleetctl_campaign_soak_canary_failed_runs", r["canary_failed"] or 0, campaign=r["campaign_id"],
+                      host=r["host"])
     last = db.execute("SELECT seq, at FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
     out.gauge("fleetctl_history_chain_records", last[0] if last else 0)
     if last:

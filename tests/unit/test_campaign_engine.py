@@ -336,3 +336,145 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store, mo
         other.kill()
         other.wait()
     assert upgrade.interrupted(journal) == [crashed]
+
+
+# ---- the watched soak (issue 20) -----------------------------------------------------------------------------
+
+from orchestrator import upgrade as upgrade_mod  # noqa: E402
+from orchestrator.campaign import soak  # noqa: E402
+from orchestrator.errors import InputError  # noqa: E402
+
+
+def test_soak_transitions_are_in_the_campaign_table():
+    assert transitions.campaign_next("soaking", "soak_failed") == "rolling_back"
+    assert transitions.campaign_next("soaking", "soak_host_failed") == "soaking"
+    with pytest.raises(ValueError):
+        transitions.campaign_next("running", "soak_failed")
+
+
+def test_soak_lengths_one_per_gap_the_last_repeated():
+    assert upgrade_mod.parse_soaks("2h,30m,10m") == (7200.0, 1800.0, 600.0)
+    assert upgrade_mod.parse_soaks("300") == (300.0,) and upgrade_mod.parse_soaks("0") == (0.0,)
+    options = {"soak_s": [7200.0, 1800.0]}
+    assert [soak.length(options, gap) for gap in (1, 2, 3, 7)] == [7200.0, 1800.0, 1800.0, 1800.0]
+    assert soak.length({"soak_s": 300}, 4) == 300.0  # a campaign recorded before per-gap lengths
+    assert upgrade_mod.parse_soaks(soak.DEFAULT_SOAK) == (7200.0, 1800.0)
+    for bad in ("2h,,30m", "", "2h,x", "-5", "2h,400d"):
+        with pytest.raises(InputError, match="--soak"):
+            upgrade_mod.parse_soaks(bad)
+
+
+class Watch:
+    """Stands in for soak.observe: every watched host ok, except (host, gap, kind) -> reason; records calls."""
+
+    def __init__(self, failures: dict[tuple[str, int, str], str] | None = None):
+        self.failures = failures or {}
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def __call__(self, ctx, hosts, final):
+        kind = "gate" if final else "check"
+        gap = ctx.journal.campaign(ctx.campaign)["wave"] - 1
+        self.calls.append((kind, tuple(hosts)))
+        return {h: soak.Observation("fail", f"soak: {self.failures[(h, gap, kind)]}", {"seen": ["x"]})
+                if (h, gap, kind) in self.failures else soak.Observation("ok", None, {"marker": {"seq": len(self.calls)}})
+                for h in hosts}
+
+
+SOAKING = {"soak_s": [0.4], "soak_interval_s": 0.1}
+
+
+def test_a_soak_check_watches_every_changed_host_then_gates_them_at_its_end(store, monkeypatch):
+    watch = Watch()
+    monkeypatch.setattr(soak, "observe", watch)
+    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b", "c"], ["d"], **SOAKING)
+    assert engine.run() == "done"
+    kinds = [k for k, _ in watch.calls]
+    assert kinds.count("gate") == 2 and kinds.count("check") >= 4  # 0.4 s soaks checked every 0.1 s
+    gap2 = [hosts for k, hosts in watch.calls if k == "gate"][1]
+    assert gap2 == ("a", "b", "c")  # every host changed so far, not only the last wave
+    assert all(r["status"] == "ok" for r in journal.soak_records(cid))
+    assert upgrade_mod.exit_code(journal, cid) == 0
+
+
+def test_a_canary_failing_its_soak_rolls_the_campaign_back_before_the_next_wave(store, monkeypatch):
+    monkeypatch.setattr(soak, "observe", Watch({("a", 1, "check"): "new Xid 119"}))
+    script = Script()
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"], **SOAKING)
+    assert engine.run() == "rolled_back"
+    assert states(journal, cid) == {"a": "rolled_back", "b": "not_started"}
+    assert [c for c in script.calls if c[1] == ("b",)] == []
+    assert "the soak after wave 1 failed" in journal.campaign(cid)["reason"]
+    assert [r["reason"] for r in journal.hosts(cid)][0] == "soak: new Xid 119"
+    assert [e["event"] for e in journal.events(cid)].count("soak_check_failed") == 1
+    assert upgrade_mod.exit_code(journal, cid) == 4
+
+
+def test_a_later_host_failing_its_soak_within_the_budget_rolls_back_alone(store, monkeypatch):
+    watch = Watch({("c", 2, "gate"): "throughput at the end of the soak"})
+    monkeypatch.setattr(soak, "observe", watch)
+    script = Script()
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c", "d"], ["e"], fail_at=[1, 2, 2],
+                                 **SOAKING)
+    assert engine.run() == "done"
+    assert states(journal, cid) == {"a": "done", "b": "done", "c": "rolled_back", "d": "done", "e": "done"}
+    assert ("rollback_drain", ("c",)) in script.calls
+    # the rollback came before wave 3 started
+    assert script.calls.index(("rollback_undrain", ("c",))) < script.calls.index(("precheck", ("e",)))
+    assert upgrade_mod.exit_code(journal, cid) == 1
+
+
+def test_soak_failures_over_a_later_waves_budget_roll_the_campaign_back(store, monkeypatch):
+    monkeypatch.setattr(soak, "observe", Watch({("b", 2, "check"): "GPU lost", ("c", 2, "check"): "GPU lost"}))
+    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b", "c", "d"], ["e"], fail_at=[1, 2, 2],
+                                 **SOAKING)
+    assert engine.run() == "rolled_back"
+    assert states(journal, cid) == {"a": "rolled_back", "b": "rolled_back", "c": "rolled_back", "d": "rolled_back",
+                                    "e": "not_started"}
+    assert "wave 2 (2 of 3 hosts" in journal.campaign(cid)["reason"]
+
+
+def test_a_recorded_soak_failure_is_acted_on_after_a_crash(store, monkeypatch):
+    """A crash between writing the observation and acting on it: the resume reads it back, it does not look again
+    (the next check would start past the Xid's kernel-log marker)."""
+    watch = Watch({("a", 1, "check"): "new Xid 79"})
+    monkeypatch.setattr(soak, "observe", watch)
+    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], **SOAKING)
+
+    def crash(self, failures):
+        raise KeyboardInterrupt("crash")
+    monkeypatch.setattr(Engine, "soak_failed", crash)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    assert journal.campaign(cid)["state"] == "soaking"
+    monkeypatch.undo()
+    monkeypatch.setattr(steps, "STEPS", Script())
+    calls = len(watch.calls)
+    monkeypatch.setattr(soak, "observe", watch)
+    fleet = inventory.Fleet("test", (inventory.Host("a", ("all",)), inventory.Host("b", ("all",))),
+                            frozenset({"all"}), {})
+    assert Engine(journal, cid, fleet, baseline_mod.load(None)).run() == "rolled_back"
+    assert len(watch.calls) == calls
+
+
+def test_no_soak_watches_nothing(store, monkeypatch):
+    watch = Watch()
+    monkeypatch.setattr(soak, "observe", watch)
+    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], soak_s=[0])
+    assert engine.run() == "done" and watch.calls == []
+
+
+def test_exit_codes_a_failed_rollback_needs_a_person_and_hosts_left_out_are_not_success(store, monkeypatch):
+    script = Script({("b", "verify"): "fail", ("b", "rollback_verify"): "fail"})
+    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c", "d"], fail_at=[1, 3])
+    assert engine.run() == "done"
+    assert states(journal, cid)["b"] == "rollback_failed"
+    assert upgrade_mod.exit_code(journal, cid) == transitions.EXIT_NEEDS_PERSON == 6
+    assert "NEEDS A PERSON: the rollback failed on b" in upgrade_mod.summary_text(journal, cid)
+    # a clean campaign whose plan left a host out (unhealthy, unreachable): done, exit 1, the reason said
+    plan = dict(plan_of(["x"]), excluded=[{"name": "y", "groups": [], "code": "unhealthy", "reason": "GPU lost"}])
+    run_id, _ = store.begin_run("campaign", [], "test", None, None)
+    cid2, _ = journal.create(run_id, plan, dict(OPTIONS))
+    fleet = inventory.Fleet("test", (inventory.Host("x", ("all",)),), frozenset({"all"}), {})
+    assert Engine(journal, cid2, fleet, baseline_mod.load(None)).run() == "done"
+    assert upgrade_mod.exit_code(journal, cid2) == 1
+    assert "left out at plan, not on the target: y: GPU lost" in upgrade_mod.summary_text(journal, cid2)

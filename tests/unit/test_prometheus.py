@@ -24,6 +24,7 @@ from orchestrator import policy, prometheus
 from orchestrator.cli import write_atomically
 from orchestrator.store import Store
 from tests.cli_helpers import REPO, fleetctl
+from orchestrator.campaign import soak
 from tests.unit.test_campaign_engine import Script, start
 
 TESTDATA = REPO / "tests" / "testdata" / "h200x2-580.159.04-audit"
@@ -165,6 +166,18 @@ def history(tmp_path_factory, audit_report, probe_report):
         held = Script({("gpu-a", "probe_after"): "inconclusive", ("gpu-a", "probe_again"): "inconclusive"})
         _, _, engine = start(store, monkeypatch, held, ["gpu-a"])
         assert engine.run() == "halted"
+        # campaign 3: gpu-d soaking after its wave, one check recorded (its canary run failed), then a crash
+        checks = []
+
+        def observe(ctx, hosts, final):
+            if checks:
+                raise KeyboardInterrupt("crash")
+            checks.append(hosts)
+            return {h: soak.Observation("ok", None, {"canary": {"ok": False, "error": "exited 1"}}) for h in hosts}
+        monkeypatch.setattr(soak, "observe", observe)
+        _, _, engine = start(store, monkeypatch, Script(), ["gpu-d"], ["gpu-e"], soak_s=[3600], soak_interval_s=0.01)
+        with pytest.raises(KeyboardInterrupt):
+            engine.run()
     return home
 
 
@@ -189,6 +202,10 @@ def test_metrics_from_the_history_are_each_hosts_latest_state(history):
     assert value(text, "fleetctl_campaign_host_state", campaign=1, host="gpu-a") is None
     assert value(text, "fleetctl_campaign_state", campaign=2, target="570.86.15", state="halted") == 1
     assert value(text, "fleetctl_campaign_state", campaign=1, state="done") == 1
+    assert 3500 < value(text, "fleetctl_campaign_soak_remaining_seconds", campaign=3) <= 3600
+    assert value(text, "fleetctl_campaign_soak_host_status", campaign=3, host="gpu-d", kind="check", status="ok") == 1
+    assert value(text, "fleetctl_campaign_soak_canary_failed_runs", campaign=3, host="gpu-d") == 1
+    assert value(text, "fleetctl_campaign_state", campaign=3, state="soaking") == 1
     assert value(text, "fleetctl_history_chain_records") > 20
     assert 0 <= value(text, "fleetctl_history_chain_head_age_seconds") < 60
     assert {n for n, _, _ in samples(text)} == set(prometheus.METRICS)  # every metric fleetctl documents, made

@@ -1,0 +1,155 @@
+"""The watched soak (issue 20), end to end through the CLI on one shared lab of 8 hosts (550.163.01, 2 GPUs each).
+
+The three campaigns use disjoint hosts or run one after the other, each with short soaks (seconds) and short
+probes: 1. a clean soak with a passing canary command; 2. fleetctl killed during the canary's soak, an Xid logged
+while it is down, `campaign resume`; 3. three waves where, during the second soak, one host's GPU falls off the
+bus, one host's canary command starts failing and one host's throughput drops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.lab.conftest import REPO_ROOT, fleetctl_lab
+from tests.lab.test_lab_upgrade import FROM, TO, assert_on, hosts_of, show
+
+pytestmark = pytest.mark.lab
+
+PROBE = ("--yes", "--warmup", "0", "--trial", "0.02", "--samples", "10", "--idle-timeout", "20")
+FAIL_FLAG = "/run/fleetctl-canary-fail"
+CANARY = f"sh -c 'test ! -e {FAIL_FLAG} && exec nvidia-lab-bench'"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("soak")
+    with fleetctl_lab(workdir, (f"8xh100-sxm/2@{FROM}",)) as handle:
+        handle.baseline = str(workdir / "b.yml")
+        Path(handle.baseline).write_text(
+            "schema_version: 1\nname: lab-soak\ngroups:\n  all:\n"
+            "    driver: {branches: ['550', '570'], held: true}\n"
+            "    campaign: {budget_hosts: 4, budget_percent: 10, fabric_wait_s: 15}\n")
+        yield handle
+
+
+def upgrade(lab, to: str, hosts: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "orchestrator.cli", "upgrade", "--to", to, "-i", lab.inventory, "-l", hosts,
+            "-b", lab.baseline, *PROBE, *args]
+
+
+def events(lab, cid: int) -> list[dict]:
+    path = Path(lab.env["FLEETCTL_HOME"]) / "campaigns" / f"{cid}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for(lab, cid: int, proc: subprocess.Popen, what, within: float = 600) -> list[dict]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        seen = events(lab, cid)
+        if any(what(e) for e in seen):
+            return seen
+        assert proc.poll() is None, f"fleetctl ended early ({proc.returncode}): {[e['event'] for e in seen]}"
+        time.sleep(0.5)
+    raise AssertionError(f"campaign {cid}: no such event within {within}s")
+
+
+def soak_records(doc: dict, host: str) -> dict:
+    return doc["soak"]["hosts"][host]
+
+
+def test_a_clean_soak_with_a_passing_canary_command_goes_on(lab):
+    started = time.monotonic()
+    proc = subprocess.run(upgrade(lab, TO, "h100-01,h100-02", "--waves", "1,100%", "--soak", "6s",
+                                  "--soak-interval", "2", "--canary", CANARY),
+                          capture_output=True, text=True, env=lab.env, cwd=REPO_ROOT, timeout=900,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    doc = show(lab, 1)
+    assert doc["campaign"]["state"] == "done"
+    canary = soak_records(doc, "h100-01")
+    assert canary["checks"] >= 2 and canary["gates"] == 1 and canary["failed_canary_runs"] == 0
+    assert canary["last"]["kind"] == "gate" and canary["last"]["status"] == "ok"
+    assert "h100-02" not in doc["soak"]["hosts"]  # not changed before the soak: nothing to watch
+    assert "soak check after wave 1: 1 ok" in proc.stdout and "end-of-soak gate after wave 1: 1 ok" in proc.stdout
+    # the canary's runs were the operator's command (its program only is recorded)
+    run = next(e for e in events(lab, 1) if e["event"] == "campaign_started")
+    assert run["waves"] == [["h100-01"], ["h100-02"]]
+    for host in ("h100-01", "h100-02"):
+        assert_on(lab, host, TO)
+    print(f"\nsoak test 1 (clean soak, canary command): {time.monotonic() - started:.1f}s")
+
+
+def test_an_xid_logged_while_fleetctl_was_down_is_seen_by_the_resumed_soak(lab):
+    """Back to 550 from test 1's hosts: the canary soaks for 10 minutes; fleetctl is killed after its first check,
+    the canary's GPU logs Xid 79, and the resumed campaign sees it: the canary is rolled back, wave 2 never starts."""
+    started = time.monotonic()
+    proc = subprocess.Popen(upgrade(lab, FROM, "h100-01,h100-02", "--waves", "1,100%", "--soak", "10m",
+                                    "--soak-interval", "2"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=lab.env, cwd=REPO_ROOT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lab, 2, proc, lambda e: e["event"] == "soak_check" and e["gap"] == 1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    lab.inject("h100-01", "xid", "79")
+    resumed = lab.fleetctl("campaign", "resume", "2", timeout=900)
+    assert resumed.returncode == 4, resumed.stdout[-3000:] + resumed.stderr
+    doc = show(lab, 2)
+    hosts = hosts_of(doc)
+    assert doc["campaign"]["state"] == "rolled_back"
+    assert "the soak after wave 1 failed" in doc["campaign"]["reason"] and "Xid 79" in doc["campaign"]["reason"]
+    assert hosts["h100-01"]["state"] == "rolled_back" and "Xid 79" in hosts["h100-01"]["reason"]
+    assert hosts["h100-02"]["state"] == "not_started" and hosts["h100-02"]["steps"] == []
+    failed = [e for e in events(lab, 2) if e["event"] == "soak_check_failed"]
+    assert [(e["host"], e["kind"]) for e in failed] == [("h100-01", "check")]
+    for host in ("h100-01", "h100-02"):
+        assert_on(lab, host, TO)
+    print(f"\nsoak test 2 (kill -9 in the soak, Xid while down, resume): {time.monotonic() - started:.1f}s")
+
+
+def test_faults_during_a_later_soak_roll_back_those_hosts_within_the_budget(lab):
+    """Waves h100-03 | h100-04..07 | h100-08. In the soak after wave 2: h100-04's GPU 1 falls off the bus (the
+    health check; the GPU stays lost, so its rollback cannot give it back: exit 6), h100-05's throughput drops
+    (the end-of-soak gate), h100-06's canary command starts failing. 3 of wave 2's 4 hosts are within its
+    budget (4): each rolls back alone, wave 3 goes on."""
+    started = time.monotonic()
+    hosts = ",".join(f"h100-0{i}" for i in range(3, 9))
+    proc = subprocess.Popen(upgrade(lab, TO, hosts, "--waves", "1,5,100%", "--soak", "4s,30s", "--soak-interval", "3",
+                                    "--canary", CANARY),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=lab.env, cwd=REPO_ROOT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lab, 3, proc, lambda e: e["event"] == "wave_passed" and e["wave"] == 3)
+        lab.inject("h100-04", "fall-off-bus", "--gpu", "1")
+        lab.inject("h100-05", "throughput", "0.85", "--driver", TO)
+        lab.ssh("h100-06", f"touch {FAIL_FLAG}")
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 6, out[-3000:] + err  # h100-04's rollback could not bring its GPU back
+    doc = show(lab, 3)
+    by = hosts_of(doc)
+    assert doc["campaign"]["state"] == "done"
+    assert by["h100-04"]["state"] == "rollback_failed" and "1 of 2 GPUs answer NVML" in by["h100-04"]["reason"]
+    assert by["h100-05"]["state"] == "rolled_back" and "throughput at the end of the soak" in by["h100-05"]["reason"]
+    assert by["h100-06"]["state"] == "rolled_back" and "canary run failed" in by["h100-06"]["reason"]
+    assert "exited 1" in by["h100-06"]["reason"]
+    failed = {e["host"]: (e["kind"], e["reason"]) for e in events(lab, 3) if e["event"] == "soak_check_failed"}
+    assert {h: kind for h, (kind, _) in failed.items()} == {"h100-04": "check", "h100-06": "check", "h100-05": "gate"}
+    assert "GPU 1 is lost" in failed["h100-04"][1] and "Xid 79" in failed["h100-04"][1]
+    assert [by[h]["state"] for h in ("h100-03", "h100-07", "h100-08")] == ["done"] * 3
+    assert "NEEDS A PERSON: the rollback failed on h100-04" in out
+    for host, version in (("h100-03", TO), ("h100-05", FROM), ("h100-06", FROM), ("h100-07", TO), ("h100-08", TO)):
+        assert_on(lab, host, version)
+    print(f"\nsoak test 3 (three faults in a later soak): {time.monotonic() - started:.1f}s")
