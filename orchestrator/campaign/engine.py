@@ -124,11 +124,13 @@ class Engine:
                 todo = [h for h in hosts if h not in gated]
                 if not todo:
                     break
+                self.load_befores()
                 self.journal.record_soak(self.cid, gap, "gate", soak.observe(self.ctx, todo, final=True))
                 continue
             checks = self.journal.soak_records(self.cid, gap=gap, kind="check")
             due = parse_time(checks[-1]["at"]) + timedelta(seconds=interval) if checks else now_
             if hosts and now_ >= due:
+                self.load_befores()
                 self.journal.record_soak(self.cid, gap, "check", soak.observe(self.ctx, hosts, final=False))
                 continue
             time.sleep(min(1.0, max(0.0, (min(deadline, due) - now_).total_seconds())))
@@ -186,8 +188,7 @@ class Engine:
             state = min((r["state"] for r in rows), key=transitions.ORDER.__getitem__)
             batch = [r["host"] for r in rows if r["state"] == state]
             step = transitions.HOST_ROWS[state].step
-            self.ctx.befores = {r["host"]: json.loads(r["before"]) for r in self.journal.hosts(self.cid)
-                                if r["before"]}
+            self.load_befores()
             self.journal.begin_step(self.cid, batch, step)
             started, in_ansible = time.monotonic(), runner.PLAYBOOK_SECONDS[0]
             results = steps.STEPS[step](self.ctx, batch)
@@ -197,6 +198,10 @@ class Engine:
                 o = results[host]
                 self.journal.finish_step(self.cid, host, step, o.outcome, o.reason, o.detail, o.before)
             self.journal.note(self.cid, "batch_finished", step=step, batch=batch, **timing)
+
+    def load_befores(self) -> None:
+        """What precheck recorded of each host, for the steps and the soak checks (read back: a resume has it)."""
+        self.ctx.befores = {r["host"]: json.loads(r["before"]) for r in self.journal.hosts(self.cid) if r["before"]}
 
     def hosts_in_rollback(self) -> list[str]:
         return [r["host"] for r in self.journal.hosts(self.cid) if r["state"].startswith("rollback_")]

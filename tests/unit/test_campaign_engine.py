@@ -4,6 +4,7 @@ driven with scripted step outcomes in place of playbook runs (the lab tests run 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -478,3 +479,35 @@ def test_exit_codes_a_failed_rollback_needs_a_person_and_hosts_left_out_are_not_
     assert Engine(journal, cid2, fleet, baseline_mod.load(None)).run() == "done"
     assert upgrade_mod.exit_code(journal, cid2) == 1
     assert "left out at plan, not on the target: y: GPU lost" in upgrade_mod.summary_text(journal, cid2)
+
+
+def test_the_live_view_shows_the_soaks_time_left_and_its_last_check(store, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.campaign import progress
+
+    screens = []
+
+    class Snapshot(Watch):
+        def __call__(self, ctx, hosts, final):
+            out = super().__call__(ctx, hosts, final)
+            screen = io.StringIO()
+            Console(file=screen, width=200).print(view.render())
+            screens.append(screen.getvalue())
+            return out
+
+    monkeypatch.setattr(soak, "observe", Snapshot({("b", 2, "check"): "canary run failed"}))
+    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], ["c"], fail_at=[1, 2, 2],
+                                 soak_s=[0.5], soak_interval_s=0.2)
+    view = progress.LiveView(Console(file=io.StringIO(), force_terminal=True, width=200),
+                             [dict(r) for r in journal.hosts(cid)], "campaign")
+    lines = io.StringIO()
+    journal.listener = progress.Fanout(view, progress.PlainLines(lines))
+    with view:
+        assert engine.run() == "done"
+    assert re.search(r"soaking: 0h00m0\ds left; last check none yet", screens[0]), screens[0]
+    assert re.search(r"soaking: 0h00m0\ds left; last check \d\d:\d\d:\d\d: soak check after wave 1: 1 ok", screens[1])
+    assert "soak check after wave 2: 1 ok; b FAILED: soak: canary run failed" in lines.getvalue()
+    assert "soaking" not in str(view.render().caption or "")  # gone once the campaign ran on

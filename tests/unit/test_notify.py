@@ -464,3 +464,21 @@ def test_a_large_audits_findings_event_stays_bounded_and_valid():
     assert event["action"].endswith("fleetctl audit -i /etc/fleetctl/hosts.ini -l 'gpu-*'")
     summary.update(exit_code=0, noncompliant=0)
     assert notify_events.run_payload(run, summary, hosts) is None
+
+
+def test_a_soak_failure_is_a_critical_soak_failed_naming_the_host_and_what_was_seen(store, monkeypatch, receivers):
+    from orchestrator.campaign import soak
+    from tests.unit.test_campaign_engine import Watch
+
+    hook = receivers()
+    notifier = notify.build([], [hook.url()], "json", None, None, 5)
+    monkeypatch.setattr(soak, "observe", Watch({("a", 1, "check"): "new Xid 119 (GSP RPC timeout) on GPU 0"}))
+    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], soak_s=[0.3], soak_interval_s=0.1)
+    assert drive(journal, cid, engine, notifier) == "rolled_back"
+    received = [valid(b) for b in hook.bodies()]
+    assert [b["event"] for b in received] == ["started", "wave_passed", "soak_failed", "wave_failed", "rolled_back"]
+    failed = received[2]
+    assert (failed["severity"], failed["host"], failed["campaign"]["state"]) == ("critical", "a", "soaking")
+    assert "new Xid 119" in failed["summary"] and "new Xid 119" in failed["reason"]
+    assert "no later wave starts" in failed["action"] and f"fleetctl campaign show {cid}" in failed["action"]
+    assert "the soak after wave 1 failed" in received[3]["summary"]

@@ -1,0 +1,147 @@
+"""What a soak check makes of a host's probe result (campaign/soak.py), on a real H100 probe result
+(tests/testdata/probe, driver 580.159.04) changed the way a failing host changes it; the playbook run is replaced
+by the results, the journal is the real one."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator import probe
+from orchestrator.campaign import soak, steps
+from tests.unit.test_campaign_engine import Script, start, store  # noqa: F401 (the fixture)
+
+REAL = json.loads((Path(__file__).parents[1] / "testdata/probe/h100-580.159.04-trial1.0-warmup20-n10.json").read_text())
+
+
+class WithProbes(Script):
+    """Every step ok; the probes' details carry the real probe result (as the real steps record it)."""
+
+    def __getitem__(self, step):
+        run = super().__getitem__(step)
+
+        def with_probe(ctx, hosts):
+            out = run(ctx, hosts)
+            if step in ("probe_before", "probe_after"):
+                for o in out.values():
+                    o.detail = {"probe": REAL}
+            return out
+        return with_probe
+
+
+@pytest.fixture
+def soaking(store, monkeypatch):
+    """A campaign soaking after its canary 'a' (wave 2: 'b'), stopped before its first check; its context."""
+    def stop(ctx, hosts, final):
+        raise KeyboardInterrupt("stop")
+    monkeypatch.setattr(soak, "observe", stop)
+    journal, cid, engine = start(store, monkeypatch, WithProbes(), ["a"], ["b"], soak_s=[3600], soak_interval_s=60,
+                                 soak_grace_s=300, canary=None, canary_max_failures=0)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    monkeypatch.undo()
+    assert journal.campaign(cid)["state"] == "soaking" and soak.watched(journal, cid) == ["a"]
+    ctx = engine.ctx
+    ctx.befores = {r["host"]: json.loads(r["before"]) for r in journal.hosts(cid) if r["before"]}
+    ctx.befores["a"]["gpus"] = REAL["health"]["gpu_count"]  # the precheck of the captured H100
+    return ctx
+
+
+def answer(monkeypatch, result=None, reachable=True, error=None):
+    """probe.collect for the next observation: RESULT (or nothing: unreachable / an error); records the markers."""
+    seen = {}
+
+    def collect(opts, fleet, base, markers=None):
+        seen.update(markers=markers, opts=opts)
+        return {h.name: {"reachable": reachable, "error": error, "probe": result} for h in fleet.hosts}
+    monkeypatch.setattr(probe, "collect", collect)
+    return seen
+
+
+def observe(ctx, monkeypatch, result=None, final=False, **kw):
+    answer(monkeypatch, result, **kw)
+    out = soak.observe(ctx, ["a"], final)
+    ctx.journal.record_soak(ctx.campaign, 1, "gate" if final else "check", out)
+    return out["a"]
+
+
+def changed(**health_changes) -> dict:
+    result = copy.deepcopy(REAL)
+    for key, value in health_changes.items():
+        result["health"][key] = value
+    return result
+
+
+def test_a_quiet_host_passes_and_the_next_check_reads_on_from_its_marker(soaking, monkeypatch):
+    result = changed(xid={"since_seq": 0, "last_seq": 4242, "events": []})
+    seen = answer(monkeypatch, result)
+    o = soak.observe(soaking, ["a"], final=False)["a"]
+    assert o.status == "ok" and o.detail["marker"] == {"seq": 4242, "boot_id": REAL["host"]["boot_id"]}
+    assert seen["markers"]["a"]["boot_id"] == REAL["host"]["boot_id"]  # the gate probe's marker, the first time
+    assert seen["opts"].throughput and seen["opts"].engine is None  # the canary: the host's own probe engine
+    soaking.journal.record_soak(soaking.campaign, 1, "check", {"a": o})
+    seen = answer(monkeypatch, result)
+    soak.observe(soaking, ["a"], final=False)
+    assert seen["markers"] == {"a": {"seq": 4242, "boot_id": REAL["host"]["boot_id"]}}
+
+
+def test_a_new_critical_xid_fails_the_host(soaking, monkeypatch):
+    event = {"code": 119, "pci_bus_id": "00000000:18:00.0", "name": "GSP RPC timeout", "severity": "critical",
+             "class": "critical", "action": "reset the GPU", "source": "test", "seq": 9, "line": "NVRM: Xid 119"}
+    xid = dict(REAL["health"]["xid"], events=[event])
+    o = observe(soaking, monkeypatch, changed(xid=xid))
+    assert o.status == "fail" and "new Xid 119" in o.reason
+    assert soak.failing(soaking.journal, soaking.campaign) == {"a": o.reason}
+
+
+def test_a_reboot_nobody_asked_for_and_a_lost_gpu_fail_the_host(soaking, monkeypatch):
+    rebooted = copy.deepcopy(REAL)
+    rebooted["host"]["boot_id"] = "00000000-dead-beef-0000-000000000000"
+    o = observe(soaking, monkeypatch, rebooted)
+    assert o.status == "fail" and "rebooted during the soak without fleetctl asking" in o.reason
+    gone = changed(gpu_count=0, gpus=[])
+    o = observe(soaking, monkeypatch, gone)
+    assert o.status == "fail" and "0 GPUs answer after, 1 expected" in o.reason
+
+
+def test_failed_canary_runs_over_the_limit_fail_the_host(soaking, monkeypatch):
+    soaking.options["canary"], soaking.options["canary_max_failures"] = "/opt/canary --token s3cr3t", 1
+    broken = dict(copy.deepcopy(REAL), throughput=None, errors={"throughput": "canary exited 3: CUDA error"})
+    seen = answer(monkeypatch, broken)
+    first = soak.observe(soaking, ["a"], final=False)["a"]
+    assert seen["opts"].engine == "command" and seen["opts"].command == "/opt/canary --token s3cr3t"
+    assert first.status == "ok" and "canary run failed (1 failed run(s), at most 1 allowed)" in first.detail["seen"][0]
+    soaking.journal.record_soak(soaking.campaign, 1, "check", {"a": first})
+    second = observe(soaking, monkeypatch, broken)
+    assert second.status == "fail" and "2 failed run(s), at most 1 allowed): throughput: canary exited 3" in second.reason
+
+
+def test_an_unreachable_host_fails_after_the_grace(soaking, monkeypatch):
+    o = observe(soaking, monkeypatch, None, reachable=False, error="ssh: connect timed out")
+    assert o.status == "unreachable" and "of the 300s grace" in o.reason
+    assert soak.failing(soaking.journal, soaking.campaign) == {}
+    # the streak began 301 s ago
+    soaking.journal.db.execute("UPDATE campaign_soak SET at='2000-01-01T00:00:00.000Z'")
+    o = observe(soaking, monkeypatch, None, reachable=False, error="ssh: connect timed out")
+    assert o.status == "fail" and "over the 300s grace: ssh: connect timed out" in o.reason
+
+
+def test_the_end_of_soak_gate_judges_throughput_against_probe_before(soaking, monkeypatch):
+    o = observe(soaking, monkeypatch, copy.deepcopy(REAL), final=True)
+    assert o.status == "ok" and o.detail["gate"]["status"] == "pass"
+    slower = copy.deepcopy(REAL)
+    for s in slower["throughput"]["samples"]:
+        s["value"] *= 0.9
+    o = observe(soaking, monkeypatch, slower, final=True)
+    assert o.status == "fail" and "throughput at the end of the soak, gate fail" in o.reason
+    assert "below the floor" in o.reason
+
+
+def test_a_soak_watches_only_changed_hosts_on_the_target(soaking):
+    rows = {r["host"]: r for r in soaking.journal.hosts(soaking.campaign)}
+    assert rows["a"]["changed"] and not rows["b"]["changed"]
+    assert soak.watched(soaking.journal, soaking.campaign) == ["a"]
+    assert steps.STEPS  # the real step table is back after the fixture
