@@ -18,7 +18,11 @@ Eligibility, first reason wins: unreachable; facts not collected; the baseline d
 host's groups; no driver installed (nothing to move from, nor to roll back to); unhealthy (a critical fail or error
 in driver.loaded, driver.version_match or any gpu.* control); next boot at risk (nouveau loaded or not blacklisted,
 or no matching nvidia module for the kernel it boots next: the new driver would not bind after the reboot); then
-hosts already running the target are skipped. The campaign's precheck applies the same rules to fresh facts.
+hosts already running the target are skipped; last, the target itself: the host's facts as they would be on it
+(version, branch, the CUDA the branch supports, the flavor its packages install, the fabric manager moved with it)
+judged by the controls that declare the "target" role (policy.with_role) with the host's own policy; one failing at
+or above the baseline's `campaign.fail_on` (default medium) excludes the host (target_not_blessed), with the message
+the audit would give after the change. The campaign's precheck applies the same rules to fresh facts.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+import copy
+
 from . import audit, baseline as baseline_mod, policy, runs, schemas
+from .campaign import packages
 from .errors import InputError
 from .store import Store
 
@@ -176,6 +183,33 @@ def boot_risks(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f for f in findings if f["status"] in ("fail", "error") and f["control"] in BOOT_RISK_CONTROLS]
 
 
+def on_target(facts: dict[str, Any], running: str, target: str) -> dict[str, Any]:
+    """FACTS as they would be once the campaign moved the host from RUNNING to TARGET: the driver's version and
+    branch, the CUDA version of the target's branch (the table: policy.CUDA_BY_BRANCH), the flavor the target's
+    packages install, and a fabric manager package moved with the driver where the host has one."""
+    after = copy.deepcopy(facts)
+    d = after["driver"]
+    before = packages.driver_versioned(facts["driver"]["packages"], running)
+    names = list(packages.target_set(before, running, target)) or list(before)
+    d.update(module_version=target, userspace_version=target, branch=target.split(".")[0], cuda_driver_version=None,
+             module_flavor=packages.flavor_of(names, d.get("module_flavor")), state="loaded")
+    fm = after.get("fabric_manager") or {}
+    if fm.get("package_version") and any(packages.is_fabric_manager(n) for n in before):
+        fm["package_version"] = f"{target}-1"
+    return after
+
+
+def target_problems(entry: dict[str, Any], base: baseline_mod.Baseline, running: str,
+                    target: str) -> list[dict[str, Any]]:
+    """The findings the audit would give on TARGET that fail at or above the campaign's severity, of the controls
+    whose outcome follows from the driver version alone."""
+    pol = base.policy_for(list(entry["groups"]))
+    floor = policy.severity_rank(pol.get("campaign", {}).get("fail_on", "medium"))
+    judged = set(policy.with_role("target"))
+    return [f for f in policy.evaluate(on_target(entry["facts"], running, target), pol)
+            if f["control"] in judged and f["status"] in ("fail", "error") and policy.severity_rank(f["severity"]) >= floor]
+
+
 def classify(entry: dict[str, Any], base: baseline_mod.Baseline, target: str) -> tuple[str, str | None, str]:
     """(verdict, code, detail): ('wave', None, from_version) | ('skipped', code, why) | ('excluded', code, why)."""
     if not entry["reachable"]:
@@ -203,6 +237,11 @@ def classify(entry: dict[str, Any], base: baseline_mod.Baseline, target: str) ->
         return "excluded", "unhealthy", "unhealthy: no nvidia kernel module loaded: no running version to move from"
     if running == target:
         return "skipped", "on_target", f"already running {target}"
+    wrong = target_problems(entry, base, running, target)
+    if wrong:
+        more = f" (+{len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        return "excluded", "target_not_blessed", (f"{target} fails this host's baseline: {wrong[0]['control']} "
+                                                  f"{wrong[0]['severity']}: {wrong[0]['message']}{more}")
     return "wave", None, running
 
 
@@ -256,7 +295,29 @@ def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]],
         waves.append({"index": index, "size": size, "cumulative": start,
                       "budget": budget(index, size, [base.policy_for(h["groups"]) for h in hosts]), "hosts": hosts})
     return {"target": target, "ramp": [str(s) for s in ramp], "group_order": group_order, "waves": waves,
-            "skipped": skipped, "excluded": excluded}
+            "skipped": skipped, "excluded": excluded, "target_groups": target_groups(target, entries, excluded)}
+
+
+REFUSED = ("not_blessed", "target_not_blessed")  # the baseline's matrix refuses the target for the host
+
+
+def target_groups(target: str, entries: list[dict[str, Any]], excluded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per group (the host's most specific), whether its baseline lets it take TARGET: refused when every host of
+    the group was excluded by the matrix, with the first host's reason."""
+    refused = {h["name"]: h["reason"] for h in excluded if h["code"] in REFUSED}
+    out: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        g = out.setdefault(primary_group(e["groups"]), {"group": primary_group(e["groups"]), "hosts": 0,
+                                                         "refused": 0, "takes_target": True, "reason": None})
+        g["hosts"] += 1
+        if e["name"] in refused:
+            g["refused"] += 1
+            g["reason"] = g["reason"] or refused[e["name"]]
+    for g in out.values():
+        g["takes_target"] = g["refused"] < g["hosts"]
+        if g["takes_target"]:
+            g["reason"] = None
+    return list(out.values())
 
 
 def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
@@ -322,6 +383,8 @@ def summary_line(report: dict[str, Any]) -> Text:
             f"{s['waves']} wave{'s' if s['waves'] != 1 else ''}" + (f" ({sizes})" if sizes else "")
             + f", {s['skipped']} already on target, {s['excluded']} excluded"
             + (f" ({s['unreachable']} unreachable)" if s["unreachable"] else "")
+            + "".join(f"; group {g['group']} cannot take {report['target']}"
+                      for g in report["target_groups"] if not g["takes_target"])
             + f"; ramp {','.join(report['ramp'])}; baseline {report['run']['baseline']['name']}"
             + f"; exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}")
     return Text(text, style="bold green" if s["exit_code"] == EXIT_OK else "bold magenta")

@@ -54,16 +54,29 @@ class Control:
     remediation: str
     evaluate: Callable[..., Check | None]  # (facts, policy), or (facts, policy, reference) with uses_reference
     uses_reference: bool = False
+    roles: tuple[str, ...] = ()  # see ROLES
 
 
 CONTROLS: list[Control] = []
+# What else a control is used for besides the audit, declared with the control:
+#   target: its outcome follows from the driver version alone, so a campaign judges the TARGET with it before touching
+#           a host (plan.target_problems: the host's facts as they would be on the target) and after the change
+ROLES = ("target",)
 
 
-def control(id: str, title: str, severity: str, needs: tuple[str, ...], remediation: str, reference: bool = False):
+def control(id: str, title: str, severity: str, needs: tuple[str, ...], remediation: str, reference: bool = False,
+            roles: tuple[str, ...] = ()):
+    assert set(roles) <= set(ROLES), roles
+
     def register(fn: Callable[..., Check | None]):
-        CONTROLS.append(Control(id, title, severity, needs, remediation, fn, reference))
+        CONTROLS.append(Control(id, title, severity, needs, remediation, fn, reference, roles))
         return fn
     return register
+
+
+def with_role(role: str) -> tuple[str, ...]:
+    """Ids of the controls that declare ROLE."""
+    return tuple(c.id for c in CONTROLS if role in c.roles)
 
 
 def reference_controls() -> list[str]:
@@ -136,7 +149,7 @@ def driver_version_match(facts, policy):
 
 
 @control("driver.version_allowed", "Driver version blessed", "high", ("driver.module_version",),
-         "move the host to a blessed version: fleetctl upgrade --to VERSION")
+         "move the host to a blessed version: fleetctl upgrade --to VERSION", roles=("target",))
 def driver_version_allowed(facts, policy):
     rules = policy.get("driver", {})
     if not rules.get("branches") and not rules.get("versions"):
@@ -155,7 +168,7 @@ def driver_version_allowed(facts, policy):
 
 
 @control("driver.flavor", "Kernel module flavor", "medium", ("driver.module_flavor",),
-         "install the required flavor (e.g. nvidia-driver-XXX-open for the open kernel module)")
+         "install the required flavor (e.g. nvidia-driver-XXX-open for the open kernel module)", roles=("target",))
 def driver_flavor(facts, policy):
     wanted = policy.get("driver", {}).get("flavor")
     if wanted in (None, "any"):
@@ -190,7 +203,7 @@ def driver_held(facts, policy):
 
 @control("driver.cuda_support", "Driver supports the workloads' CUDA", "high",
          ("driver.module_version", "driver.cuda_driver_version"),
-         "move to a driver branch whose CUDA version covers every workload image")
+         "move to a driver branch whose CUDA version covers every workload image", roles=("target",))
 def driver_cuda_support(facts, policy):
     wanted = policy.get("workloads", {}).get("cuda")
     if not wanted:
@@ -386,7 +399,7 @@ def runtime_cdi(facts, policy):
 # ---- fabric manager ----------------------------------------------------------------------------
 
 @control("fabricmanager.version", "Fabric manager matches the driver", "critical", ("fabric_manager",),
-         "install nvidia-fabricmanager of exactly the driver's version and enable it")
+         "install nvidia-fabricmanager of exactly the driver's version and enable it", roles=("target",))
 def fabricmanager_version(facts, policy):
     mode = policy.get("fabric_manager", {}).get("required")
     fm = facts["fabric_manager"]

@@ -184,6 +184,10 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
         store.finish_run(run_.id, 0, {**summary, "plan": made}, entries)
     if dry_run:
         return None, 0, dry_run_text(made, entries, options, base)
+    if not hosts and made["excluded"] and all(h["code"] in plan.REFUSED for h in made["excluded"]):
+        raise InputError(f"no host's baseline allows {made['target']}: " + "; ".join(
+            f"{h['name']}: {h['reason']}" for h in made["excluded"][:5]) + (
+            f" (and {len(made['excluded']) - 5} more)" if len(made["excluded"]) > 5 else ""))
     if not hosts:
         # Hosts left out with a reason are off the target: an unattended window must not report success.
         return None, EXIT_HOSTS_FAILED if made["excluded"] else 0, "nothing to upgrade: " + "; ".join(

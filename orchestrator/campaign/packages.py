@@ -45,5 +45,22 @@ def target_set(before: dict[str, str], running: str, target: str) -> dict[str, s
     return {name: target for name in named if name}  # a part the new branch dropped goes with the old branch
 
 
+def flavor_of(names: list[str], current: str | None) -> str | None:
+    """The kernel module flavor a set of driver packages installs: open where a branch-named package says -open
+    (nvidia-driver-570-open, nvidia-driver-570-server-open), proprietary where the same spelling has none while the
+    running one had it; else (names that do not tell, as Debian's) what runs now."""
+    packaging = resources.module_utils("fleetctl_packaging")
+    branched = [n for n in names if packaging.on_name_branch(n)]
+    if any(n.endswith("-open") for n in branched):
+        return "open"
+    if branched and current == "open":
+        return "proprietary"
+    return current
+
+
+def is_fabric_manager(name: str) -> bool:
+    return resources.module_utils("fleetctl_packaging").role(name) == "fabricmanager"
+
+
 def describe(packages: dict[str, str]) -> str:
     return " ".join(f"{n}={v}" for n, v in sorted(packages.items()))

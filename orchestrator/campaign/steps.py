@@ -95,6 +95,7 @@ def precheck(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
                                        if f["control"] in INTERCONNECT_CONTROLS},
                       "driver_findings": {f["control"]: f["status"] for f in entry["findings"]
                                           if f["control"].startswith(RESTORED_CONTROLS)},
+                      "findings": {f["control"]: f["status"] for f in entry["findings"]},
                       "daemons": running_daemons(facts)}
             if not before["packages"]:
                 out[name] = Outcome("fail", f"pre-check: no installed package carries driver {detail}: "
@@ -300,11 +301,33 @@ def not_restored(entry: dict[str, Any], before: dict[str, Any]) -> list[str]:
     return problems
 
 
+# What the forward verify states itself (the driver's state and version, the GPU count, held packages, the next boot,
+# the interconnect with its own rules): not repeated by changed_controls.
+JUDGED_BY_VERIFY = ("driver.installed", "driver.loaded", "driver.version_match", "driver.held", "driver.next_boot",
+                    "gpu.count", *INTERCONNECT_CONTROLS)
+
+
+def changed_controls(entry: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    """The whole host after the change: a control that passed at the precheck (or warned, or did not apply) and
+    fails now, naming it; the controls whose outcome follows from the driver version (the "target" role) fail the
+    host whenever they fail now, whatever they were before the change: they are judged against the target. A value
+    not read this once (`error`) is no failure: a false rollback costs a maintenance window."""
+    was = before.get("findings")
+    if was is None:  # a campaign recorded before the precheck kept every finding
+        return []
+    target = set(policy.with_role("target"))
+    return [f"{f['control']}: {f['message']}" + ("" if f["control"] in target else
+                                                 f" (it was {was.get(f['control'], 'not judged')} at the pre-check)")
+            for f in entry["findings"] if f["status"] == "fail" and f["control"] not in JUDGED_BY_VERIFY
+            and (f["control"] in target or was.get(f["control"]) != "fail")]
+
+
 def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str],
             whole_host: bool = False) -> dict[str, Outcome]:
     """The running module and the userspace are VERSION, NVML answers, every GPU is back, packages held, and the
-    interconnect is as whole as at the precheck (fabric completed, every NVLink link up again). WHOLE_HOST (the
-    rollback): also every driver finding and daemon as at the precheck."""
+    interconnect is as whole as at the precheck (fabric completed, every NVLink link up again); forward, every other
+    control as at the precheck or, for those the version decides, as the target should be (changed_controls).
+    WHOLE_HOST (the rollback): every driver finding and daemon as at the precheck."""
     out = {}
     for name, entry in facts_after_activation(ctx, hosts).items():
         if entry["facts"] is None:
@@ -328,6 +351,8 @@ def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str],
                      if f["control"] == "driver.next_boot" and f["status"] == "fail"]
         if whole_host:
             problems += [p for p in not_restored(entry, ctx.befores[name]) if p not in problems]
+        else:
+            problems += changed_controls(entry, ctx.befores[name])
         detail = {"running": running, "state": d["state"], "gpus": len(gpus), "held": d["held"],
                   "nvlink_up": nvlink_up(facts)}
         out[name] = Outcome("fail", "verify: " + "; ".join(problems), detail) if problems else Outcome("ok", None, detail)

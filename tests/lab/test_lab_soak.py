@@ -61,18 +61,23 @@ def wait_for(lab, cid: int, proc: subprocess.Popen, what, within: float = 600) -
     raise AssertionError(f"campaign {cid}: no such event within {within}s")
 
 
+def next_campaign(lab) -> int:
+    """The id the next campaign will get (each test can run alone)."""
+    return len(list((Path(lab.env["FLEETCTL_HOME"]) / "campaigns").glob("*.jsonl"))) + 1
+
+
 def soak_records(doc: dict, host: str) -> dict:
     return doc["soak"]["hosts"][host]
 
 
 def test_a_clean_soak_with_a_passing_canary_command_goes_on(lab):
-    started = time.monotonic()
+    started, cid = time.monotonic(), next_campaign(lab)
     proc = subprocess.run(upgrade(lab, TO, "h100-01,h100-02", "--waves", "1,100%", "--soak", "6s",
                                   "--soak-interval", "2", "--canary", CANARY),
                           capture_output=True, text=True, env=lab.env, cwd=REPO_ROOT, timeout=900,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    doc = show(lab, 1)
+    doc = show(lab, cid)
     assert doc["campaign"]["state"] == "done"
     canary = soak_records(doc, "h100-01")
     assert canary["checks"] >= 2 and canary["gates"] == 1 and canary["failed_canary_runs"] == 0
@@ -80,7 +85,7 @@ def test_a_clean_soak_with_a_passing_canary_command_goes_on(lab):
     assert "h100-02" not in doc["soak"]["hosts"]  # not changed before the soak: nothing to watch
     assert "soak check after wave 1: 1 ok" in proc.stdout and "end-of-soak gate after wave 1: 1 ok" in proc.stdout
     # the canary's runs were the operator's command (its program only is recorded)
-    run = next(e for e in events(lab, 1) if e["event"] == "campaign_started")
+    run = next(e for e in events(lab, cid) if e["event"] == "campaign_started")
     assert run["waves"] == [["h100-01"], ["h100-02"]]
     for host in ("h100-01", "h100-02"):
         assert_on(lab, host, TO)
@@ -88,31 +93,33 @@ def test_a_clean_soak_with_a_passing_canary_command_goes_on(lab):
 
 
 def test_an_xid_logged_while_fleetctl_was_down_is_seen_by_the_resumed_soak(lab):
-    """Back to 550 from test 1's hosts: the canary soaks for 10 minutes; fleetctl is killed after its first check,
-    the canary's GPU logs Xid 79, and the resumed campaign sees it: the canary is rolled back, wave 2 never starts."""
-    started = time.monotonic()
-    proc = subprocess.Popen(upgrade(lab, FROM, "h100-01,h100-02", "--waves", "1,100%", "--soak", "10m",
+    """Test 1's hosts to the other version: the canary soaks for 10 minutes; fleetctl is killed after its first
+    check, the canary's GPU logs Xid 79, and the resumed campaign sees it: the canary is rolled back, wave 2 never
+    starts."""
+    started, cid = time.monotonic(), next_campaign(lab)
+    was = lab.facts("h100-01")["driver"]["module_version"]
+    proc = subprocess.Popen(upgrade(lab, TO if was == FROM else FROM, "h100-01,h100-02", "--waves", "1,100%", "--soak", "10m",
                                     "--soak-interval", "2"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=lab.env, cwd=REPO_ROOT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_for(lab, 2, proc, lambda e: e["event"] == "soak_check" and e["gap"] == 1)
+        wait_for(lab, cid, proc, lambda e: e["event"] == "soak_check" and e["gap"] == 1)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     lab.inject("h100-01", "xid", "79")
-    resumed = lab.fleetctl("campaign", "resume", "2", timeout=900)
+    resumed = lab.fleetctl("campaign", "resume", str(cid), timeout=900)
     assert resumed.returncode == 4, resumed.stdout[-3000:] + resumed.stderr
-    doc = show(lab, 2)
+    doc = show(lab, cid)
     hosts = hosts_of(doc)
     assert doc["campaign"]["state"] == "rolled_back"
     assert "the soak after wave 1 failed" in doc["campaign"]["reason"] and "Xid 79" in doc["campaign"]["reason"]
     assert hosts["h100-01"]["state"] == "rolled_back" and "Xid 79" in hosts["h100-01"]["reason"]
     assert hosts["h100-02"]["state"] == "not_started" and hosts["h100-02"]["steps"] == []
-    failed = [e for e in events(lab, 2) if e["event"] == "soak_check_failed"]
+    failed = [e for e in events(lab, cid) if e["event"] == "soak_check_failed"]
     assert [(e["host"], e["kind"]) for e in failed] == [("h100-01", "check")]
     for host in ("h100-01", "h100-02"):
-        assert_on(lab, host, TO)
+        assert_on(lab, host, was)
     print(f"\nsoak test 2 (kill -9 in the soak, Xid while down, resume): {time.monotonic() - started:.1f}s")
 
 
@@ -121,14 +128,14 @@ def test_faults_during_a_later_soak_roll_back_those_hosts_within_the_budget(lab)
     health check; the GPU stays lost, so its rollback cannot give it back: exit 6), h100-05's throughput drops
     (the end-of-soak gate), h100-06's canary command starts failing. 3 of wave 2's 4 hosts are within its
     budget (4): each rolls back alone, wave 3 goes on."""
-    started = time.monotonic()
+    started, cid = time.monotonic(), next_campaign(lab)
     hosts = ",".join(f"h100-0{i}" for i in range(3, 9))
     proc = subprocess.Popen(upgrade(lab, TO, hosts, "--waves", "1,5,100%", "--soak", "4s,30s", "--soak-interval", "3",
                                     "--canary", CANARY),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=lab.env, cwd=REPO_ROOT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_for(lab, 3, proc, lambda e: e["event"] == "wave_passed" and e["wave"] == 3)
+        wait_for(lab, cid, proc, lambda e: e["event"] == "wave_passed" and e["wave"] == 3)
         lab.inject("h100-04", "fall-off-bus", "--gpu", "1")
         lab.inject("h100-05", "throughput", "0.85", "--driver", TO)
         lab.ssh("h100-06", f"touch {FAIL_FLAG}")
@@ -138,14 +145,14 @@ def test_faults_during_a_later_soak_roll_back_those_hosts_within_the_budget(lab)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 6, out[-3000:] + err  # h100-04's rollback could not bring its GPU back
-    doc = show(lab, 3)
+    doc = show(lab, cid)
     by = hosts_of(doc)
     assert doc["campaign"]["state"] == "done"
     assert by["h100-04"]["state"] == "rollback_failed" and "1 of 2 GPUs answer NVML" in by["h100-04"]["reason"]
     assert by["h100-05"]["state"] == "rolled_back" and "throughput at the end of the soak" in by["h100-05"]["reason"]
     assert by["h100-06"]["state"] == "rolled_back" and "canary run failed" in by["h100-06"]["reason"]
     assert "exited 1" in by["h100-06"]["reason"]
-    failed = {e["host"]: (e["kind"], e["reason"]) for e in events(lab, 3) if e["event"] == "soak_check_failed"}
+    failed = {e["host"]: (e["kind"], e["reason"]) for e in events(lab, cid) if e["event"] == "soak_check_failed"}
     assert {h: kind for h, (kind, _) in failed.items()} == {"h100-04": "check", "h100-06": "check", "h100-05": "gate"}
     assert "GPU 1 is lost" in failed["h100-04"][1] and "Xid 79" in failed["h100-04"][1]
     assert [by[h]["state"] for h in ("h100-03", "h100-07", "h100-08")] == ["done"] * 3

@@ -389,3 +389,91 @@ def test_the_campaign_precheck_refuses_a_host_whose_next_boot_became_at_risk_aft
     assert "next boot" not in (out["clean"].reason or "")  # (the captured VM's driver is not package-managed)
     assert out["drifted"].outcome == "fail"
     assert out["drifted"].reason.startswith("pre-check: next boot at risk: nouveau.blacklisted: "), out["drifted"].reason
+
+
+# ---- the target judged by the matrix (issue 26) ----------------------------------------------------------
+
+def matrix(tmp_path, text: str):
+    path = tmp_path / "matrix.yml"
+    path.write_text("schema_version: 1\ngroups:\n" + text)
+    return baseline_mod.load(path)
+
+
+def test_a_target_whose_cuda_is_below_the_workloads_is_excluded_per_group(device_facts, tmp_path):
+    """Workloads of group gpu need CUDA 12.8, group legacy's 12.2; all bless 550, 570 and 580. On 570 both pass
+    driver.cuda_support today: to 550 (CUDA 12.4) only legacy may go, with the message the audit would give after."""
+    base = matrix(tmp_path, "  all: {driver: {branches: ['550', '570', '580']}, workloads: {cuda: ['12.8']}}\n"
+                            "  legacy: {workloads: {cuda: ['12.2']}}\n")
+    facts = on(device_facts, "570.86.15")
+    entries = [entry("h100-1", ["gpu"], facts, base), entry("old-1", ["legacy"], facts, base)]
+    today = {f["control"]: f["status"] for f in entries[0]["findings"]}
+    assert today["driver.cuda_support"] == "pass"
+    p = plan.build("550.163.01", plan.parse_ramp("100%"), entries, base)
+    assert names(p["waves"]) == [["old-1"]]
+    (h,) = p["excluded"]
+    assert (h["name"], h["code"]) == ("h100-1", "target_not_blessed")
+    assert h["reason"] == ("550.163.01 fails this host's baseline: driver.cuda_support high: driver 550.163.01 "
+                           "supports CUDA up to 12.4; workloads need 12.8")
+    assert p["target_groups"] == [
+        {"group": "gpu", "hosts": 1, "refused": 1, "takes_target": False, "reason": h["reason"]},
+        {"group": "legacy", "hosts": 1, "refused": 0, "takes_target": True, "reason": None}]
+    assert names(plan.build("580.159.04", plan.parse_ramp("100%"), entries, base)["waves"]) == [["h100-1", "old-1"]]
+    # a group may lower the control below the campaign's severity (campaign.fail_on): then it may go
+    base = matrix(tmp_path, "  all: {driver: {branches: ['550', '570']}, workloads: {cuda: ['12.8']},"
+                            " campaign: {fail_on: critical}}\n")
+    assert names(plan.build("550.163.01", plan.parse_ramp("100%"), [entry("h100-1", ["gpu"], facts, base)],
+                            base)["waves"]) == [["h100-1"]]
+
+
+def test_a_target_whose_packages_would_change_the_flavor_is_excluded(device_facts, tmp_path):
+    """The baseline wants the open module. A host on nvidia-driver-570-open keeps it on 580; a host whose open
+    module came with Ubuntu's plain nvidia-driver-570 name would get the proprietary nvidia-driver-580."""
+    base = matrix(tmp_path, "  all: {driver: {branches: ['570', '580'], flavor: open}}\n")
+
+    def host(package):
+        facts = on(device_facts, "570.86.15")
+        facts["driver"].update(module_flavor="open", packages=[
+            {"name": package, "version": "570.86.15-0ubuntu1", "manager": "dpkg", "role": "driver", "held": True}])
+        return facts
+    entries = [entry("open-1", ["gpu"], host("nvidia-driver-570-open"), base),
+               entry("plain-1", ["gpu"], host("nvidia-driver-570"), base)]
+    assert all({f["control"]: f["status"] for f in e["findings"]}["driver.flavor"] == "pass" for e in entries)
+    p = plan.build("580.159.04", plan.parse_ramp("100%"), entries, base)
+    assert names(p["waves"]) == [["open-1"]]
+    (h,) = p["excluded"]
+    assert h["code"] == "target_not_blessed" and "driver.flavor medium: the proprietary kernel module is loaded; " \
+        "the baseline wants open" in h["reason"]
+    assert p["target_groups"][0]["takes_target"]  # one host of the group can
+
+
+def test_the_target_version_and_the_fabric_manager_are_judged_as_they_would_be(device_facts):
+    facts = on(device_facts, "570.86.15")
+    facts["fabric_manager"].update(nvswitch_present=True, package_version="570.86.15-1", running=True)
+    facts["driver"]["packages"] = [
+        {"name": "nvidia-driver-570-open", "version": "570.86.15-1", "manager": "dpkg", "role": "driver", "held": True},
+        {"name": "nvidia-fabricmanager-570", "version": "570.86.15-1", "manager": "dpkg", "role": "fabricmanager",
+         "held": True}]
+    after = plan.on_target(facts, "570.86.15", "580.159.04")
+    assert after["fabric_manager"]["package_version"] == "580.159.04-1"
+    assert (after["driver"]["module_version"], after["driver"]["branch"], after["driver"]["cuda_driver_version"]) == \
+        ("580.159.04", "580", None)
+    assert facts["driver"]["module_version"] == "570.86.15"  # the host's own facts are left as they are
+    facts["driver"]["packages"] = facts["driver"]["packages"][:1]  # NVSwitch, no fabric manager package to move
+    assert plan.on_target(facts, "570.86.15", "580.159.04")["fabric_manager"]["package_version"] == "570.86.15-1"
+
+
+def test_verify_fails_a_control_that_passed_at_the_precheck_and_judges_the_targets_against_the_target():
+    from orchestrator.campaign import steps
+
+    def finding(control, status, message="m"):
+        return {"control": control, "status": status, "message": message}
+    before = {"findings": {"persistence.daemon": "pass", "runtime.cdi": "pass", "gpu.pcie": "fail",
+                           "driver.cuda_support": "fail", "gpu.count": "pass", "persistence.mode": "pass"}}
+    entry_ = {"findings": [finding("persistence.daemon", "fail", "nvidia-persistenced is not running"),
+                           finding("runtime.cdi", "error", "unread"), finding("gpu.pcie", "fail", "x8"),
+                           finding("driver.cuda_support", "fail", "driver 550 supports CUDA up to 12.4"),
+                           finding("gpu.count", "fail", "1 of 2"), finding("persistence.mode", "pass")]}
+    assert steps.changed_controls(entry_, before) == [
+        "persistence.daemon: nvidia-persistenced is not running (it was pass at the pre-check)",
+        "driver.cuda_support: driver 550 supports CUDA up to 12.4"]
+    assert steps.changed_controls(entry_, {}) == []  # a campaign recorded before the precheck kept every finding
