@@ -42,7 +42,7 @@ def test_no_campaign_to_a_driver_the_baselines_own_rules_fail_and_verify_judges_
         assert made["waves"] == [] and [h["code"] for h in made["excluded"]] == ["target_not_blessed"] * 2
         assert "driver.cuda_support high: driver 550.163.01 supports CUDA up to 12.4; workloads need 12.8" in \
             made["excluded"][0]["reason"]
-        assert [(g["group"], g["takes_target"]) for g in made["target_groups"]] == [("h100", False)]
+        assert [(g["group"], g["takes_target"]) for g in made["target_groups"]] == [("h100_sxm", False)]
         # upgrade: refused in one line, exit 2, nothing changed on any host
         before = {h: packages(lab, h) for h in HOSTS}
         proc = lab.fleetctl("upgrade", "--to", OLDER, "-i", lab.inventory, "-b", str(baseline), *FAST,
