@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import baseline as baseline_mod, inventory, policy, runner, runs, schemas
+from . import baseline as baseline_mod, inputs, inventory, policy, runner, runs, schemas
 from .store import Store
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 3
@@ -50,9 +50,10 @@ def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: basel
         message = f"fact collection failed: {outcome.message}"
         return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
     facts = outcome.results.get("fleetctl.gpu.gpu_facts", {}).get("facts")
-    problem = schemas.first_error("host-facts", facts)
+    problem = inputs.dropped_result(outcome.results, "fleetctl.gpu.gpu_facts") \
+        or schemas.host_result_problem("host-facts", facts)  # too large (or deep), or not valid: one line
     if problem is not None:
-        message = f"the host returned facts fleetctl cannot trust: {schemas.json_path(problem)}: {problem.message[:200]}"
+        message = f"the host returned facts fleetctl cannot trust: {problem}"
         return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
     return host_entry(host, facts, policy.evaluate(facts, base.policy_for(list(host.groups)), reference), True, None)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from . import resources, schemas
+from . import inputs, resources, schemas
 from .errors import InputError, yaml_error
 
 DEFAULT_PATH = resources.data_path("default-baseline.yml")
@@ -73,19 +73,16 @@ def load(path: str | Path | None) -> Baseline:
     if isinstance(path, str) and not path.strip():  # "$BASELINE" unset: not silently the embedded one
         raise InputError(f"--baseline {path!r}: empty (a variable that is not set?)")
     path = Path(path) if path is not None else DEFAULT_PATH
+    raw = inputs.read_regular(path, "baseline", inputs.MAX_DOCUMENT_BYTES)  # a FIFO, /dev/zero...: one line
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read baseline: {e.strerror}") from None
-    try:
-        doc = yaml.safe_load(raw)
-        schemas.check("baseline", doc, str(path))
+        doc = inputs.load_yaml(raw, path)  # YAML too deep or full of aliases: one line
+        schemas.check("baseline", doc, inputs.shown(path))
     except yaml.YAMLError as e:
-        raise yaml_error(path, e) from None
+        raise yaml_error(inputs.shown(path), e) from None
     except RecursionError:
-        raise InputError(f"{path}: nested too deeply to be a baseline") from None
+        raise InputError(f"{inputs.shown(path)}: nested too deeply to be a baseline") from None
     where, key = non_string_key(doc)
     if where:
-        raise InputError(f"{path}: {where}: key {key} is not a string (quote it in the YAML)")
+        raise InputError(f"{inputs.shown(path)}: {where}: key {key} is not a string (quote it in the YAML)")
     return Baseline(path=path, name=doc.get("name", path.stem), digest="sha256:" + hashlib.sha256(raw).hexdigest(),
                     groups=doc["groups"])

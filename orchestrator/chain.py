@@ -117,6 +117,13 @@ def verify(db: sqlite3.Connection, expected_head: str | None = None) -> Verdict:
     """Walk the chain from the start, rebuilding every record from the tables; the first mismatch is named.
     Rows that should have been sealed but are not in the chain (a deleted record) are named too."""
     prev, count = GENESIS, 0
+    try:  # a page of garbage: SQLite's own check names it before any record is read
+        check = [r[0] for r in db.execute("PRAGMA quick_check(5)").fetchall()]
+    except sqlite3.DatabaseError as e:
+        check = [str(e)]
+    if check != ["ok"]:
+        return Verdict(False, 0, GENESIS, {"seq": None, "kind": "database", "ref": "file",
+                                           "why": "the SQLite file is damaged: " + "; ".join(check)[:300]})
     rows = db.execute("SELECT * FROM chain ORDER BY seq").fetchall()
     for n, r in enumerate(rows, 1):
         seq, kind, ref = r[0], r[1], r[2]

@@ -15,9 +15,9 @@ import click
 from rich.console import Console
 
 from . import __version__, audit as audit_mod, logs, plan as plan_mod, probe as probe_mod, render, upgrade as upgrade_mod
-from . import config as config_mod, notify as notify_mod
+from . import config as config_mod, interrupts, notify as notify_mod
 from .errors import InputError, OperationError
-from .store import Store
+from .store import HistoryError, Store
 
 EXIT_USAGE = 2
 
@@ -28,15 +28,35 @@ CAMPAIGN_ID = click.IntRange(1, 2**63 - 1)  # what SQLite can look up: a bigger 
 
 def one_line(message: object) -> str:
     """An error is one line (scripts and cron mail read it): a newline from a path or a value is shown escaped."""
-    return str(message).replace("\r", "\\r").replace("\n", "\\n")
+    return render.clean(str(message).replace("\r", "\\r").replace("\n", "\\n"))  # and no escape sequence
 
 
 def writable(output: str | None) -> None:
-    """Refuse an -o FILE that cannot be written before anything runs or is recorded."""
-    if output:
-        parent = Path(output).resolve().parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK) or Path(output).is_dir():
-            raise InputError(f"{output}: cannot write the report there")
+    """Refuse an -o FILE that cannot be written, or that is a symbolic link in a directory others can write (one
+    planted in /tmp), before anything runs or is recorded. A final symlink is never followed (write_atomically)."""
+    if not output or str(Path(output).absolute()).startswith(STREAM_PATHS):
+        return
+    path = Path(output).absolute()
+    parent = path.parent.resolve()  # the directories on the way may be links; only the final name is not followed
+    if path.is_symlink() and others_can_write(parent):
+        raise InputError(planted_link(output))
+    if not parent.is_dir() or not os.access(parent, os.W_OK) or path.is_dir():
+        raise InputError(f"{output}: cannot write the report there")
+
+
+def others_can_write(directory: Path) -> bool:
+    """Someone besides its owner (this user or root) may create names in DIRECTORY: its group or others may
+    write it (/tmp, even sticky), or it is another user's."""
+    try:
+        st = directory.stat()
+    except OSError:
+        return False
+    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) or st.st_uid not in (0, os.geteuid())
+
+
+def planted_link(output: object) -> str:
+    return (f"{output}: a symbolic link in a directory others can write: not written through it (remove the link "
+            "or write elsewhere)")
 
 
 def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
@@ -55,13 +75,14 @@ def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
 
 
 def stored_argv() -> list[str]:
-    """The command line as the history keeps it: a canary command may carry tokens, so only its program stays."""
+    """The command line as the history keeps it: a canary or drain/undrain command may carry tokens, so only its
+    program stays."""
     argv = sys.argv[1:]
     out = []
     for i, arg in enumerate(argv):
-        if i and argv[i - 1] in ("--command", "--canary"):
+        if i and argv[i - 1] in ("--command", "--canary", "--drain", "--undrain"):
             arg = arg.split()[0] + " [arguments not recorded]" if arg.split() else arg
-        elif arg.startswith(("--command=", "--canary=")):
+        elif arg.startswith(("--command=", "--canary=", "--drain=", "--undrain=")):
             flag, value = arg.split("=", 1)
             arg = flag + "=" + (value.split()[0] + " [arguments not recorded]" if value.split() else "")
         out.append(arg)
@@ -91,19 +112,28 @@ def write_atomically(path: Path, text: str) -> None:
     """PATH holds the old text or the new, never part of one (node_exporter's textfile collector, a web server or
     a cron job may read it at any moment): a temporary file in the same directory, synced, renamed over PATH, with
     the old file's mode (a new one's: 0666 less the umask, as open() gives). Standard streams and file descriptors
-    by name (-o /dev/stdout), devices and FIFOs are written in place."""
-    if (path.exists() and not path.is_file()) or str(path.absolute()).startswith(STREAM_PATHS):
+    by name (-o /dev/stdout), devices and FIFOs are written in place. A symbolic link at PATH is never followed:
+    the rename replaces the link itself, not its target; in a directory others can write it is refused."""
+    if (not path.is_symlink() and path.exists() and not path.is_file()) \
+            or str(path.absolute()).startswith(STREAM_PATHS):
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
         return
-    target = Path(os.path.realpath(path))  # through a symlink: its target is replaced, the link stays
+    target = path.absolute()  # the name itself: a link there is replaced, its target never written
+    if target.is_symlink() and others_can_write(target.parent):
+        raise InputError(planted_link(path))
+    try:
+        st = os.lstat(target)
+        mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
+    except FileNotFoundError:
+        mode = None
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)  # not *.prom
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o666 & ~current_umask())
+        os.chmod(tmp, mode if mode is not None else 0o666 & ~current_umask())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -301,7 +331,7 @@ def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, 
     with Store() as store:
         cid, code, text = upgrade_mod.start(opts, store, stored_argv(), dry_run, terminal(),
                                            notify_mod.from_context())
-    click.echo(text, nl=False)
+    click.echo(render.clean(text), nl=False)  # reasons quote hosts
     sys.exit(code)
 
 
@@ -313,7 +343,7 @@ def campaign() -> None:
 @campaign.command("list")
 def campaign_list() -> None:
     """Every campaign, newest last."""
-    with Store() as store:
+    with Store(readonly=True) as store:
         upgrade_mod.list_table(store, terminal())
 
 
@@ -322,7 +352,7 @@ def campaign_list() -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def campaign_show(campaign_id, fmt) -> None:
     """One campaign: hosts, steps (with attempts and times), reasons."""
-    with Store() as store:
+    with Store(readonly=True) as store:
         doc = upgrade_mod.document(store, campaign_id)
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
@@ -353,7 +383,7 @@ def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window) 
         else:
             code, text = upgrade_mod.resume(store, campaign_id, inventory_path, baseline, window_s, terminal(),
                                             notify_mod.from_context())
-    click.echo(text, nl=False)
+    click.echo(render.clean(text), nl=False)
     sys.exit(code)
 
 
@@ -375,7 +405,7 @@ def rollback(campaign_id, inventory_path, baseline) -> None:
     with Store() as store:
         code, text = upgrade_mod.rollback(store, campaign_id, inventory_path, baseline, terminal(),
                                           notify_mod.from_context())
-    click.echo(text, nl=False)
+    click.echo(render.clean(text), nl=False)
     sys.exit(code)
 
 
@@ -400,7 +430,7 @@ def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
     if sign_key:
         signing.load_private(sign_key)  # a bad key is an input error before anything is written
     writable(output)
-    with Store() as store:
+    with Store(readonly=True) as store:
         doc = report_mod.build(store, since, until, limit)
     render = {"json": lambda d: json.dumps(d, indent=2) + "\n", "csv": report_mod.to_csv, "html": report_mod.to_html,
               "oscal": lambda d: json.dumps(report_mod.to_oscal(d), indent=2) + "\n"}
@@ -422,9 +452,20 @@ def report_verify(head, signature, signed_file, key) -> None:
         ok, line = signing.verify(signature, signed_file, key)
         click.echo(line)
         sys.exit(0 if ok else 1)
-    with Store() as store:
-        verdict = chain.verify(store.db, head)
+    try:
+        with Store(readonly=True) as store:
+            verdict = chain.verify(store.db, head)
+            lingering = [r["id"] for r in store.interrupted_runs()]
+    except HistoryError as e:
+        if "damaged" not in str(e):
+            raise
+        click.echo(f"history damaged: {e}")
+        sys.exit(1)
     click.echo(verdict.line())
+    if lingering:
+        click.echo(f"note: run{'s' if len(lingering) > 1 else ''} {', '.join(map(str, lingering))} never finished: "
+                   "the process that ran them is gone (a crash, kill -9, a history that could not be written); "
+                   "unfinished runs are not in the chain, and the next recorded run closes them as interrupted")
     sys.exit(0 if verdict.ok else 1)
 
 
@@ -437,7 +478,7 @@ def metrics(output, limit) -> None:
     GPUs, Xids, probe medians, campaign states, and the age of the history's chain head."""
     from . import prometheus
     writable(output)
-    with Store() as store:
+    with Store(readonly=True) as store:
         text = prometheus.history_text(store, limit)
     emit(text, output)
 
@@ -448,6 +489,7 @@ cli.add_command(systemd_group(cli))
 
 def main() -> None:
     logs.configure()
+    interrupts.install()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -461,9 +503,11 @@ def main() -> None:
     except (InputError, OperationError) as e:
         click.echo(f"fleetctl: error: {one_line(e)}", err=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("fleetctl: interrupted", err=True)
-        sys.exit(130)
+    except (KeyboardInterrupt, interrupts.Interrupted) as e:
+        name = e.name if isinstance(e, interrupts.Interrupted) else "SIGINT"
+        hint = getattr(e, "hint", None)
+        click.echo(f"fleetctl: interrupted ({name})" + (f": {hint}" if hint else ""), err=True)
+        sys.exit(e.exit_code if isinstance(e, interrupts.Interrupted) else 130)
     except Exception as e:  # a bug: one line for the operator, the traceback with FLEETCTL_DEBUG=1
         if os.environ.get("FLEETCTL_DEBUG"):
             raise

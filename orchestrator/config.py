@@ -21,7 +21,8 @@ from typing import Any
 import click
 import yaml
 
-from . import notify, schemas
+from . import inputs, notify, schemas
+from .render import clean_line
 from .baseline import non_string_key
 from .errors import InputError, yaml_error
 
@@ -89,31 +90,37 @@ def candidates() -> tuple[list[Path], bool]:
 def load() -> Config:
     paths, named = candidates()
     searched = tuple(str(p) for p in paths)
-    if named and not paths[0].exists():
-        raise InputError(f"{paths[0]}: config file not found (${ENV})")
+    if named and not present(paths[0]):
+        raise InputError(f"{inputs.shown(paths[0])}: config file not found (${ENV})")
     for path in paths:
-        if path.exists():
+        if present(path):
             return Config(path, searched, read(path))
     return Config(None, searched)
 
 
+def present(path: Path) -> bool:
+    """Whether PATH exists; one the system cannot even look up (a name too long) is read(), which says why."""
+    try:
+        return path.exists()
+    except OSError:
+        return True
+
+
 def read(path: Path) -> dict[str, Any]:
+    # A FIFO, /dev/zero, a directory, too large: one line (/dev/null is an empty file: no configuration)
+    raw = inputs.read_regular(path, "the config file", inputs.MAX_DOCUMENT_BYTES, devnull_is_empty=True)
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read the config file: {e.strerror}") from None
-    try:
-        doc = yaml.safe_load(raw)
+        doc = inputs.load_yaml(raw, path)  # YAML too deep or full of aliases: one line
     except yaml.YAMLError as e:
-        raise yaml_error(path, e) from None
+        raise yaml_error(inputs.shown(path), e) from None
     except RecursionError:
-        raise InputError(f"{path}: nested too deeply to be a config file") from None
+        raise InputError(f"{inputs.shown(path)}: nested too deeply to be a config file") from None
     if doc is None:  # empty (or /dev/null)
         return {}
     where, key = non_string_key(doc)
     if where:
-        raise InputError(f"{path}: {where}: key {key} is not a string (quote it in the YAML)")
-    schemas.check("config", doc, str(path))
+        raise InputError(f"{inputs.shown(path)}: {where}: key {key} is not a string (quote it in the YAML)")
+    schemas.check("config", doc, inputs.shown(path))
     return normalise(doc, path.parent)
 
 
@@ -185,10 +192,24 @@ def builtin_default(root: click.Command, key: Key) -> Any:
     return None
 
 
+COMMAND_KEYS = ("notify", "drain", "undrain", "canary")  # command lines whose arguments may carry a token
+
+
+def program_only(command: Any) -> Any:
+    """A command line as `config show` prints it: its program, and " [arguments not shown]" when it has more."""
+    if not isinstance(command, str):
+        return command
+    words = command.split()
+    return words[0] + " [arguments not shown]" if len(words) > 1 else command
+
+
 def shown(key: Key, value: Any) -> Any:
-    """A webhook's path (Slack's secret) is never printed."""
+    """A webhook's path (Slack's secret) and the arguments of the notify, drain, undrain and canary commands
+    (tokens) are never printed."""
     if key.name == "webhook" and value:
         return [notify.redact_url(u) for u in value]
+    if key.name in COMMAND_KEYS and value:
+        return [program_only(v) for v in value] if isinstance(value, list) else program_only(value)
     return value
 
 
@@ -236,7 +257,7 @@ def text(doc: dict[str, Any]) -> str:
             value = ", ".join(value) if value else "-"
         elif value is None:
             value = "-"
-        lines.append(f"{name:<{width}}  {value}  ({v['source']})")
+        lines.append(f"{name:<{width}}  {clean_line(value)}  ({clean_line(v['source'])})")  # a file's text: no escapes
     names = doc["environment"][notify.HEADERS_ENV]
     if names:
         lines.append(f"${notify.HEADERS_ENV}: headers {', '.join(names)} (values not shown)")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import inputs
 from .errors import InputError
 
 LOCALHOST = "localhost"
@@ -108,14 +110,18 @@ def load(path: str | None, limit: str | None = None) -> Fleet:
             raise InputError(f"--limit {limit!r} matches no host (no inventory given: the fleet is localhost)")
         return fleet
     source = Path(path)
-    if not source.exists():
-        raise InputError(f"{path}: inventory not found")
     from ansible import constants as C
     from ansible.errors import AnsibleError
     from ansible.inventory.helpers import get_group_vars
-    from ansible.inventory.manager import InventoryManager
+    from ansible.inventory.manager import IGNORED, InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.utils.display import Display
+
+    # Before Ansible reads anything (here, and in ansible-playbook): every file it would read is a regular file of
+    # a bounded size, and what it may read as YAML is neither too deep (libyaml's composer: a segfault) nor full of
+    # aliases (the billion laughs), and groups are nested at most 64 deep (Ansible's time grows with the cube of the
+    # depth). A FIFO, /dev/zero, a name too long: one line.
+    inputs.check_inventory(path, lambda name: bool(IGNORED.search(os.fsencode(name))))
 
     C.INVENTORY_UNPARSED_IS_FAILED = True  # a broken inventory is an error, not an empty fleet
     Display().verbosity = 0

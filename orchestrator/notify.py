@@ -29,6 +29,7 @@ import shlex
 import signal
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import threading
@@ -55,6 +56,7 @@ DEFAULT_TIMEOUT_S = 10.0
 META = "fleetctl.notifier"
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 RESERVED_HEADERS = ("content-type", "content-length", "host", "transfer-encoding", "connection")
+PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,30}")  # a typo worth naming; anything else is not named
 
 
 _STDERR = threading.Lock()
@@ -135,9 +137,14 @@ def load_headers(path: str | None) -> list[tuple[str, str, str]]:
     found: dict[str, tuple[str, str, str]] = {}
     if path:
         try:
-            text = Path(path).read_text()
+            with open(path, "rb") as fh:
+                mode = os.fstat(fh.fileno()).st_mode
+                text = fh.read().decode()
         except (OSError, UnicodeDecodeError) as e:
             raise InputError(f"{path}: cannot read the webhook headers: {getattr(e, 'strerror', None) or e}") from None
+        if stat.S_ISREG(mode) and mode & (stat.S_IRGRP | stat.S_IROTH):  # tokens: for the owner's eyes only
+            raise InputError(f"{path}: the webhook headers file is readable by others (mode "
+                             f"{stat.S_IMODE(mode):04o}): chmod 600 it")
         for name, value in parse_headers(text, path):
             found[name.lower()] = (name, value, path)
     env = os.environ.get(HEADERS_ENV)
@@ -172,8 +179,8 @@ def template_words(template: str) -> list[str]:
     """TEMPLATE split into words, its placeholders checked (an input error now, never at the first event)."""
     try:
         words = shlex.split(template)
-    except ValueError as e:
-        raise InputError(f"--notify {template!r}: {e}") from None
+    except ValueError as e:  # the template is never echoed: its arguments may hold a token
+        raise InputError(f"--notify: cannot split the command into words: {e}") from None
     if not words:
         raise InputError("--notify: empty command")
     sample = dict.fromkeys(PLACEHOLDERS, "x")
@@ -181,8 +188,11 @@ def template_words(template: str) -> list[str]:
         try:
             word.format(**sample)
         except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
-            raise InputError(f"--notify {template!r}: unknown placeholder {e} (use "
-                             + " ".join("{" + p + "}" for p in PLACEHOLDERS) + ")") from None
+            name = e.args[0] if isinstance(e, KeyError) and e.args else None
+            what = (f"unknown placeholder '{name}'" if isinstance(name, str) and PLACEHOLDER_NAME.fullmatch(name)
+                    else "a '{' or '}' that is not a placeholder (write {{ and }} for braces)")
+            raise InputError(f"--notify: {what} (use " + " ".join("{" + p + "}" for p in PLACEHOLDERS) + ")") \
+                from None
     return words
 
 
@@ -261,7 +271,18 @@ class Webhook:
         return error + (f" ({attempt} tries)" if attempt > 1 else "")
 
     def post(self, data: bytes) -> tuple[str | None, bool, float | None]:
-        """(error or None, worth another try, the server's Retry-After)."""
+        """(error or None, worth another try, the server's Retry-After), within twice the timeout in all: the
+        socket timeout bounds each read, and a server that answers a byte at a time would hold it for ever. A try
+        cut short is left to finish in its daemon thread, which the process does not wait for."""
+        done: dict[str, tuple[str | None, bool, float | None]] = {}
+        worker = threading.Thread(target=lambda: done.setdefault("r", self._post(data)), daemon=True)
+        worker.start()
+        worker.join(2 * self.timeout_s)
+        if "r" not in done:
+            return f"no complete answer in {2 * self.timeout_s:g}s", True, None
+        return done["r"]
+
+    def _post(self, data: bytes) -> tuple[str | None, bool, float | None]:
         request = urllib.request.Request(self.url, data=data, method="POST", headers={
             "Content-Type": "application/json; charset=utf-8", "User-Agent": f"fleetctl/{__version__}",
             **self.headers})

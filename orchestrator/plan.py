@@ -41,7 +41,7 @@ from rich.text import Text
 
 import copy
 
-from . import audit, baseline as baseline_mod, policy, runs, schemas
+from . import audit, baseline as baseline_mod, policy, render, runs, schemas
 from .campaign import packages
 from .errors import InputError
 from .store import Store
@@ -347,7 +347,7 @@ def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
 # ---- human output --------------------------------------------------------------------------------
 
 def table(report: dict[str, Any]) -> Table:
-    t = Table(title=f"fleetctl plan to {report['target']}", title_justify="left")
+    t = Table(title=render.safe(f"fleetctl plan to {report['target']}", "table.title"), title_justify="left")
     for name, kw in (("Wave", {"no_wrap": True}), ("Hosts", {"justify": "right"}), ("Total", {"justify": "right"}),
                      ("Fails at", {"justify": "right"}), ("Hosts (from version)", {"overflow": "fold"})):
         t.add_column(name, **kw)
@@ -357,7 +357,7 @@ def table(report: dict[str, Any]) -> Table:
         for h in w["hosts"]:
             by_version.setdefault(h["from_version"], []).append(h["name"])
         names = "; ".join(f"{', '.join(hosts)} (from {version})" for version, hosts in by_version.items())
-        t.add_row(label, str(w["size"]), str(w["cumulative"]), str(w["budget"]["fail_at"]), names)
+        t.add_row(label, str(w["size"]), str(w["cumulative"]), str(w["budget"]["fail_at"]), render.safe(names))
     if not report["waves"]:
         t.add_row("-", "0", "0", "-", Text("no host to move", style="dim"))
     return t
@@ -372,7 +372,7 @@ def left_out_table(report: dict[str, Any]) -> Table | None:
         t.add_column(name, overflow="fold")
     for status, h in rows:
         style = "dim" if status == "skipped" else ("bold magenta" if h["code"] == "unreachable" else "yellow")
-        t.add_row(h["name"], Text(f"{status} ({h['code']})", style=style), h["reason"])
+        t.add_row(render.safe(h["name"]), render.safe(f"{status} ({h['code']})", style), render.safe(h["reason"]))
     return t
 
 
@@ -387,7 +387,7 @@ def summary_line(report: dict[str, Any]) -> Text:
                       for g in report["target_groups"] if not g["takes_target"])
             + f"; ramp {','.join(report['ramp'])}; baseline {report['run']['baseline']['name']}"
             + f"; exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}")
-    return Text(text, style="bold green" if s["exit_code"] == EXIT_OK else "bold magenta")
+    return Text(render.clean_line(text), style="bold green" if s["exit_code"] == EXIT_OK else "bold magenta")
 
 
 def print_plan(report: dict[str, Any], console: Console) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from . import baseline as baseline_mod, gate, inventory, resources, runner, runs, schemas
+from . import baseline as baseline_mod, gate, inputs, inventory, resources, runner, runs, schemas
 from .audit import EXIT_OK, EXIT_UNREACHABLE, xid_overrides
 from .store import Store
 
@@ -65,11 +65,11 @@ def collect(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Basel
         outcome = outcomes[host.name]
         result = outcome.results.get("fleetctl.gpu.gpu_probe", {}).get("probe") if outcome.status == "ok" else None
         error = None if outcome.status == "ok" else outcome.message
-        if result is not None:
-            problem = schemas.first_error("probe-result", result)
+        dropped = inputs.dropped_result(outcome.results, "fleetctl.gpu.gpu_probe") if outcome.status == "ok" else None
+        if result is not None or dropped:
+            problem = dropped or schemas.host_result_problem("probe-result", result)  # too large or deep, or not valid
             if problem is not None:
-                result, error = None, (f"the host returned a probe result fleetctl cannot trust: "
-                                       f"{schemas.json_path(problem)}: {problem.message[:200]}")
+                result, error = None, f"the host returned a probe result fleetctl cannot trust: {problem}"
         results[host.name] = {"reachable": outcome.status != "unreachable", "error": error, "probe": result}
     return results
 

@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
+
+# Text from hosts and files (host and group names, messages, reasons, versions, a baseline's name) is data: it goes
+# into rich as Text, never as markup ("[/red]" would crash the table, after the run was recorded), and without the
+# escape sequences and control characters a terminal would act on (a window title, colours, a cleared screen).
+ESCAPE_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[PX^_][^\x1b]*(?:\x1b\\)?"
+                             r"|[ -/]*[0-~])?")  # CSI, OSC, DCS/SOS/PM/APC, the short ones; a lone ESC
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0 but \n \t, DEL, C1, bidi
+
+
+def clean(value: object) -> str:
+    """VALUE (from a host or a file) as a terminal may show it: escape sequences and control characters (but a
+    newline and a tab) removed. JSON keeps the data as it is (it escapes them)."""
+    return CONTROL.sub("", ESCAPE_SEQUENCE.sub("", str(value)))
+
+
+def clean_line(value: object) -> str:
+    """clean(VALUE) on one line: a newline (which could forge a line of its own) shown as \\n, a tab as a space."""
+    return clean(value).replace("\n", "\\n").replace("\t", " ")
+
+
+def safe(value: object, style: str = "") -> Text:
+    """VALUE for a rich table cell or title: Text (never parsed as markup), cleaned."""
+    return Text(clean(value), style=style)
+
 
 STATUS_STYLE = {"fail": "bold red", "error": "bold magenta", "warn": "yellow", "pass": "green", "not_applicable": "dim"}
 SEVERITY_STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
@@ -17,8 +42,8 @@ SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3, "info": 4}
 
 
 def audit_table(report: dict[str, Any], show_all: bool = False) -> Table:
-    table = Table(title=f"fleetctl audit - baseline {report['run']['baseline']['name']}", title_justify="left",
-                  show_lines=False, expand=False)
+    table = Table(title=safe(f"fleetctl audit - baseline {report['run']['baseline']['name']}", "table.title"),
+                  title_justify="left", show_lines=False, expand=False)
     for name, kw in (("Host", {"style": "bold"}), ("Control", {"no_wrap": True}), ("Severity", {}), ("Status", {}),
                      ("Finding", {"overflow": "fold"})):
         table.add_column(name, **kw)
@@ -28,15 +53,17 @@ def audit_table(report: dict[str, Any], show_all: bool = False) -> Table:
         shown.sort(key=lambda f: (STATUS_ORDER[f["status"]], SEVERITY_ORDER[f["severity"]]))
         passed = sum(1 for f in host["findings"] if f["status"] == "pass")
         groups = [g for g in host["groups"] if g != "ungrouped"]
-        label = Text(host["name"]) + Text(f"\n{', '.join(groups)}" if groups else "", style="dim")
+        label = safe(host["name"]) + safe(f"\n{', '.join(groups)}" if groups else "", style="dim")
         if i:
             table.add_section()
         if not shown:
             table.add_row(label, "", "", Text("pass", style="green"), f"all {passed} applicable controls pass")
             continue
         for j, f in enumerate(shown):
-            table.add_row(label if j == 0 else "", f["control"], Text(f["severity"], style=SEVERITY_STYLE[f["severity"]]),
-                          Text(STATUS_LABEL.get(f["status"], f["status"]), style=STATUS_STYLE[f["status"]]), f["message"])
+            table.add_row(label if j == 0 else "", safe(f["control"]),
+                          safe(f["severity"], SEVERITY_STYLE[f["severity"]]),
+                          safe(STATUS_LABEL.get(f["status"], f["status"]), STATUS_STYLE[f["status"]]),
+                          safe(f["message"]))
         if not show_all and passed:
             table.add_row("", "", "", Text("pass", style="green"), Text(f"{passed} other controls pass", style="dim"))
     return table
@@ -77,8 +104,8 @@ def probe_table(report: dict[str, Any]) -> Table:
         style = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}.get(status, "bold magenta")
         gpus = f"{p['health']['gpu_count']}/{len(p['health']['gpus'])}" if p else "-"
         xids = ", ".join(str(e["code"]) for e in p["health"]["xid"]["events"]) if p else "-"
-        table.add_row(host["name"], Text(status, style=style), gpus, xids or "none",
-                      *(_spread(p, m) for m in metrics), "; ".join(host["health"]["reasons"]))
+        table.add_row(safe(host["name"]), safe(status, style), safe(gpus), safe(xids or "none"),
+                      *(_spread(p, m) for m in metrics), safe("; ".join(host["health"]["reasons"])))
     return table
 
 

@@ -139,18 +139,31 @@ def campaigns(store: Store, since_ts: str | None, until_ts: str | None) -> list[
     return out
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may read as a formula (OWASP: CSV injection)
+
+
+def cell(value: Any) -> Any:
+    """A CSV cell from a host, an inventory or a baseline, never a live formula: one starting with = + - @, a tab
+    or a carriage return gets a leading single quote (OWASP's guidance), the value otherwise kept."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+
+
 def to_csv(report: dict[str, Any]) -> str:
-    """One row per host x control, for spreadsheets."""
+    """One row per host x control, for spreadsheets (every text cell through cell())."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, CSV_FIELDS, lineterminator="\n")
+    # csv quotes a field holding "\n" but not a lone "\r", which a spreadsheet reads as a new row (whose first cell
+    # could be a formula): such a row is written with every field quoted.
+    quoted = csv.DictWriter(buf, CSV_FIELDS, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writeheader()
     for h in report["hosts"]:
         for f in h["findings"]:
-            writer.writerow({"host": h["name"], "groups": " ".join(h["groups"]), "audit_run": h["audit"]["run"],
-                             "audited_at": h["audit"]["at"], "control": f["control"], "severity": f["severity"],
-                             "status": f["status"], "message": f["message"],
-                             "baseline_digest": h["audit"]["baseline"]["digest"],
-                             "evidence": json.dumps(f["evidence"], sort_keys=True)})
+            row = {"host": h["name"], "groups": " ".join(h["groups"]), "audit_run": h["audit"]["run"],
+                   "audited_at": h["audit"]["at"], "control": f["control"], "severity": f["severity"],
+                   "status": f["status"], "message": f["message"], "baseline_digest": h["audit"]["baseline"]["digest"],
+                   "evidence": json.dumps(f["evidence"], sort_keys=True)}
+            cells = {k: cell(v) for k, v in row.items()}
+            (quoted if any(isinstance(v, str) and "\r" in v for v in cells.values()) else writer).writerow(cells)
     buf.write(f"# chain head {report['chain']['digest']} ({report['chain']['records']} records)\n")
     return buf.getvalue()
 

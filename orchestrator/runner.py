@@ -16,7 +16,7 @@ from typing import Any
 
 import ansible_runner
 
-from . import preflight, resources
+from . import interrupts, preflight, resources
 from .errors import InputError, OperationError
 from .inventory import Fleet
 
@@ -97,13 +97,17 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleetctl-runner-") as private:
         worker = worker_command()
-        if worker:
-            rc, why = run_on_worker(worker, private, name, job, on_event)
-        else:
-            env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=collections_path(), PATH=search_path())
-            result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
-                                        envvars=env, event_handler=on_event, **job)
-            rc, why = result.rc, None  # its output is read only when the run failed
+        # A signal stops ansible-playbook through ansible-runner (interrupts.requested) and is raised when it
+        # returns: no half-run's results are ever used.
+        with interrupts.deferred():
+            if worker:
+                rc, why = run_on_worker(worker, private, name, job, on_event)
+            else:
+                env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=collections_path(), PATH=search_path())
+                result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
+                                            envvars=env, event_handler=on_event,
+                                            cancel_callback=interrupts.requested, **job)
+                rc, why = result.rc, None  # its output is read only when the run failed
         if rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
             if rc is None or rc < 0:  # SIGKILL (OOM killer, an operator), not a fleetctl bug
                 signal = f" by signal {-rc}" if rc else ""
@@ -141,7 +145,8 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
                     ignore=shutil.ignore_patterns("molecule", "tests", "__pycache__"))
     with tempfile.TemporaryFile() as stream, tempfile.TemporaryFile() as errors:
         ansible_runner.run(streamer="transmit", _output=stream, private_data_dir=private,
-                           playbook=resources.playbook(name).name, envvars=dict(ANSIBLE_ENV), **job)
+                           playbook=resources.playbook(name).name, envvars=dict(ANSIBLE_ENV),
+                           cancel_callback=interrupts.requested, **job)
         stream.seek(0)
         try:
             # A local worker finds ansible-playbook as fleetctl does; over ssh, the execution node's own PATH rules.
@@ -150,8 +155,13 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
         except OSError as e:
             raise OperationError(f"FLEETCTL_WORKER {shlex.join(worker)}: {e.strerror}") from None
         with proc:
-            processed = ansible_runner.run(streamer="process", _input=proc.stdout, private_data_dir=private,
-                                           event_handler=on_event, quiet=True)
+            try:
+                processed = ansible_runner.run(streamer="process", _input=proc.stdout, private_data_dir=private,
+                                               event_handler=on_event, quiet=True,
+                                               cancel_callback=interrupts.requested)
+            finally:
+                if interrupts.requested() and proc.poll() is None:
+                    proc.terminate()  # the worker stops its ansible-playbook
         errors.seek(0)
         said = errors.read().decode(errors="replace").strip().splitlines()
     if processed.status in ("successful", "failed"):  # the job ran: the worker exits with ansible-playbook's rc

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from . import __version__, baseline as baseline_mod, inventory, runner
+from . import __version__, baseline as baseline_mod, interrupts, inventory, runner
 from .store import Store
 
 
@@ -42,7 +42,12 @@ def recorded(store: Store, kind: str, argv: list[str], fleet: inventory.Fleet, b
     try:
         yield Run(run_id, run_uuid, kind, fleet, base, limit)
     except BaseException as e:
-        store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
+        with interrupts.deferred():  # the record is written whole, a second signal waits for it
+            if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):  # never findings: the run was stopped
+                code = e.exit_code if isinstance(e, interrupts.Interrupted) else 130
+                store.fail_run(run_id, f"interrupted by {getattr(e, 'name', 'SIGINT')}", code, status="interrupted")
+            else:
+                store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
         raise
 
 

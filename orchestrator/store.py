@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sqlite3
+import urllib.parse
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +20,54 @@ from typing import Any
 from . import __version__, chain
 from .errors import OperationError
 
+
+class HistoryError(OperationError):
+    """The history cannot be read or written (read-only, full, damaged, busy): an operating error, not a bug."""
+
+    exit_code = 74  # EX_IOERR
+
+
+def history_error(path: Path, e: BaseException) -> HistoryError:
+    """One line naming the history file and the cause."""
+    text = str(e)
+    low = text.lower()
+    if "readonly" in low or "read-only" in low or isinstance(e, PermissionError):
+        why = "it is read-only here (file, directory or file system); fleetctl report, metrics and campaign show " \
+              "read it as it is"
+    elif "full" in low or "i/o" in low or "too large" in low:
+        why = f"it cannot be written ({text}): free space on its file system, then run the command again"
+    elif "malformed" in low or "not a database" in low or "corrupt" in low:
+        why = f"it is damaged ({text}): `fleetctl report verify` says how; restore it from a backup"
+    elif "locked" in low or "busy" in low:
+        why = "another fleetctl holds it for longer than 30 s"
+    else:
+        why = text
+    return HistoryError(f"{path}: the history: {why}")
+
+
+def process_identity() -> dict[str, Any]:
+    """This process as the history names it: a pid and its kernel start time name one process."""
+    try:
+        start = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = None
+    return {"node": socket.getfqdn(), "pid": os.getpid(), "start": start}
+
+
+def process_gone(identity: str | None) -> bool:
+    """Whether the process recorded as IDENTITY (JSON) is gone from this machine (a run it left `running` was
+    interrupted: a crash, kill -9, a history that could not be written at its end)."""
+    if not identity:
+        return False
+    d = json.loads(identity)
+    if d.get("node") != socket.getfqdn():
+        return False  # another machine's: not ours to judge
+    try:
+        start = Path(f"/proc/{d['pid']}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return True
+    return start != d.get("start")
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY,
@@ -26,7 +75,7 @@ CREATE TABLE IF NOT EXISTS runs (
     kind TEXT NOT NULL,                -- audit | probe | campaign ...
     started_at TEXT NOT NULL,
     finished_at TEXT,
-    status TEXT NOT NULL,              -- running | done | failed
+    status TEXT NOT NULL,              -- running | done | failed | interrupted
     exit_code INTEGER,
     operator TEXT NOT NULL,
     control_node TEXT NOT NULL,
@@ -82,6 +131,27 @@ def home() -> Path:
     return Path(state) / "fleetctl"
 
 
+def private(history: Path) -> None:
+    """The history and its directory are the operator's (its argv, hosts, findings): a directory fleetctl creates
+    for it is 0700 (its parents as mkdir -p makes them; an existing one is left as it is: it may be shared on
+    purpose), a history it creates is 0600 before SQLite opens it (the -wal and -shm files take its mode), and an
+    existing history (or -wal, -shm) of this user's loses the bits that let other users read it (its group's are
+    left: a history shared with a group on purpose)."""
+    history.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        os.close(os.open(history, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return
+    except FileExistsError:
+        pass
+    for path in (history, Path(f"{history}-wal"), Path(f"{history}-shm")):
+        try:
+            st = os.stat(path)
+            if st.st_uid == os.geteuid() and st.st_mode & 0o007:
+                os.chmod(path, st.st_mode & 0o7770)
+        except OSError:
+            continue
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -94,25 +164,48 @@ def operator() -> str:
 
 
 class Store:
-    def __init__(self, path: Path | None = None):
+    def __init__(self, path: Path | None = None, readonly: bool = False):
+        """READONLY (report, metrics, campaign show): an existing history is opened read-only and its bytes are
+        left as they are; it works on a read-only file or file system."""
         self.path = path or home() / "history.sqlite3"
+        self.readonly = readonly and self.path.exists()
+        if self.readonly:
+            self.db = self._open_readonly()
+            self.db.row_factory = sqlite3.Row
+            return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private(self.path)  # $FLEETCTL_HOME 0700 and the history 0600 when fleetctl creates them
             self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
         except (OSError, sqlite3.Error) as e:
-            raise OperationError(f"{self.path}: cannot open the history: {e}") from None
+            raise history_error(self.path, e) from None
         self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise OperationError(f"{self.path} was written by a newer fleetctl (history schema {version})")
-        self.db.executescript(SCHEMA + chain.SCHEMA)
-        columns = {r[1] for r in self.db.execute("PRAGMA table_info(host_results)")}
-        if "groups" not in columns:  # histories written before groups were kept
-            self.db.execute("ALTER TABLE host_results ADD COLUMN groups TEXT")
-        self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        try:
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise OperationError(f"{self.path} was written by a newer fleetctl (history schema {version})")
+            self.db.executescript(SCHEMA + chain.SCHEMA)
+            for table, column in (("host_results", "groups"), ("runs", "process")):
+                if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")  # histories from before it
+            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.Error as e:
+            self.db.close()
+            raise history_error(self.path, e) from None
+
+    def _open_readonly(self) -> sqlite3.Connection:
+        uri = "file:" + urllib.parse.quote(str(self.path.resolve()))
+        last: BaseException | None = None
+        for mode in ("?mode=ro", "?mode=ro&immutable=1"):  # immutable: no -shm can be made beside it
+            try:
+                db = sqlite3.connect(uri + mode, uri=True, timeout=30, isolation_level=None)
+                db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+                return db
+            except sqlite3.Error as e:
+                last = e
+        raise history_error(self.path, last) from None
 
     def close(self) -> None:
         self.db.close()
@@ -120,19 +213,24 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, e: BaseException | None, tb: Any) -> None:
         self.close()
+        if isinstance(e, sqlite3.Error):  # read-only, full, damaged or busy: one line naming the file
+            raise history_error(self.path, e) from None
 
     def begin_run(self, kind: str, argv: list[str], inventory: str, limit: str | None,
                   baseline: Any | None) -> tuple[int, str]:
+        for stale in self.interrupted_runs():  # closed now, so no run lingers as `running` for ever
+            self.fail_run(stale["id"], "interrupted: its process was gone when a later run began (a crash, kill -9, "
+                                       "or a history that could not be written)", None, status="interrupted")
         run_uuid = str(uuid.uuid4())
         cur = self.db.execute(
             "INSERT INTO runs (uuid, kind, started_at, status, operator, control_node, tool_version, argv,"
-            " inventory, host_limit, baseline_name, baseline_path, baseline_digest)"
-            " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " inventory, host_limit, baseline_name, baseline_path, baseline_digest, process)"
+            " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_uuid, kind, now(), operator(), socket.getfqdn(), __version__, json.dumps(argv), inventory, limit,
              getattr(baseline, "name", None), str(getattr(baseline, "path", "")) or None,
-             getattr(baseline, "digest", None)))
+             getattr(baseline, "digest", None), json.dumps(process_identity())))
         return cur.lastrowid, run_uuid
 
     def finish_run(self, run_id: int, exit_code: int, summary: dict[str, Any],
@@ -152,7 +250,7 @@ class Store:
                       json.dumps(f["evidence"], sort_keys=True), f["remediation"]) for f in h["findings"]])
             self.seal_run(run_id, exit_code, summary, "done")
 
-    def seal_run(self, run_id: int, exit_code: int, summary: dict[str, Any], status: str) -> None:
+    def seal_run(self, run_id: int, exit_code: int | None, summary: dict[str, Any], status: str) -> None:
         """Close the run and add it to the hash chain (inside the caller's transaction)."""
         stamp = now()
         self.db.execute("UPDATE runs SET finished_at=?, status=?, exit_code=?, summary=? WHERE id=?",
@@ -213,10 +311,19 @@ class Store:
     def probe_results(self, run_id: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM probe_results WHERE run_id=? ORDER BY host", (run_id,)).fetchall()
 
-    def fail_run(self, run_id: int, message: str, exit_code: int) -> None:
+    def fail_run(self, run_id: int, message: str, exit_code: int | None, status: str = "failed") -> None:
+        """Close a run that did not finish: failed (an error) or interrupted (a signal), never with findings."""
         with self.db:
             self.db.execute("BEGIN")
-            self.seal_run(run_id, exit_code, {"error": message}, "failed")
+            self.seal_run(run_id, exit_code, {"error": message}, status)
+
+    def interrupted_runs(self) -> list[sqlite3.Row]:
+        """Runs left `running` by a process of this machine that is gone: interrupted, never finished."""
+        try:
+            rows = self.db.execute("SELECT * FROM runs WHERE status='running' ORDER BY id").fetchall()
+        except sqlite3.OperationalError:
+            return []
+        return [r for r in rows if "process" in r.keys() and process_gone(r["process"])]
 
     def run(self, run_id: int) -> sqlite3.Row | None:
         return self.db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()

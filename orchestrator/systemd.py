@@ -15,13 +15,15 @@ Four units at most, each headed by MARKER so that uninstall (and a later install
 Every command line is checked by fleetctl's own click parser (and the upgrade's values by the functions the
 upgrade uses) before a unit is written, so a unit never holds a command fleetctl would reject. The units pin
 FLEETCTL_HOME (and FLEETCTL_CONFIG, when a config file is in use) to what the installing shell uses; webhooks and
---notify commands are never written into a unit (world-readable): the units read them from the config file.
+--notify commands are never written into a unit (world-readable): the units read them from the config file, as
+they read --drain/--undrain templates whose arguments look like a secret (refused on the command line).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,6 +53,13 @@ OWN_UPGRADE_PARAMS = {"target", "yes", "dry_run", "window", "inventory_path", "l
 # webhook URL is a bearer secret and a --notify command may carry a token (the history keeps neither whole). The
 # units read them from the config file (FLEETCTL_CONFIG is pinned: see environment()).
 SECRET_PARAMS = {"notify", "webhook"}
+# --drain/--undrain templates go into the window's ExecStart= too: one whose arguments look like a secret (a token,
+# a password, credentials in a URL, a long random word) is refused as --notify is; the config file's `drain:` and
+# `undrain:` keys hold such a template (the units read the file), and the history keeps only its program.
+HOOK_PARAMS = {"drain": "--drain", "undrain": "--undrain"}
+SECRET_NAME = re.compile(r"(?i)token|passw|secret|api[-_]?key|bearer|auth|credential|private[-_]?key|cookie")
+URL_CREDENTIALS = re.compile(r"://[^/@\s]+:[^/@\s]*@")
+RANDOM_WORD = re.compile(r"(?=.*[A-Za-z])(?=.*[0-9])[A-Za-z0-9+/_.=~-]{24,}")
 # Passed on from the installing shell when set (FLEETCTL_HOME is always pinned: see environment()).
 PASSED_ENV = ("FLEETCTL_WORKER",)
 CALENDAR_CHARS = re.compile(r"[A-Za-z0-9*:.,/~ _+-]+")  # a rough check where systemd-analyze is not installed
@@ -392,9 +401,31 @@ def given_words(ctx: click.Context, params: dict, passthrough: list[click.Option
     return out
 
 
+def secret_in(template: str) -> str | None:
+    """What in a hook TEMPLATE's arguments looks like a secret (never the word itself), or None."""
+    try:
+        words = shlex.split(template)
+    except ValueError:
+        words = template.split()
+    for word in words[1:]:
+        if URL_CREDENTIALS.search(word):
+            return "credentials in a URL"
+        if SECRET_NAME.search(word):
+            return "a token, password or key"
+        if any(RANDOM_WORD.fullmatch(part) for part in re.split(r"[=:,@ ]", word) if not part.startswith(("/", "."))):
+            return "a long random-looking word"
+    return None
+
+
 def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list[click.Option]) -> Units:
     p = params
     given = given_words(ctx, p, passthrough)
+    for name, flag in HOOK_PARAMS.items():
+        why = secret_in(p[name]) if any(n == name for n, _ in given) and p.get(name) else None
+        if why:
+            raise click.UsageError(f"{flag}: its arguments look like they hold a secret ({why}); it is not written "
+                                   "into a unit (world-readable, and `systemctl show` shows it to any user): set "
+                                   f"`{name}:` in the config file, which the units read (fleetctl config show)")
     if p["audit_output"] is not None and p["audit_schedule"] is None:
         raise click.UsageError("--audit-output needs --audit-schedule")
     if p["window"] is None:
@@ -527,7 +558,10 @@ def systemd_group(root: click.Group) -> click.Group:
     @group.command("install", epilog=f"The options from {passthrough[0].opts[-1] if passthrough else '--waves'} "
                    "on are `fleetctl upgrade`'s: each given goes into every unit command that takes it (--forks and "
                    "the notification options also into the audit's and the resume's). --notify and --webhook are "
-                   "not written into units (world-readable): the units read them from the config file.")
+                   "not written into units (world-readable): the units read them from the config file. Nor is a "
+                   "--drain or --undrain template whose arguments look like a secret (a token, password or key, "
+                   "credentials in a URL, a long random word): it is refused; set `drain:`/`undrain:` in the config "
+                   "file instead.")
     @click.option("--audit-schedule", metavar="CALENDAR",
                   help="Audit on this systemd calendar expression: daily, hourly, 'Mon..Fri 06:00'.")
     @click.option("--audit-output", metavar="FILE",

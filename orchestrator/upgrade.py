@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import audit, baseline as baseline_mod, inventory, notify, notify_events, plan, runs
+from . import audit, baseline as baseline_mod, interrupts, inventory, notify, notify_events, plan, runs
 from .campaign import hooks, packages, progress, soak, steps, transitions
+from .render import clean_line, safe
 from .campaign.engine import READ_ONLY_STEPS, Engine, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .errors import InputError, OperationError
@@ -146,11 +147,17 @@ def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod
     notes = notify_events.CampaignNotes(notifier, journal, cid) if notifier else None
     listener, view = listener_for(journal, cid, console, notes)
     journal.listener = listener
-    with notify_events.delivering(notes):  # at the end: every notification sent or failed, failures recorded
-        if view is None:
-            return engine.run()
-        with view:
-            return engine.run()
+    try:
+        with notify_events.delivering(notes):  # at the end: every notification sent or failed, failures recorded
+            if view is None:
+                return engine.run()
+            with view:
+                return engine.run()
+    except interrupts.Interrupted as e:  # between two journal writes: the record is consistent, resume goes on
+        with interrupts.deferred():
+            journal.note(cid, "interrupted", signal=e.name, state=journal.campaign(cid)["state"])
+        e.hint = f"campaign {cid} stopped between steps; go on with: fleetctl campaign resume {cid}"
+        raise
 
 
 def exit_code(journal: Journal, cid: int) -> int | None:
@@ -413,33 +420,34 @@ def list_table(store: Store, console: Console) -> None:
         counts = journal.tally(c["id"])
         run = store.run(c["run_id"])
         style = progress.STATE_STYLE.get(c["state"], "cyan")
-        t.add_row(str(c["id"]), c["target"], Text(c["state"], style=style),
+        t.add_row(str(c["id"]), safe(c["target"]), safe(c["state"], style),
                   f"{c['wave']}/{len(json.loads(c['plan'])['waves'])}",
-                  ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), c["created_at"][:19],
-                  run["operator"], (c["reason"] or "")[:100])
+                  safe(", ".join(f"{n} {s}" for s, n in sorted(counts.items()))), safe(c["created_at"][:19]),
+                  safe(run["operator"]), safe((c["reason"] or "")[:100]))
     console.print(t)
 
 
 def show_table(doc: dict[str, Any], console: Console) -> None:
     c = doc["campaign"]
-    t = Table(title=f"campaign {c['id']} to {c['target']}: {c['state']}", title_justify="left")
+    t = Table(title=safe(f"campaign {c['id']} to {c['target']}: {c['state']}", "table.title"), title_justify="left")
     for col in ("Wave", "Host", "From", "State", "Steps", "Reason"):
         t.add_column(col, overflow="fold")
     for h in doc["hosts"]:
         steps = " ".join(f"{s['step']}:{s['status']}" + (f"x{s['attempts']}" if s["attempts"] > 1 else "")
                          for s in h["steps"])
-        t.add_row(str(h["wave"]), h["name"], h["from_version"] or "", Text(h["state"],
-                  style=progress.STATE_STYLE.get(h["state"], "cyan")), steps, h["reason"] or "")
+        t.add_row(str(h["wave"]), safe(h["name"]), safe(h["from_version"] or ""),
+                  safe(h["state"], progress.STATE_STYLE.get(h["state"], "cyan")), safe(steps), safe(h["reason"] or ""))
     console.print(t)
     s = doc["soak"]
     if s["soaking"]:
-        console.print(f"soaking after wave {s['after_wave']}: {s['remaining_s']:.0f}s left; last check "
-                      f"{(s['last_check_at'] or 'none yet')[:19]}")
+        console.print(Text(clean_line(f"soaking after wave {s['after_wave']}: {s['remaining_s']:.0f}s left; last "
+                                      f"check {(s['last_check_at'] or 'none yet')[:19]}")))
     for name, h in s["hosts"].items():
         if h["last"]:
             seen = "; ".join(h["last"]["seen"]) or "nothing wrong"
-            console.print(f"soak {name}: {h['checks']} checks, {h['failed_canary_runs']} failed canary runs; last "
-                          f"{h['last']['kind']} {h['last']['status']} at {h['last']['at'][11:19]}: {seen}"[:300])
+            console.print(Text(clean_line(f"soak {name}: {h['checks']} checks, {h['failed_canary_runs']} failed canary "
+                                          f"runs; last {h['last']['kind']} {h['last']['status']} at "
+                                          f"{h['last']['at'][11:19]}: {seen}"[:300])))
     if c["reason"]:
-        console.print(f"reason: {c['reason']}")
-    console.print(f"exit {c['exit_code']}; event log: {doc['event_log']}")
+        console.print(Text(clean_line(f"reason: {c['reason']}")))
+    console.print(Text(clean_line(f"exit {c['exit_code']}; event log: {doc['event_log']}")))

@@ -133,7 +133,8 @@ class Engine:
                 self.load_befores()
                 self.journal.record_soak(self.cid, gap, "check", soak.observe(self.ctx, hosts, final=False))
                 continue
-            time.sleep(min(1.0, max(0.0, (min(deadline, due) - now_).total_seconds())))
+            wake = min(deadline, due) if hosts else deadline  # nothing to watch: only the clock
+            time.sleep(min(1.0, max(0.05, (wake - now_).total_seconds())))
         if self.window_closed():
             self.journal.transition(self.cid, "window_closed",
                                     reason=f"the maintenance window closed at {self.options['window_end']} "

@@ -50,14 +50,14 @@ def argv(template: str, values: dict[str, str], where: str = "hook") -> list[str
     try:
         words = shlex.split(template)
     except ValueError as e:
-        raise InputError(f"{where} {template!r}: {e}") from None
+        raise InputError(f"{where}: cannot split the command into words: {e}") from None  # never the template
     if not words:
         raise InputError(f"{where}: empty command")
     try:
         return [w.format(**values) for w in words]
     except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:  # {x} {0} {host!z} {host.x} {host[x]}
-        raise InputError(f"{where} {template!r}: unknown placeholder {e} (use {{host}}, {{node}}, {{campaign}})") \
-            from None
+        raise InputError(f"{where}: an unknown placeholder (use {{host}}, {{node}}, {{campaign}}; {{{{ and }}}} for "
+                         f"braces)") from None
 
 
 def run(template: str | None, hosts: dict[str, str], campaign: int, timeout_s: float) -> dict[str, dict[str, Any]]:
@@ -67,15 +67,16 @@ def run(template: str | None, hosts: dict[str, str], campaign: int, timeout_s: f
 
     def one(host: str) -> tuple[str, dict[str, Any]]:
         command = argv(template, {"host": host, "node": hosts[host], "campaign": str(campaign)})
+        shown = [command[0], "[arguments not recorded]"]  # the history keeps no token a template may carry
         started = time.monotonic()
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
-            return host, {"ok": False, "reason": f"hook {command[0]}: command not found", "detail": {"argv": command}}
+            return host, {"ok": False, "reason": f"hook {command[0]}: command not found", "detail": {"argv": shown}}
         except subprocess.TimeoutExpired:
             return host, {"ok": False, "reason": f"hook {command[0]}: no answer in {timeout_s:g}s",
-                          "detail": {"argv": command}}
-        detail = {"argv": command, "rc": proc.returncode, "seconds": round(time.monotonic() - started, 3),
+                          "detail": {"argv": shown}}
+        detail = {"argv": shown, "rc": proc.returncode, "seconds": round(time.monotonic() - started, 3),
                   "output": (proc.stdout + proc.stderr)[-1000:]}
         if proc.returncode != 0:
             last = (proc.stderr or proc.stdout).strip().splitlines()

@@ -117,7 +117,9 @@ class Journal:
     def __init__(self, store: Store, listener=None):
         self.store = store
         self.db = store.db
-        self.db.executescript(SCHEMA)
+        if not getattr(store, "readonly", False):
+            self.db.executescript(SCHEMA)
+        self.empty = not self.db.execute("SELECT 1 FROM sqlite_master WHERE name='campaigns'").fetchone()
         self.listener = listener  # called with every event (progress display, JSONL log)
         self._pending: list[dict[str, Any]] = []
 
@@ -177,13 +179,15 @@ class Journal:
         return cid, locked
 
     def campaign(self, cid: int) -> sqlite3.Row:
+        if self.empty:  # a read-only history that never ran a campaign
+            raise LookupError(cid)
         row = self.db.execute("SELECT * FROM campaigns WHERE id=?", (cid,)).fetchone()
         if row is None:
             raise LookupError(cid)
         return row
 
     def campaigns(self) -> list[sqlite3.Row]:
-        return self.db.execute("SELECT * FROM campaigns ORDER BY id").fetchall()
+        return [] if self.empty else self.db.execute("SELECT * FROM campaigns ORDER BY id").fetchall()
 
     def claim(self, cid: int) -> None:
         """Become the process driving campaign CID; refused while another live process does."""
@@ -362,7 +366,11 @@ class Journal:
             if value is not None:
                 query += f" AND {column}=?"
                 args.append(value)
-        return [dict(r, detail=json.loads(r["detail"])) for r in self.db.execute(query + " ORDER BY id", args)]
+        try:
+            rows = self.db.execute(query + " ORDER BY id", args).fetchall()
+        except sqlite3.OperationalError:  # a read-only history from before the watched soak
+            return []
+        return [dict(r, detail=json.loads(r["detail"])) for r in rows]
 
     def events(self, cid: int) -> list[dict[str, Any]]:
         return [{"campaign": cid, "seq": r["seq"], "at": r["at"], "event": r["event"], "host": r["host"],

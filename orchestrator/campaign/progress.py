@@ -15,8 +15,8 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from rich.text import Text
 
+from ..render import clean_line, safe
 from ..store import home
 
 STATE_STYLE = {"done": "green", "skipped": "dim", "failed": "bold red", "held": "bold yellow",
@@ -87,7 +87,7 @@ class PlainLines:
 
     def __call__(self, record: dict[str, Any]) -> None:
         who = f" {record['host']}" if record.get("host") else ""
-        self.out.write(f"{record['at']} campaign {record['campaign']}{who}: {describe(record)}\n")
+        self.out.write(clean_line(f"{record['at']} campaign {record['campaign']}{who}: {describe(record)}") + "\n")
         self.out.flush()
 
 
@@ -111,16 +111,17 @@ class LiveView:
                f"last check {self.last_check}"
 
     def render(self) -> Table:
-        t = Table(title=self.title, title_justify="left", expand=False, caption=self.soak_line(),
-                  caption_justify="left")
+        caption = self.soak_line()
+        t = Table(title=safe(self.title, "table.title"), title_justify="left", expand=False,
+                  caption=safe(clean_line(caption), "table.caption") if caption else None, caption_justify="left")
         for col in ("Wave", "Host", "State", "Step", "Reason"):
             t.add_column(col, overflow="fold")
         for h in sorted(self.hosts.values(), key=lambda h: (h["wave"], h["position"])):
             style = STATE_STYLE.get(h["state"], "cyan")
-            t.add_row(str(h["wave"]), h["host"], Text(h["state"], style=style), h.get("step") or "",
-                      (h.get("reason") or "")[:120])
+            t.add_row(str(h["wave"]), safe(h["host"]), safe(h["state"], style), safe(h.get("step") or ""),
+                      safe((h.get("reason") or "")[:120]))
         for line in self.recent[-5:]:
-            t.add_row("", "", "", "", Text(line, style="dim"))
+            t.add_row("", "", "", "", safe(clean_line(line), "dim"))
         return t
 
     def __call__(self, record: dict[str, Any]) -> None:

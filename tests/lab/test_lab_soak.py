@@ -160,3 +160,43 @@ def test_faults_during_a_later_soak_roll_back_those_hosts_within_the_budget(lab)
     for host, version in (("h100-03", TO), ("h100-05", FROM), ("h100-06", FROM), ("h100-07", TO), ("h100-08", TO)):
         assert_on(lab, host, version)
     print(f"\nsoak test 3 (three faults in a later soak): {time.monotonic() - started:.1f}s")
+
+
+def test_sigterm_mid_playbook_stops_the_campaign_between_steps_and_resume_finishes_it(lab):
+    """systemd stopping a window's service (issue 21): SIGTERM while the canary's activation playbook runs. One line,
+    exit 143, the step left `started` in the journal (no half-run's results used), then `campaign resume` runs that
+    step again and the campaign ends done, no step finished twice."""
+    started, cid = time.monotonic(), next_campaign(lab)
+    was = lab.facts("h100-01")["driver"]["module_version"]
+    to = TO if was == FROM else FROM
+    proc = subprocess.Popen(upgrade(lab, to, "h100-01,h100-02", "--waves", "1,100%", "--soak", "0"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=lab.env, cwd=REPO_ROOT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lab, cid, proc, lambda e: e["event"] == "step_started" and e["step"] == "activate")
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, out[-2000:] + err
+    assert err.splitlines()[-1] == (f"fleetctl: interrupted (SIGTERM): campaign {cid} stopped between steps; "
+                                    f"go on with: fleetctl campaign resume {cid}")
+    doc = show(lab, cid)
+    assert doc["campaign"]["state"] == "running"
+    canary = hosts_of(doc)["h100-01"]
+    assert canary["state"] == "activate" and canary["steps"][-1]["status"] == "started"
+    assert events(lab, cid)[-1]["event"] == "interrupted" and events(lab, cid)[-1]["signal"] == "SIGTERM"
+    resumed = lab.fleetctl("campaign", "resume", str(cid), timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr
+    doc = show(lab, cid)
+    assert doc["campaign"]["state"] == "done"
+    activate = next(s for s in hosts_of(doc)["h100-01"]["steps"] if s["step"] == "activate")
+    assert activate["status"] == "ok" and activate["attempts"] == 2
+    finished = [(e["host"], e["step"]) for e in events(lab, cid) if e["event"] == "step_finished"]
+    assert len(finished) == len(set(finished))
+    for host in ("h100-01", "h100-02"):
+        assert_on(lab, host, to)
+    print(f"\nsoak test 4 (SIGTERM mid-playbook, resume): {time.monotonic() - started:.1f}s")

@@ -116,7 +116,7 @@ def test_a_host_returning_garbage_is_an_error_finding_and_the_rest_carries_on(tm
 @pytest.mark.parametrize("args,env,expected,code", [
     (["audit", "-o", "/nonexistent/dir/out.txt"], {}, "/nonexistent/dir/out.txt: cannot write the report there", 2),
     (["probe", "--engine", "command", "--command", "echo {{ lookup('pipe', 'id') }}"], {}, "may not contain", 2),
-    (["audit"], {"FLEETCTL_HOME": "/proc/nope"}, "cannot open the history", 1),
+    (["audit"], {"FLEETCTL_HOME": "/proc/nope"}, "/proc/nope/history.sqlite3: the history: ", 74),
 ])
 def test_refused_before_anything_runs_or_is_recorded(tmp_path, args, env, expected, code):
     home = tmp_path / "home"

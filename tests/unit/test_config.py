@@ -133,7 +133,7 @@ def test_config_show_says_where_each_value_came_from(tmp_path):
     assert v["inventory"] == {"value": str(tmp_path / "inv" / "hosts.ini"), "source": str(path), "flag": "--inventory",
                               "commands": ["audit", "probe", "plan", "upgrade"]}
     assert (v["forks"]["value"], v["forks"]["source"]) == (3, "flag")
-    assert (v["notify"]["value"], v["notify"]["source"]) == (["pager {event}"], "flag")
+    assert (v["notify"]["value"], v["notify"]["source"]) == (["pager [arguments not shown]"], "flag")  # tokens
     assert (v["webhook"]["value"], v["webhook"]["source"]) == (["https://hooks.slack.com/…"], str(path))
     assert (v["webhook_format"]["value"], v["webhook_format"]["source"]) == ("slack", str(path))
     assert (v["fail_on"]["value"], v["fail_on"]["source"]) == ("high", "default")

@@ -19,8 +19,11 @@ import json
 import math
 import os
 import re
+import resource
+import socket
 import sqlite3
 import string
+import subprocess
 import sys
 import tempfile
 from datetime import timedelta, timezone
@@ -38,6 +41,7 @@ import ansible.inventory.manager  # noqa: F401
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_gpus, fleetctl_kernel_log as klog, fleetctl_throughput
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_interconnect
 from orchestrator import audit, baseline, cli, inventory, policy, schemas
+from orchestrator import inputs as input_files  # not `inputs`: the fixture of that name
 from orchestrator.errors import InputError
 from orchestrator.runner import HostOutcome
 from orchestrator.store import Store
@@ -471,8 +475,8 @@ def test_any_command_line_is_a_result_or_one_error_line_and_the_history_is_untou
     (["campaign", "show", "99999999999999999999999"], "is not in the range"),  # SQLite cannot look it up
     (["rollback", "99999999999999999999999"], "is not in the range"),
     (["report", "--since", "0001-01-01T00:00:00+01:00"], "--since '0001-01-01T00:00:00+01:00': out of the range"),
-    (["upgrade", "--to", "570.86.15", "--dry-run", "--drain", "echo {host.x}"], "--drain 'echo {host.x}': unknown"),
-    (["upgrade", "--to", "570.86.15", "--dry-run", "--drain", "echo {host[x]}"], "--drain 'echo {host[x]}': unknown"),
+    (["upgrade", "--to", "570.86.15", "--dry-run", "--drain", "echo {host.x}"], "--drain: an unknown placeholder"),
+    (["upgrade", "--to", "570.86.15", "--dry-run", "--drain", "echo {host[x]}"], "--drain: an unknown placeholder"),
     (["plan", "--to", "570.86.15\n"], r"--to '570.86.15\n': not a driver version"),
     (["plan", "--to", "570.86.15; rm -rf /"], "--to '570.86.15; rm -rf /': not a driver version"),
     (["plan", "--to", "570.86.15", "--waves", "9" * 5000 + ",100%"], "is neither a host count"),
@@ -897,6 +901,253 @@ def test_garbled_nvlink_and_topology_output_is_read_or_an_errors_entry(which, ou
     facts["interconnect"], facts["errors"] = interconnect, dict(errors)
     facts["sources"]["interconnect"] = "nvidia-smi"
     host_entry(facts)
+
+
+# ---- hostile files: alias bombs, deep nesting, special files (issue 21) ---------------------------------------------
+# Each of the four file inputs (-b, $FLEETCTL_CONFIG, a YAML -i, an INI -i) given what once ran fleetctl out of
+# memory, hung it or crashed it (a segfault in libyaml's composer): run as a user would, in a subprocess limited to
+# MEMORY_LIMIT of address space and a timeout, each is one line, exit 2, and no run begun in the history.
+
+MEMORY_LIMIT = 2 * 1024 ** 3  # a regression fails (MemoryError: exit 70) instead of eating the machine
+KINDS = ("baseline", "config", "yaml inventory", "ini inventory")
+HOSTILE_NAMES = {"baseline": "hostile-baseline.yml", "config": "hostile-config.yml",
+                 "yaml inventory": "hostile-hosts.yml", "ini inventory": "hostile-hosts"}  # no extension: Ansible
+#                                                                   tries it as YAML first, then as INI
+
+
+def limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def fleetctl_bounded(kind: str, path: Path | str, home: Path, timeout: int = 60) -> subprocess.CompletedProcess:
+    """`fleetctl audit` given PATH as its KIND input, in a subprocess under MEMORY_LIMIT (TimeoutExpired: a hang)."""
+    argv, config = ["audit"], os.devnull
+    if kind == "baseline":
+        argv += ["-b", str(path)]
+    elif kind == "config":
+        config = str(path)
+    else:
+        argv += ["-i", str(path)]
+    env = {k: v for k, v in os.environ.items() if k != "FLEETCTL_DEBUG"}
+    env.update(FLEETCTL_HOME=str(home), COLUMNS="200", FLEETCTL_CONFIG=config)
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO, preexec_fn=limit_memory)
+
+
+def check_refused(history, proc: subprocess.CompletedProcess, path: Path | str, expected: str) -> None:
+    err = proc.stderr
+    assert proc.returncode == 2, (proc.returncode, err[-2000:])
+    assert err.startswith(f"fleetctl: error: {input_files.shown(path)}"), err[-2000:]
+    assert err.endswith("\n") and err.count("\n") == 1 and re.search(expected, err), err[-2000:]
+    assert snapshot(history.home) == history.before, "a run was begun"
+
+
+def in_document(kind: str, defs: str, value: str) -> str:
+    """A document of KIND: the YAML DEFS (top-level keys), and VALUE (flow YAML) where that input is read."""
+    where = {"baseline": "schema_version: 1\ngroups:\n  all:\n    driver:\n      versions: {}\n",
+             "config": "notify: {}\n", "yaml inventory": "all:\n  hosts:\n    n1:\n      x: {}\n",
+             "ini inventory": "ungrouped: {}\n"}[kind]
+    return defs + where.format(value)
+
+
+@st.composite
+def alias_bombs(draw, kind: str) -> tuple[str, str]:
+    """Anchors of anchors, LEVELS deep and WIDTH wide (WIDTH**LEVELS > a million nodes): flow or block lists,
+    mappings, or merge keys."""
+    levels = draw(st.integers(6, 9))
+    width = draw(st.integers(math.ceil(10 ** (6 / levels)), 12))
+    style = draw(st.sampled_from(["flow", "block", "mapping", "merge"]))
+    names = [f"l{i}" for i in range(levels)]
+    lines = [f"{names[0]}: &{names[0]} {{" + ", ".join(f"k{i}: x" for i in range(width)) + "}"
+             if style == "merge" else f"{names[0]}: &{names[0]} [" + ", ".join(["x"] * width) + "]"]
+    for prev, name in zip(names, names[1:]):
+        if style == "flow":
+            lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * width) + "]")
+        elif style == "block":
+            lines.append(f"{name}: &{name}\n" + "".join(f"- *{prev}\n" for _ in range(width)).rstrip("\n"))
+        elif style == "mapping":
+            lines.append(f"{name}: &{name} {{" + ", ".join(f"k{i}: *{prev}" for i in range(width)) + "}")
+        else:
+            lines.append(f"{name}: &{name} {{<<: [" + ", ".join([f"*{prev}"] * width) + f"], {name}: x}}")
+    return in_document(kind, "\n".join(lines) + "\n", f"*{names[-1]}"), "too many YAML aliases"
+
+
+@st.composite
+def deep_nesting(draw, kind: str) -> tuple[str, str]:
+    """Collections nested 65 to 100000 deep: flow lists or maps (as the value a file is read for), block lists or
+    block mappings (the whole document)."""
+    form = draw(st.sampled_from(["flow list", "flow map", "mixed", "block list", "block map"]))
+    depth = draw(st.sampled_from([65, 100_000]) | st.integers(65, 100_000 if form != "block map" else 400))
+    expected = "YAML nested more than 64 levels deep"
+    if form == "flow list":
+        return in_document(kind, "", "[" * depth + "]" * depth), expected
+    if form == "flow map":
+        return in_document(kind, "", "{a: " * depth + "}" * depth), expected
+    if form == "mixed":
+        return in_document(kind, "", "[{a: " * (depth // 2 + 1) + "}]" * (depth // 2 + 1)), expected
+    if form == "block list":
+        return "- " * depth + "x\n", expected
+    return "".join("  " * i + f"k{i}:\n" for i in range(depth)) + "  " * depth + "x\n", expected
+
+
+@st.composite
+def nested_groups(draw, kind: str) -> tuple[str, str]:
+    """Groups children of children, 65 to 20000 deep (Ansible's time grows with the cube of the depth)."""
+    return group_chain(kind, draw(st.sampled_from([65, 20_000]) | st.integers(65, 20_000))), \
+        "groups nested more than 64 deep"
+
+
+def group_chain(kind: str, depth: int) -> str:
+    """Group g{DEPTH} parent of g{DEPTH-1} ... parent of g0, which holds host n1: in INI, or in YAML."""
+    if kind == "ini inventory":
+        return "[g0]\nn1\n" + "".join(f"[g{i}:children]\ng{i - 1}\n" for i in range(1, depth + 1))
+    return "g0:\n  hosts:\n    n1:\n" + "".join(f"g{i}:\n  children:\n    g{i - 1}:\n" for i in range(1, depth + 1))
+
+
+def hostile_documents(kind: str) -> dict[str, st.SearchStrategy[tuple[str, str]]]:
+    self_reference = st.sampled_from(["&a [*a]", "&a {b: *a}", "&a [x, [y, {z: *a}]]"]).map(
+        lambda v: (in_document(kind, "", v), "is inside the node it names"))
+    return {"aliases": alias_bombs(kind), "nesting": deep_nesting(kind), "self-reference": self_reference,
+            **({"groups": nested_groups(kind)} if "inventory" in kind else {})}
+
+
+@fuzz(16, timedelta(seconds=180))
+@given(data=st.data())
+def test_hostile_yaml_and_ini_files_are_one_line_in_bounded_time_and_memory(history, workdir, data):
+    kind = data.draw(st.sampled_from(KINDS), label="kind")
+    attacks = hostile_documents(kind)
+    attack = data.draw(st.sampled_from(sorted(attacks)), label="attack")
+    text, expected = data.draw(attacks[attack], label="document")
+    path = workdir / HOSTILE_NAMES[kind]
+    path.write_text(text)
+    event(f"{kind}: {attack}")
+    check_refused(history, fleetctl_bounded(kind, path, history.home), path, expected)
+
+
+def billion_laughs(kind: str) -> str:
+    lines = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for i in range(1, 9):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return in_document(kind, "\n".join(lines) + "\n", "*l8")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("attack, expected", [
+    ("billion laughs", "too many YAML aliases"),  # exit 70 (out of memory) or a hang before the fix
+    ("100000 deep", "YAML nested more than 64 levels deep"),  # a segfault in libyaml's composer (inventories)
+    ("60000 nested groups", "groups nested more than 64 deep"),  # Ansible busy for more than five minutes
+])
+def test_the_attacks_of_issue_21_are_one_line_in_bounded_time_and_memory(history, workdir, kind, attack, expected):
+    if attack == "60000 nested groups" and "inventory" not in kind:
+        pytest.skip("groups are an inventory's")
+    path = workdir / ("issue21-" + HOSTILE_NAMES[kind])
+    if attack == "billion laughs":
+        path.write_text(billion_laughs(kind))
+    elif attack == "100000 deep":
+        path.write_text(in_document(kind, "", "[" * 100_000 + "]" * 100_000))
+    else:
+        path.write_text(group_chain(kind, 60_000))
+    check_refused(history, fleetctl_bounded(kind, path, history.home), path, expected)
+
+
+@pytest.fixture(scope="module")
+def special_files(tmp_path_factory):
+    """Files that are not regular (they blocked, never ended, or were an internal error), too large, or named past
+    the system's limits."""
+    d = tmp_path_factory.mktemp("special")
+    os.mkfifo(d / "fifo.yml")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(d / "socket.yml"))
+    (d / "directory").mkdir()
+    os.mkfifo(d / "directory" / "hosts.yml")  # an inventory directory: Ansible would read the FIFO in it
+    with open(d / "large.yml", "wb") as f:  # sparse: 4 MiB + 1 byte, past every input's limit
+        f.truncate(input_files.MAX_BYTES + 1)
+    yield d
+    sock.close()
+
+
+SPECIALS = {  # name -> (path under special_files or absolute, what the line says)
+    "fifo": ("fifo.yml", r"a FIFO, not a regular file"),
+    "/dev/zero": ("/dev/zero", r"a character device, not a regular file"),
+    "/dev/urandom": ("/dev/urandom", r"a character device, not a regular file"),
+    "directory": ("directory", r"(a directory, not a regular file|a FIFO, not a regular file)"),
+    "socket": ("socket.yml", r"a socket, not a regular file"),
+    "too large": ("large.yml", r"larger than [14] MiB"),
+    "5000-character path": ("x" * 5000, r"File name too long"),
+    "name over NAME_MAX": ("n" * 300 + ".yml", r"File name too long"),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("special", SPECIALS)
+def test_special_files_and_impossible_paths_are_one_line(history, special_files, kind, special):
+    name, expected = SPECIALS[special]
+    path = name if name.startswith("/dev/") else str(special_files / name)
+    label = {"baseline": "baseline", "config": "the config file"}.get(kind, "the inventory")
+    check_refused(history, fleetctl_bounded(kind, path, history.home, timeout=60), path,
+                  rf"cannot read {label}: {expected}")
+
+
+def test_dev_null_is_still_no_config_file(history):
+    """FLEETCTL_CONFIG=/dev/null (every test's, and the documented way to use none) reads as an empty file: the
+    command gets past it, to its next input."""
+    proc = fleetctl_bounded("baseline", "/nonexistent/b.yml", history.home)  # with FLEETCTL_CONFIG=/dev/null
+    check_refused(history, proc, "/nonexistent/b.yml", "cannot read baseline: No such file or directory")
+
+
+# ---- what a host returns: too large, too deep ----------------------------------------------------------------------
+
+REAL_PROBE = json.loads((TESTDATA / "probe" / "h200x2-580.159.04-probe-default.json").read_text())
+
+
+@st.composite
+def oversized_values(draw) -> tuple[object, str]:
+    """A value no GPU host's facts hold, and what the error finding says of it."""
+    form = draw(st.sampled_from(["deep list", "deep dict", "wide list", "wide dict", "long text"]))
+    if form.startswith("deep"):
+        node: object = draw(st.none() | text(4) | st.integers())
+        key = draw(st.sampled_from(["a", "gpus", "0"]))
+        for _ in range(draw(st.sampled_from([33, 100_000]) | st.integers(33, 100_000))):
+            node = [node] if form == "deep list" else {key: node}
+        return node, "nested more than 32 levels deep"
+    if form == "wide list":
+        return [draw(st.none() | st.integers() | st.just({}))] * draw(st.integers(200_001, 400_000)), \
+            r"more than 200000 values"
+    if form == "wide dict":
+        return {f"k{i}": 0 for i in range(draw(st.integers(200_000, 250_000)))}, r"more than 200000 values"
+    return "x" * draw(st.integers(8 * 2 ** 20 + 1, 9 * 2 ** 20)), r"more than 8 MiB of text"
+
+
+def put_somewhere(draw, doc: dict, value: object) -> None:
+    """VALUE in place of a value of DOC (or as a new key), anywhere in it."""
+    node = doc
+    while True:
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        inner = [k for k, v in items if isinstance(v, (dict, list)) and v]
+        if not inner or draw(st.booleans()):
+            break
+        node = node[draw(st.sampled_from(inner))]
+    if isinstance(node, dict):
+        node[draw(st.sampled_from(sorted(node) + ["extra"]))] = value
+    else:
+        node[draw(st.integers(0, len(node) - 1))] = value
+
+
+@fuzz(30, timedelta(seconds=60))
+@given(data=st.data())
+def test_an_oversized_or_absurdly_nested_host_result_is_one_error_finding(data):
+    """Facts or a probe result that are too large or too deep: the host's `facts.collected` error (its facts
+    cannot be trusted), one line, in bounded time; never a RecursionError, nor minutes in the schema's validator."""
+    value, expected = data.draw(oversized_values(), label="value")
+    facts = copy.deepcopy(REAL_FACTS)
+    put_somewhere(data.draw, facts, value)
+    entry = host_entry(facts)
+    assert entry["error"] and re.search(expected, entry["error"]), entry["error"][:300]
+    assert "\n" not in entry["error"] and len(entry["error"]) <= 600 and entry["facts"] is None
+    result = copy.deepcopy(REAL_PROBE)
+    put_somewhere(data.draw, result, value)
+    problem = schemas.host_result_problem("probe-result", result)
+    assert problem and re.search(expected, problem) and "\n" not in problem and len(problem) <= 600, problem[:300]
 
 
 # ---- last: the history the bad input met is still whole -----------------------------------------------------------

@@ -154,6 +154,7 @@ def test_failing_notifications_change_nothing_in_a_campaign_and_are_recorded(sto
     monkeypatch.setattr(notify, "TRIES", 2)
     headers = tmp_path / "headers"
     headers.write_text(f"Authorization: {TOKEN}\n")
+    headers.chmod(0o600)  # a headers file others can read is refused
     broken = receivers(fallback=500)
     tls = receivers(tls=self_signed(tmp_path / "pki").server_context())
     urls = [broken.url("/services/T0/B0/SECRETPATH"), f"http://127.0.0.1:{closed_port()}/x", tls.url()]
@@ -314,6 +315,7 @@ def test_tls_is_verified_and_a_private_ca_can_be_trusted(receivers, tmp_path):
 def test_headers_arrive_and_are_never_shown(receivers, tmp_path, monkeypatch, capfd):
     headers = tmp_path / "headers"
     headers.write_text(f"# tokens\nAuthorization: {TOKEN}\nX-Team: gpu\n\n")
+    headers.chmod(0o600)
     monkeypatch.setenv(notify.HEADERS_ENV, "X-Team: infra\nX-Extra: e1")
     hook = receivers(500, fallback=401)
     failures = webhook(hook.url("/services/SECRETPATH"), headers=str(headers)).send_now(payload())
@@ -358,6 +360,7 @@ def test_bad_notification_settings_are_input_errors(tmp_path, commands, webhooks
     if headers:
         path = tmp_path / "h"
         path.write_text(headers + "\n")
+        path.chmod(0o600)
     with pytest.raises(InputError, match=None) as e:
         notify.build(commands, webhooks, "json", str(path) if path else None, None, 5)
     assert expected in str(e.value) and "s3cr3t" not in str(e.value)
@@ -385,6 +388,7 @@ def test_audit_findings_notify_and_a_failure_is_in_the_runs_summary_not_its_exit
     script, out = recorder(tmp_path / "cmd")
     headers = tmp_path / "headers"
     headers.write_text(f"Authorization: {TOKEN}\n")
+    headers.chmod(0o600)
     good, bad = receivers(), receivers(fallback=500)
     report = tmp_path / "audit.json"
     proc = run_cli("audit", "--format", "json", "-o", str(report),

@@ -261,13 +261,13 @@ def test_o_replaces_the_file_atomically_and_leaves_no_temporary_file(history, tm
     assert value(out.read_text(), "fleetctl_host_reachable", host="gpu-a") == 1
 
 
-def test_o_through_a_symlink_replaces_its_target(tmp_path):
+def test_o_at_a_symlink_replaces_the_link_never_its_target(tmp_path):
     real = tmp_path / "real.prom"
     real.write_text("old\n")
     link = tmp_path / "link.prom"
     link.symlink_to(real)
-    write_atomically(link, "new\n")
-    assert link.is_symlink() and real.read_text() == "new\n"
+    write_atomically(link, "new\n")  # a final symlink is never followed (issue 21: one planted in /tmp)
+    assert not link.is_symlink() and link.read_text() == "new\n" and real.read_text() == "old\n"
     assert sorted(os.listdir(tmp_path)) == ["link.prom", "real.prom"]
 
 

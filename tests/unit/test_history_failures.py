@@ -1,0 +1,113 @@
+"""A history that cannot be written, or is damaged, or was left mid-run (issue 21): one line naming the file and
+the cause (exit 74, an operating error, never "internal error"); read-only commands read it without changing a byte;
+runs a dead process left `running` are explained by `report verify` and closed as interrupted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator import chain
+from orchestrator.store import Store
+from tests.cli_helpers import REPO, fleetctl
+from tests.unit.test_campaign_engine import Script, start
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A history with audit runs and a finished campaign, written by the real Store and engine."""
+    home = tmp_path / "home"
+    with Store(home / "history.sqlite3") as store:
+        for _ in range(3):
+            run_id, _ = store.begin_run("audit", [], "test", None, None)
+            store.finish_run(run_id, 0, {"exit_code": 0}, [
+                {"name": "gpu-a", "reachable": True, "groups": [], "facts": None,
+                 "findings": [{"control": "driver.installed", "severity": "critical", "status": "pass",
+                               "message": "m" * 2000, "evidence": {}, "remediation": None}]}])
+        _, _, engine = start(store, monkeypatch, Script(), ["gpu-a"], ["gpu-b"])
+        assert engine.run() == "done"
+    return home
+
+
+def digest(home) -> str:
+    return hashlib.sha256((home / "history.sqlite3").read_bytes()).hexdigest()
+
+
+def test_read_only_commands_leave_the_history_as_it_is(home):
+    before = digest(home)
+    (home / "history.sqlite3").chmod(0o444)
+    for args in (("report", "--format", "json"), ("report", "verify"), ("metrics",), ("campaign", "list"),
+                 ("campaign", "show", "1", "--format", "json")):
+        proc = fleetctl(*args, home=home)
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert digest(home) == before, args
+    assert "history chain intact" in fleetctl("report", "verify", home=home).stdout
+
+
+def no_growth(limit: int):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_full_disk_is_one_line_naming_the_history_and_exit_74(home):
+    """RLIMIT_FSIZE stands in for a full file system: no file of fleetctl's may grow."""
+    path = home / "history.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 4
+    env = dict(os.environ, FLEETCTL_HOME=str(home), FLEETCTL_CONFIG=os.devnull)
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "audit"], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=120, preexec_fn=no_growth(1024))
+    assert proc.returncode == 74, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"fleetctl: error: {path}: the history: ")
+    assert "it cannot be written" in proc.stderr and "internal error" not in proc.stderr
+    with sqlite3.connect(path) as db:  # nothing left half-written (the fixture's own campaign run aside)
+        assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 4
+
+
+def test_a_damaged_history_is_named_damaged(home):
+    path = home / "history.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = db.execute("PRAGMA page_size").fetchone()[0]
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+    assert pages > 4
+    data = bytearray(path.read_bytes())
+    middle = (pages // 2) * page
+    data[middle:middle + page] = os.urandom(page)
+    path.write_bytes(bytes(data))
+    verify = fleetctl("report", "verify", home=home)
+    assert verify.returncode == 1 and verify.stdout.count("\n") == 1, verify.stdout + verify.stderr
+    assert "damaged" in verify.stdout
+    for args in (("audit",), ("report",), ("metrics",)):
+        proc = fleetctl(*args, home=home)
+        if proc.returncode in (0, 1) and not proc.stderr:  # a damaged page the command never read
+            continue
+        assert proc.returncode in (1, 74) and proc.stderr.count("\n") == 1, (args, proc.stderr)
+        assert "internal error" not in proc.stderr and "damaged" in proc.stderr, (args, proc.stderr)
+
+
+def test_a_run_a_dead_process_left_running_is_explained_then_closed_as_interrupted(home):
+    path = home / "history.sqlite3"
+    gone = json.dumps({"node": __import__("socket").getfqdn(), "pid": 2 ** 22 + 7, "start": "1"})
+    with Store(path) as store:
+        run_id, _ = store.begin_run("audit", [], "test", None, None)
+        store.db.execute("UPDATE runs SET process=? WHERE id=?", (gone, run_id))
+    verify = fleetctl("report", "verify", home=home)
+    assert verify.returncode == 0, verify.stdout
+    assert f"note: run {run_id} never finished: the process that ran them is gone" in verify.stdout
+    with Store(path) as store:
+        store.begin_run("audit", [], "test", None, None)  # the next recorded run closes it
+        row = store.run(run_id)
+        assert row["status"] == "interrupted" and "its process was gone" in json.loads(row["summary"])["error"]
+        assert chain.verify(store.db).ok
