@@ -18,34 +18,9 @@ import pytest
 
 from orchestrator import interrupts
 from tests.cli_helpers import REPO
+from tests.unit.test_quiet_failures import silent_listener  # noqa: F401 (the fixture)
 
 LISTEN_S = 120
-
-
-@pytest.fixture
-def silent_port():
-    """A TCP listener on 127.0.0.1 that accepts connections and never answers (an SSH server that hangs)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield server.getsockname()[1]
-    stop.set()
-    t.join()
-    for s in held:
-        s.close()
-    server.close()
 
 
 @pytest.fixture
@@ -131,9 +106,9 @@ def wait_until_playbook_runs(proc: subprocess.Popen, within: float = 60) -> None
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_an_interrupt_during_the_playbook_is_one_line_and_an_interrupted_run(tmp_path, silent_port, sig, code):
+def test_an_interrupt_during_the_playbook_is_one_line_and_an_interrupted_run(tmp_path, silent_listener, sig, code):
     inventory = tmp_path / "inv.ini"
-    inventory.write_text(f"hung ansible_host=127.0.0.1 ansible_port={silent_port} ansible_user=nobody\n")
+    inventory.write_text(f"hung ansible_host=127.0.0.1 ansible_port={silent_listener} ansible_user=nobody\n")
     proc = start(tmp_path, "audit", "-i", str(inventory), "--no-preflight", "--format", "json")
     try:
         wait_until_playbook_runs(proc)
