@@ -3,9 +3,9 @@ interrupted, a campaign stopped between two journal writes.
 
 fleetctl's own handlers raise Interrupted in the main thread: a BaseException, like KeyboardInterrupt, but not one,
 so click does not turn it into its own "Aborted!" with a blank line first. While a playbook runs, the first
-signal is only noted: ansible-runner polls `requested` (its cancel_callback, so it installs no handlers of its own,
-which it would leave behind), stops ansible-playbook, and Interrupted is raised when the run returns, before any
-of its results is used. A second signal is raised at once: a second Ctrl-C is never ignored.
+signal is only noted: ansible-runner polls its cancel_callback (runner.PlaybookTree, so it installs no handlers of
+its own, which it would leave behind), the playbook's whole process tree is stopped, and Interrupted is raised when
+the run returns, before any of its results is used. A second signal is raised at once: a second Ctrl-C is never ignored.
 """
 
 from __future__ import annotations

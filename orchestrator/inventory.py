@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import inputs
+from . import inputs, schemas
 from .errors import InputError
 
 LOCALHOST = "localhost"
@@ -76,13 +76,15 @@ SSH_ARG_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ss
 
 def check_host(source: str, name: str, hostvars: dict[str, Any]) -> None:
     """One line and exit 2 for a host fleetctl must not work on as written."""
-    where = f"{source}: host {name!r}"
+    # A name that is not one (an inventory that is really another file: /etc/shadow) is not echoed.
+    where = f"{source}: host {name!r}" if SAFE_NAME.fullmatch(name) and len(name) <= 253 else f"{source}: a host"
     address = str(hostvars.get("ansible_host", name))
     if not SAFE_NAME.fullmatch(name) or not (SAFE_NAME.fullmatch(address) or "{{" in address):
         raise InputError(f"{where}: host names and ansible_host may hold letters, digits and . _ - : [ ] only")
     port = hostvars.get("ansible_port", 22)
     if "{{" not in str(port) and (not re.fullmatch(r"[0-9]{1,5}", str(port)) or not 0 < int(port) < 65536):
-        raise InputError(f"{where}: ansible_port {port!r} is not a port number")
+        shown = f" {port!r}" if schemas.quotable(port) else ""
+        raise InputError(f"{where}: ansible_port{shown} is not a port number")
     for var in HOST_KEY_CHECKING_VARS:
         if var in hostvars and str(hostvars[var]).lower() in ("false", "no", "0", "off"):
             raise InputError(f"{where}: {var}={hostvars[var]} turns host key checking off; fleetctl keeps it on")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import ansible_runner
+import psutil
 
 from . import interrupts, preflight, resources
 from .errors import InputError, OperationError
@@ -97,16 +98,17 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleetctl-runner-") as private:
         worker = worker_command()
-        # A signal stops ansible-playbook through ansible-runner (interrupts.requested) and is raised when it
+        # A signal stops ansible-playbook through ansible-runner (its cancel callback) and is raised when it
         # returns: no half-run's results are ever used.
-        with interrupts.deferred():
+        playbook = PlaybookTree()
+        with interrupts.deferred(), playbook:
             if worker:
-                rc, why = run_on_worker(worker, private, name, job, on_event)
+                rc, why = run_on_worker(worker, private, name, job, on_event, playbook.cancel)
             else:
                 env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=collections_path(), PATH=search_path())
                 result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
                                             envvars=env, event_handler=on_event,
-                                            cancel_callback=interrupts.requested, **job)
+                                            cancel_callback=playbook.cancel, **job)
                 rc, why = result.rc, None  # its output is read only when the run failed
         if rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
             if rc is None or rc < 0:  # SIGKILL (OOM killer, an operator), not a fleetctl bug
@@ -123,6 +125,61 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
     return outcomes
 
 
+class PlaybookTree:
+    """Every process a playbook run started, stopped when a signal cancels it.
+
+    ansible-runner's cancel kills ansible-playbook's process group, but each of Ansible's workers runs in a session
+    of its own (and so does the ssh it starts): they would outlive the run, still driving hosts that fleetctl has
+    stopped watching. The tree is walked while ansible-playbook still holds it together (its workers are its
+    children until it dies): everything this run started gets SIGTERM, and SIGKILL after a grace."""
+
+    GRACE_S = 5.0
+
+    def __init__(self) -> None:
+        self.ours = psutil.Process()
+        self.before: set[int] = set()
+        self.stopping: list[psutil.Process] = []
+
+    def __enter__(self) -> "PlaybookTree":
+        self.before = {p.pid for p in self._tree()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stopping:  # whatever ignored SIGTERM, or was not yet reaped when ansible-runner returned
+            self._kill(self.stopping)
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            return self.ours.children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def cancel(self) -> bool:
+        """ansible-runner's cancel_callback: true once a signal was noted, after this run's processes were told to stop."""
+        if not interrupts.requested():
+            return False
+        if not self.stopping:
+            self.stopping = [p for p in self._tree() if p.pid not in self.before]
+            for p in self.stopping:
+                try:
+                    p.terminate()
+                except psutil.Error:
+                    pass
+            _, alive = psutil.wait_procs(self.stopping, timeout=self.GRACE_S)
+            self._kill(alive)
+        return True
+
+    @staticmethod
+    def _kill(procs: list[psutil.Process]) -> None:
+        for p in procs:
+            try:
+                if p.is_running():  # psutil checks the start time: a reused pid is never hit
+                    p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=PlaybookTree.GRACE_S)
+
+
 def worker_command() -> list[str] | None:
     """$FLEETCTL_WORKER: run playbooks through ansible-runner's streaming mode on this worker command (e.g.
     `ssh exec01 ansible-runner worker`, or `ansible-runner worker` on this machine), not in-process."""
@@ -134,7 +191,8 @@ def worker_command() -> list[str] | None:
 
 
 def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any],
-                  on_event: Callable[[dict[str, Any]], bool]) -> tuple[int, str]:
+                  on_event: Callable[[dict[str, Any]], bool],
+                  cancel: Callable[[], bool] = interrupts.requested) -> tuple[int, str]:
     """Transmit the job (the playbook and the collection travel in it), let WORKER run it, and process its event stream
     here: the three phases of ansible-runner's remote execution (what Receptor execution nodes run)."""
     project = Path(private) / "project"
@@ -146,7 +204,7 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
     with tempfile.TemporaryFile() as stream, tempfile.TemporaryFile() as errors:
         ansible_runner.run(streamer="transmit", _output=stream, private_data_dir=private,
                            playbook=resources.playbook(name).name, envvars=dict(ANSIBLE_ENV),
-                           cancel_callback=interrupts.requested, **job)
+                           cancel_callback=cancel, **job)
         stream.seek(0)
         try:
             # A local worker finds ansible-playbook as fleetctl does; over ssh, the execution node's own PATH rules.
@@ -157,8 +215,7 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
         with proc:
             try:
                 processed = ansible_runner.run(streamer="process", _input=proc.stdout, private_data_dir=private,
-                                               event_handler=on_event, quiet=True,
-                                               cancel_callback=interrupts.requested)
+                                               event_handler=on_event, quiet=True, cancel_callback=cancel)
             finally:
                 if interrupts.requested() and proc.poll() is None:
                     proc.terminate()  # the worker stops its ansible-playbook

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from functools import cache
 from typing import Any
 
@@ -32,11 +33,45 @@ def validator(name: str) -> Draft202012Validator:
     return Draft202012Validator(schema, registry=registry(), format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
+# What an error message may quote from the document: a name (a key someone mistyped, an enum value) or a number.
+# Anything else (a line of /etc/shadow given as a baseline, a token) is described, never echoed.
+# A whole document that is one word is never quoted: that word may be a token.
+QUOTABLE = re.compile(r"-?[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,63}")
+
+
+def quotable(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float)) or \
+        (isinstance(value, str) and QUOTABLE.fullmatch(value) is not None)
+
+
 def json_path(error: ValidationError) -> str:
     path = "$"
     for part in error.absolute_path:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if quotable(part) else "[a key that is not a name]"
     return path if len(path) <= 200 else path[:200] + "..."  # a key a host made up may be a megabyte long
+
+
+def message(error: ValidationError) -> str:
+    """The validator's message where it quotes nothing but names and numbers from the document; else the same
+    verdict in words, the value left out."""
+    instance = error.instance
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        known = error.schema.get("properties", {})
+        patterns = error.schema.get("patternProperties", {})
+        extra = [k for k in instance if k not in known and not any(re.search(p, k) for p in patterns)]
+        if extra and all(quotable(k) for k in extra):
+            return error.message
+        return f"{len(extra)} unexpected key{'s' if len(extra) != 1 else ''}" \
+            + ("" if extra and any(quotable(k) for k in extra) else ", not one of them a name")
+    if error.validator == "required" or (quotable(instance) and error.absolute_path):
+        return error.message
+    kind = {dict: "a mapping", list: "a list", str: "a string"}.get(type(instance), type(instance).__name__)
+    if error.validator == "type":
+        wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        return f"expected {' or '.join(map(str, wanted))}, found {kind}"
+    if error.validator == "enum":
+        return f"{kind} that is not one of {error.validator_value}"
+    return f"{kind} that fails the schema's {error.validator!r} rule"
 
 
 def first_error(name: str, document: Any, among: int | None = None) -> ValidationError | None:
@@ -49,7 +84,7 @@ def check(name: str, document: Any, source: str) -> None:
     """Raise InputError naming SOURCE and the JSON path of the first problem."""
     error = first_error(name, document)
     if error is not None:
-        raise InputError(f"{source}: {json_path(error)}: {error.message}")
+        raise InputError(f"{source}: {json_path(error)}: {message(error)}")
 
 
 HOST_RESULT_ERRORS = 100  # schema errors looked at in a host's result: 200000 wrong values would take minutes
@@ -62,5 +97,5 @@ def host_result_problem(name: str, document: Any) -> str | None:
     problem = inputs.result_problem(document)
     if problem is None:
         error = first_error(name, document, among=HOST_RESULT_ERRORS)
-        problem = None if error is None else f"{json_path(error)}: {error.message[:200]}"
+        problem = None if error is None else f"{json_path(error)}: {message(error)[:200]}"
     return None if problem is None else " ".join(problem.split())

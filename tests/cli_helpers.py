@@ -24,3 +24,17 @@ def runs(home):
     with sqlite3.connect(db) as c:
         c.row_factory = sqlite3.Row
         return c.execute("SELECT * FROM runs ORDER BY id").fetchall()
+
+
+def tagged(value: str) -> list[str]:
+    """Command lines of the processes whose environment carries FLEETCTL_TEST_TAG=VALUE: everything the command
+    started inherits it, wherever it was reparented to (Ansible's workers and their ssh run in sessions of their own)."""
+    needle = f"FLEETCTL_TEST_TAG={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import interrupts
-from tests.cli_helpers import REPO
+from tests.cli_helpers import REPO, tagged
 from tests.unit.test_quiet_failures import silent_listener  # noqa: F401 (the fixture)
 
 LISTEN_S = 120
@@ -59,10 +59,15 @@ def drip_server():
 
 def start(tmp_path: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, FLEETCTL_HOME=str(tmp_path / "home"), FLEETCTL_CONFIG=os.devnull,
-               ANSIBLE_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"))
+               ANSIBLE_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               FLEETCTL_TEST_TAG=tag(tmp_path))
     return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             start_new_session=True)
+
+
+def tag(tmp_path: Path) -> str:
+    return f"{tmp_path.name}-{os.getpid()}"
 
 
 def history(tmp_path: Path) -> list[sqlite3.Row]:
@@ -126,8 +131,7 @@ def test_an_interrupt_during_the_playbook_is_one_line_and_an_interrupted_run(tmp
     runs, findings = history(tmp_path)
     assert [(r["kind"], r["status"], r["exit_code"]) for r in runs] == [("audit", "interrupted", code)]
     assert findings == 0  # never findings, never "the host returned facts fleetctl cannot trust"
-    assert not [line for line in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-                if "ansible-playbook" in line and str(inventory) in line]  # none left behind
+    assert tagged(tag(tmp_path)) == []  # nothing left behind: not ansible-playbook, its workers, nor their ssh
 
 
 def test_sigterm_while_a_webhook_drips_its_answer_ends_the_command_at_once(tmp_path, drip_server):

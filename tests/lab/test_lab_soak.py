@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import tagged
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
 from tests.lab.test_lab_upgrade import FROM, TO, assert_on, hosts_of, show
 
@@ -169,8 +170,10 @@ def test_sigterm_mid_playbook_stops_the_campaign_between_steps_and_resume_finish
     started, cid = time.monotonic(), next_campaign(lab)
     was = lab.facts("h100-01")["driver"]["module_version"]
     to = TO if was == FROM else FROM
+    tag = f"soak-sigterm-{os.getpid()}"
     proc = subprocess.Popen(upgrade(lab, to, "h100-01,h100-02", "--waves", "1,100%", "--soak", "0"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=lab.env, cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                            env=dict(lab.env, FLEETCTL_TEST_TAG=tag),
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_for(lab, cid, proc, lambda e: e["event"] == "step_started" and e["step"] == "activate")
@@ -182,6 +185,9 @@ def test_sigterm_mid_playbook_stops_the_campaign_between_steps_and_resume_finish
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 143, out[-2000:] + err
+    # Nothing of the activation's playbook left: not ansible-playbook, its workers, nor their ssh (an idle
+    # ControlPersist master stays its 60 s, as after any Ansible run).
+    assert [p for p in tagged(tag) if "[mux]" not in p] == []
     assert err.splitlines()[-1] == (f"fleetctl: interrupted (SIGTERM): campaign {cid} stopped between steps; "
                                     f"go on with: fleetctl campaign resume {cid}")
     doc = show(lab, cid)

@@ -81,7 +81,7 @@ def test_paths_are_relative_to_the_file_and_lists_may_be_one_string(places):
     ("inventry: hosts.ini\n", "$: Additional properties are not allowed ('inventry' was unexpected)"),
     ("forks: 0\n", "$.forks: 0 is less than the minimum of 1"),
     ("webhook: [\"https://a/x\", \"ftp://b\"]\n", "$.webhook: "),
-    ("- inventory\n", "$: ['inventory'] is not of type 'object'"),
+    ("- inventory\n", "$: expected object, found a list"),
     ("inventory: [unclosed\n", "line 2 column 1: not valid YAML"),
     ("1: x\n", "$: key 1 is not a string"),
 ])

@@ -131,7 +131,7 @@ def test_a_list_of_more_than_1000_items_is_refused_in_a_baseline(tmp_path):
     def write(items):
         path.write_text(yaml.safe_dump({"schema_version": 1, "groups": {"all": {"driver": {"versions": items}}}}))
     write(versions + [{}])
-    with refused(r"versions\[999\]: \{\} is not of type 'string'"):  # 1000 items: read, and refused by the schema
+    with refused(r"versions\[999\]: expected string, found a mapping"):  # 1000 items: read, and refused by the schema
         baseline.load(path)
     write(versions + ["x", {}])
     with refused(r"a YAML list of more than 1000 items"):
