@@ -1,0 +1,326 @@
+"""Between the GPUs: NVLink, the NVSwitch fabric, the pair topology, GPUDirect RDMA (docs/interconnect.md)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .base import Check, failed, not_applicable, passed, running_version, unread, unread_message, warned
+from .registry import control
+
+
+# NVLink error counters are totals since the driver loaded: an audit sees a count with no time base, and replays
+# happen on healthy links (NVIDIA's DCGM counts CRC errors as significant only at 100+ per second). Judged, as
+# docs/interconnect.md fixes it: what nvidia-smi nvlink -e shows (replay, recovery, crc) and failed link recoveries.
+# Only shown in the evidence: the legacy crc_flit / crc_data / ecc_data counters (crc_data and ecc_data count on every
+# healthy link of a real 2x H200 after traffic - 143 to 308 per GPU after 100 s - while nvidia-smi says 0:
+# tests/testdata/h200x2-580.159.04-audit) and the symbol / effective counts of newer drivers. A GPU warns (which
+# blocks nothing) when its links' judged counters add up to more than 100: a few replays over weeks of uptime stay
+# under it, a flapping link passes it in minutes. Counters fail only over the baseline's
+# interconnect.nvlink.errors_fail, which has no default.
+NVLINK_ERROR_COUNTERS = ("replay", "recovery", "crc", "recovery_failed")
+NVLINK_ERRORS_WARN = 100
+
+
+def link_counts(link: dict[str, Any]) -> dict[str, int | None]:
+    """A link's error counters, with `crc` taken from its legacy source (crc_flit) in facts from before the
+    nvidia-smi-style crc counter."""
+    counts = dict(link.get("errors") or {})
+    if "crc" not in counts:
+        counts["crc"] = counts.pop("crc_flit", None)
+    return counts
+
+
+def nvlink_errors(gpu: dict[str, Any]) -> int:
+    """The NVLink errors nvidia-smi shows (replay, recovery, CRC) and failed recoveries, over a GPU's links."""
+    return sum(v for link in (gpu.get("nvlink") or {}).get("links", [])
+               for k, v in link_counts(link).items() if k in NVLINK_ERROR_COUNTERS and v)
+# nvmlGpuFabricInfo_v2 healthMask: 2-bit fields, value 1 (TRUE) when the condition holds (nvml.h).
+FABRIC_HEALTH = {0: "degraded bandwidth", 2: "route recovery in progress", 4: "route unhealthy",
+                 6: "access timeout recovery in progress"}
+FABRIC_802 = ("CUDA programs fail with error 802 until the fabric manager completes it; check nv-fabricmanager "
+              "(version must equal the driver's)")
+_NV = re.compile(r"NV([0-9]+)")
+
+
+def short_pci(bus_id: str | None) -> str:
+    """00000000:9B:00.0 -> 0000:9b:00.0, the form of lspci, sysfs and the kernel log."""
+    if not bus_id:
+        return "?"
+    domain, sep, rest = bus_id.partition(":")
+    return (domain[-4:] + sep + rest).lower() if sep else bus_id.lower()
+
+
+def gpu_label(ig: dict[str, Any]) -> str:
+    return f"GPU {ig['index']} ({short_pci(ig.get('pci_bus_id'))})"
+
+
+def gpu_labels(gpus: list[dict[str, Any]], of: int) -> str:
+    return f"all {of} GPUs" if len(gpus) == of > 1 else ", ".join(map(gpu_label, gpus))
+
+
+def nvlinks(link: str | None) -> int:
+    """Bonded NVLinks of a topology relation: NV18 -> 18, a PCIe relation (PIX ... SYS) -> 0."""
+    m = _NV.fullmatch(link or "")
+    return int(m.group(1)) if m else 0
+
+
+def _pairs(n: int) -> str:
+    return f"{n} GPU pair{'s' if n != 1 else ''}"
+
+
+def interconnect_of(facts: dict[str, Any]) -> tuple[dict[str, Any] | None, Check | None]:
+    """facts.interconnect, or why a control has nothing to judge."""
+    if "interconnect" not in facts:
+        return None, not_applicable("no interconnect facts (collected by a fleetctl without them)")
+    if facts["interconnect"] is None:
+        return None, not_applicable("the driver is not answering: no interconnect facts")
+    ic = facts["interconnect"]  # a GPU off the bus is gpu.count's finding, not an unread interconnect
+    return dict(ic, gpus=[g for g in ic.get("gpus") or [] if not g.get("lost")]), None
+
+
+def _uuid(facts: dict[str, Any], ig: dict[str, Any]) -> str | None:
+    pci = (ig.get("pci_bus_id") or "").lower()
+    for g in facts.get("gpus") or []:
+        if not g.get("lost") and ((pci and (g.get("pci_bus_id") or "").lower() == pci)
+                                  or (not pci and g.get("index") == ig.get("index"))):
+            return g.get("uuid")
+    return None
+
+
+def same_gpu(facts: dict[str, Any], ig: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any] | None:
+    """REF's interconnect entry for the GPU of IG: the same uuid (facts.gpus), else the same PCI slot, else index."""
+    ref_gpus = ((ref or {}).get("interconnect") or {}).get("gpus") or []
+    uuid = _uuid(facts, ig)
+    if uuid:
+        match = next((r for r in ref_gpus if _uuid(ref, r) == uuid), None)
+        if match:
+            return match
+    for key in ("pci_bus_id", "index"):
+        value = str(ig.get(key)).lower()
+        match = next((r for r in ref_gpus if ig.get(key) is not None and str(r.get(key)).lower() == value), None)
+        if match:
+            return match
+    return None
+
+
+@control("gpu.nvlink", "NVLink links up, error counters low", "high", ("interconnect.gpus[*].nvlink",),
+         "drain the host; `nvidia-smi nvlink -s -i GPU` shows the links; a GPU reset or reboot retrains them, a link "
+         "that stays down or keeps counting errors means reseating or replacing the GPU board (RMA). Where a board "
+         "wires fewer links than the GPU reports, set interconnect.nvlink.links_up", reference=True,
+         roles=("health", "interconnect", "judged_by_verify"))
+def gpu_nvlink(facts, policy, reference):
+    ic, skip = interconnect_of(facts)
+    if skip:
+        return skip
+    rules = policy.get("interconnect", {}).get("nvlink", {})
+    gpus = ic.get("gpus") or []
+    unread = [g for g in gpus if g.get("nvlink") is None]
+    if unread:
+        return Check("error", "NVLink state unread: " + "; ".join(
+            f"{gpu_label(g)}: {unread_message(facts, f'interconnect.gpus[{i}].nvlink')}"
+            for i, g in ((g["index"], g) for g in gpus) if g.get("nvlink") is None), {"gpus": [g["index"] for g in unread]})
+    linked = [g for g in gpus if g["nvlink"]["supported"]]
+    # A GPU that lists no link now (nvidia-smi: "all links are inActive") but had links up at the last passing audit
+    # lost them all; without such a reference it is a GPU without NVLink wired.
+    lost = [(g, ref_up) for g, ref_up in ((g, (((same_gpu(facts, g, reference) or {}).get("nvlink") or {}).get("up") or 0))
+                                          for g in gpus if not g["nvlink"]["supported"]) if ref_up]
+    if not linked and not lost:
+        return not_applicable("no NVLink on this GPU" if len(gpus) == 1 else "no NVLink on this host's GPUs")
+    warn_limit = rules.get("errors_warn", NVLINK_ERRORS_WARN)
+    fail_limit = rules.get("errors_fail")
+    problems = [f"{gpu_label(g)}: no NVLink link answers; {up} were up at the last passing audit" for g, up in lost]
+    warnings, evidence, unwired = [], [], []
+    for g in linked:
+        nv = g["nvlink"]
+        if rules.get("links_up") is not None:
+            expected, source = rules["links_up"], "baseline"
+        else:
+            ref = same_gpu(facts, g, reference)
+            ref_nv = (ref or {}).get("nvlink") or {}
+            expected, source = (ref_nv["up"], "last passing audit") if ref_nv.get("supported") else (nv["total"], "all links")
+        if nv["up"] == 0 and source == "all links":
+            unwired.append(g["index"])  # a PCIe board without NVLink bridges lists its links, every one inactive
+            continue
+        down = [link["link"] for link in nv["links"] if link["state"] != "up"]
+        counters: dict[str, int] = {}
+        per_link: dict[int, int] = {}
+        for link in nv["links"]:
+            for name, value in link_counts(link).items():
+                if value is not None:
+                    counters[name] = counters.get(name, 0) + value
+                    if name in NVLINK_ERROR_COUNTERS:
+                        per_link[link["link"]] = per_link.get(link["link"], 0) + value
+        errors = sum(per_link.values())
+        evidence.append({"index": g["index"], "pci_bus_id": g.get("pci_bus_id"), "up": nv["up"], "total": nv["total"],
+                         "expected": expected, "expected_from": source, "down": down, "errors": errors,
+                         "error_counters": {k: v for k, v in counters.items() if v}})
+        if nv["up"] < expected:
+            why = "" if expected == nv["total"] else (
+                f" ({expected} expected by the baseline)" if source == "baseline" else f" ({expected} up at the last passing audit)")
+            problems.append(f"{gpu_label(g)}: {nv['up']} of {nv['total']} NVLink links up{why}; down: "
+                            + (", ".join(map(str, down)) or "none listed"))
+        if errors:
+            worst = max(per_link, key=lambda link: per_link[link])
+            detail = (f"{gpu_label(g)}: {errors} NVLink errors since the driver loaded ("
+                      + ", ".join(f"{k} {v}" for k, v in sorted(counters.items(), key=lambda kv: -kv[1])
+                                  if v and k in NVLINK_ERROR_COUNTERS)
+                      + f"; most on link {worst}: {per_link[worst]})")
+            if fail_limit is not None and errors > fail_limit:
+                problems.append(f"{detail}, over the limit of {fail_limit}")
+            elif warn_limit is not None and errors > warn_limit:
+                warnings.append(f"{detail}, over {warn_limit}")
+    no_nvlink = [g["index"] for g in gpus if not g["nvlink"]["supported"]]
+    facts_of = {"gpus": evidence, "errors_warn": warn_limit, "errors_fail": fail_limit, "no_nvlink": no_nvlink,
+                "no_link_up": unwired}
+    if reference and any(e["expected_from"] == "last passing audit" for e in evidence):
+        facts_of["reference_collected_at"] = reference.get("collected_at")
+    if problems:
+        return failed("; ".join(problems), **facts_of)
+    if warnings:
+        return warned("; ".join(warnings), **facts_of)
+    if not evidence:
+        return not_applicable("the GPUs list NVLink links but none is up, and neither the baseline "
+                              "(interconnect.nvlink.links_up) nor a passing audit expects one: a PCIe board without "
+                              "NVLink bridges", **facts_of)
+    shapes = sorted({f"{e['up']} of {e['total']}" for e in evidence})
+    sources = sorted({e["expected_from"] for e in evidence})
+    return passed(f"NVLink: {' / '.join(shapes)} links up on {len(linked)} GPU{'s' if len(linked) > 1 else ''} "
+                  f"(expected: {', '.join(sources)}), {sum(e['errors'] for e in evidence)} link errors", **facts_of)
+
+
+@control("gpu.fabric", "NVSwitch fabric registration completed", "critical", (),
+         "restart nv-fabricmanager at exactly the driver's version (see fabricmanager.version) and read "
+         "/var/log/fabricmanager.log; a GPU that stays out of the fabric needs a GPU reset or a reboot",
+         roles=("health", "interconnect", "judged_by_verify"))
+def gpu_fabric(facts, policy):
+    # No `needs`: whether an unread fabric state matters depends on the host being an NVSwitch host.
+    ic, skip = interconnect_of(facts)
+    fm = facts.get("fabric_manager") or {}
+    if skip:
+        unread = any(unread(k, "interconnect.gpus[*].fabric") for k in facts.get("errors", {}))
+        if unread and fm.get("nvswitch_present"):
+            return Check("error", f"fabric state unread: {unread_message(facts, 'interconnect.gpus[*].fabric')}")
+        return skip
+    gpus = ic.get("gpus") or []
+    on_fabric = [g for g in gpus if g.get("fabric") and g["fabric"]["state"] != "not_supported"]
+    switch_links = any(((link.get("remote") or {}).get("type") == "switch")
+                       for g in gpus for link in ((g.get("nvlink") or {}).get("links") or []))
+    if not (on_fabric or fm.get("nvswitch_present") or switch_links):
+        return not_applicable("not an NVSwitch host: no GPU on an NVSwitch fabric")
+    unread = [(g["index"], g) for g in gpus  # completed without a status: one NVML did not name
+              if g.get("fabric") is None or (g["fabric"]["state"] == "completed" and g["fabric"].get("status") is None)]
+    if unread:
+        return Check("error", "fabric state unread on an NVSwitch host: " + "; ".join(
+            f"{gpu_label(g)}: {unread_message(facts, f'interconnect.gpus[{i}].fabric')}" for i, g in unread),
+            {"gpus": [g["index"] for _, g in unread]})
+    if not on_fabric:
+        return not_applicable("NVSwitch host whose GPUs report no fabric state (before Hopper NVML has none); "
+                              "fabricmanager.version checks the fabric manager")
+    evidence = {"fabric": {g["index"]: g["fabric"] for g in gpus}}
+    by_state: dict[str, list[dict[str, Any]]] = {}
+    for g in gpus:
+        by_state.setdefault(g["fabric"]["state"], []).append(g)
+    problems = []
+    for state, words in (("not_started", "not started"), ("in_progress", "in progress")):
+        if by_state.get(state):
+            problems.append(f"{gpu_labels(by_state[state], len(gpus))}: fabric registration {words}: {FABRIC_802}")
+    for g in by_state.get("completed", []):
+        if g["fabric"].get("status") != "success":
+            problems.append(f"{gpu_label(g)}: fabric registration completed with status {g['fabric'].get('status')}")
+    if by_state.get("not_supported"):
+        problems.append(f"{gpu_labels(by_state['not_supported'], len(gpus))}: no fabric state while "
+                        f"{', '.join(str(g['index']) for g in on_fabric)} report one")
+    if problems:
+        version = running_version(facts)
+        if fm.get("nvswitch_present") and fm.get("package_version") is None:
+            problems.append("nvidia-fabricmanager is not installed")
+        elif fm.get("nvswitch_present") and not fm.get("running"):
+            problems.append(f"nv-fabricmanager {fm['package_version']} is not running")
+        elif fm.get("package_version") and version and fm["package_version"].split("-", 1)[0] != version:
+            problems.append(f"fabric manager {fm['package_version']} != driver {version}")
+        return failed("; ".join(problems), **evidence)
+    unhealthy = {}
+    for g in gpus:
+        mask = g["fabric"].get("health_mask") or 0
+        flags = [name for shift, name in FABRIC_HEALTH.items() if (mask >> shift) & 0x3 == 1]
+        if flags:
+            unhealthy[g["index"]] = flags
+    if unhealthy:
+        return warned("fabric registered, but its health mask reports: " + "; ".join(
+            f"GPU {i}: {', '.join(f)}" for i, f in unhealthy.items()), health=unhealthy, **evidence)
+    cliques = sorted({g["fabric"].get("clique_id") for g in gpus}, key=str)
+    return passed(f"fabric registration completed (success) on all {len(gpus)} GPUs, clique "
+                  f"{', '.join(map(str, cliques))}", **evidence)
+
+
+@control("gpu.topology", "GPU pairs connected as expected", "high", ("interconnect.topology",),
+         "a pair below its NVLinks talks over PCIe: see gpu.nvlink and gpu.fabric for the links and the fabric; "
+         "`nvidia-smi topo -m` shows the matrix. Boards with different links per pair: leave interconnect.topology "
+         "out and the host's last passing audit is the reference", reference=True,
+         roles=("health", "interconnect", "judged_by_verify"))
+def gpu_topology(facts, policy, reference):
+    ic, skip = interconnect_of(facts)
+    if skip:
+        return skip
+    gpus = ic.get("gpus") or []
+    pairs = ic.get("topology")
+    if len(gpus) < 2:
+        return not_applicable("fewer than 2 GPUs")
+    if pairs is None:
+        return Check("error", f"GPU topology unread: {unread_message(facts, 'interconnect.topology')}")
+    counts: dict[str, int] = {}
+    for p in pairs:
+        counts[p["link"]] = counts.get(p["link"], 0) + 1
+    shape = ", ".join(f"{link} x {n}" for link, n in sorted(counts.items(), key=lambda kv: (-nvlinks(kv[0]), kv[0])))
+    evidence: dict[str, Any] = {"pairs": {f"{p['gpus'][0]}-{p['gpus'][1]}": p["link"] for p in pairs}}
+    wanted = policy.get("interconnect", {}).get("topology")
+    if wanted:
+        wrong = [f"GPU {p['gpus'][0]}-{p['gpus'][1]} {p['link']}" for p in pairs if p["link"] != wanted]
+        if wrong:
+            shown = ", ".join(wrong[:8]) + (f" and {len(wrong) - 8} more" if len(wrong) > 8 else "")
+            return failed(f"{len(wrong)} of {_pairs(len(pairs))} not {wanted} (the baseline's): {shown}",
+                          expected=wanted, **evidence)
+        return passed(f"all {_pairs(len(pairs))} {wanted}" if len(pairs) > 1 else f"the GPU pair is {wanted}",
+                      expected=wanted, **evidence)
+    ref_ic = (reference or {}).get("interconnect") or {}
+    if not ref_ic.get("topology"):
+        return passed(f"{_pairs(len(pairs))}: {shape} (no interconnect.topology in the baseline and no earlier "
+                      f"passing audit to compare with: this one becomes the reference)", **evidence)
+    now_index = {}
+    for g in gpus:
+        ref_gpu = same_gpu(facts, g, reference)
+        if ref_gpu is not None:
+            now_index[ref_gpu["index"]] = g["index"]
+    now = {tuple(sorted(p["gpus"])): p["link"] for p in pairs}
+    fell = []
+    for p in ref_ic["topology"]:
+        a, b = (now_index.get(i) for i in p["gpus"])
+        if a is None or b is None or nvlinks(p["link"]) == 0:
+            continue  # a GPU gone is gpu.count's finding; changes between PCIe relations are not this control's
+        link = now.get(tuple(sorted((a, b))))
+        if link is not None and nvlinks(link) < nvlinks(p["link"]):
+            fell.append(f"GPU {a}-{b} {p['link']} -> {link}")
+    evidence["reference_collected_at"] = reference.get("collected_at")
+    if fell:
+        shown = ", ".join(fell[:8]) + (f" and {len(fell) - 8} more" if len(fell) > 8 else "")
+        return failed(f"{_pairs(len(fell))} lost NVLinks since the last passing audit "
+                      f"({reference.get('collected_at')}): {shown}", lost=fell, **evidence)
+    return passed(f"{_pairs(len(pairs))}: {shape}, none below the last passing audit", **evidence)
+
+
+@control("gpudirect.peermem", "GPUDirect RDMA module loaded", "medium", ("interconnect.peermem_loaded",),
+         "modprobe nvidia_peermem (it ships with the driver and needs the RDMA stack: MLNX_OFED/DOCA or rdma-core) "
+         "and load it at boot: echo nvidia_peermem > /etc/modules-load.d/nvidia-peermem.conf")
+def gpudirect_peermem(facts, policy):
+    if not policy.get("interconnect", {}).get("peermem"):
+        return None
+    ic, skip = interconnect_of(facts)
+    if skip:
+        return skip
+    if ic.get("peermem_loaded") is None:
+        return Check("error", f"nvidia_peermem state unread: {unread_message(facts, 'interconnect.peermem_loaded')}")
+    if not ic["peermem_loaded"]:
+        return failed("nvidia_peermem is not loaded: no GPUDirect RDMA, so NCCL and MPI stage GPU buffers through "
+                      "host memory for the network (unless they use DMA-BUF)")
+    return passed("nvidia_peermem is loaded (GPUDirect RDMA)")
