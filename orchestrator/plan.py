@@ -20,7 +20,7 @@ in driver.loaded, driver.version_match or any gpu.* control); next boot at risk 
 or no matching nvidia module for the kernel it boots next: the new driver would not bind after the reboot); then
 hosts already running the target are skipped; last, the target itself: the host's facts as they would be on it
 (version, branch, the CUDA the branch supports, the flavor its packages install, the fabric manager moved with it)
-judged by the controls that declare the "target" role (policy.with_role) with the host's own policy; one failing at
+judged by the controls that declare the "target" role (controls.with_role) with the host's own policy; one failing at
 or above the baseline's `campaign.fail_on` (default medium) excludes the host (target_not_blessed), with the message
 the audit would give after the change. The campaign's precheck applies the same rules to fresh facts.
 """
@@ -42,6 +42,7 @@ from rich.text import Text
 import copy
 
 from . import audit, baseline as baseline_mod, policy, render, runs, schemas
+from . import controls
 from .campaign import packages
 from .errors import InputError
 from .store import Store
@@ -50,9 +51,6 @@ EXIT_OK, EXIT_UNREACHABLE = 0, 3
 DEFAULT_RAMP = "1,10%,50%,100%"
 DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # DESIGN.md "Wave budget": later waves fail at >= 2 hosts or 10%
 VERSION_RE = re.compile(r"[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?")  # whole string (fullmatch): no "570.86.15\n"
-HEALTH_CONTROLS = ("driver.loaded", "driver.version_match")  # and every gpu.* control
-# Drift that decides whether the new driver binds at the reboot an upgrade needs, failing at any severity.
-BOOT_RISK_CONTROLS = ("nouveau.not_loaded", "nouveau.blacklisted", "driver.next_boot")
 # ASCII digits, at most 9 a part: Fraction() and str() refuse numbers of thousands of digits (ValueError)
 _STEP_RE = re.compile(r"^(?:(?P<count>[0-9]{1,9})|(?P<percent>[0-9]{1,9}(?:\.[0-9]{1,9})?)%)$")
 
@@ -175,12 +173,12 @@ def blessing_problem(base: baseline_mod.Baseline, groups: list[str], target: str
 def health_problems(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Critical fails (or unverifiable controls) that make a host unsafe to touch: driver state and GPU health."""
     return [f for f in findings if f["status"] in ("fail", "error") and f["severity"] == "critical"
-            and (f["control"].startswith("gpu.") or f["control"] in HEALTH_CONTROLS)]
+            and f["control"] in controls.with_role("health")]
 
 
 def boot_risks(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Fails (or unverifiable) of the controls that decide whether the driver comes back after a reboot."""
-    return [f for f in findings if f["status"] in ("fail", "error") and f["control"] in BOOT_RISK_CONTROLS]
+    return [f for f in findings if f["status"] in ("fail", "error") and f["control"] in controls.with_role("boot_risk")]
 
 
 def on_target(facts: dict[str, Any], running: str, target: str) -> dict[str, Any]:
@@ -205,7 +203,7 @@ def target_problems(entry: dict[str, Any], base: baseline_mod.Baseline, running:
     whose outcome follows from the driver version alone."""
     pol = base.policy_for(list(entry["groups"]))
     floor = policy.severity_rank(pol.get("campaign", {}).get("fail_on", "medium"))
-    judged = set(policy.with_role("target"))
+    judged = set(controls.with_role("target"))
     return [f for f in policy.evaluate(on_target(entry["facts"], running, target), pol)
             if f["control"] in judged and f["status"] in ("fail", "error") and policy.severity_rank(f["severity"]) >= floor]
 

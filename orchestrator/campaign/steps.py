@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import audit, baseline as baseline_mod, gate, inventory, plan, policy, probe, runner
+from .. import controls
 from . import hooks, packages
 from .journal import Journal
 
 
-INTERCONNECT_CONTROLS = ("gpu.fabric", "gpu.topology", "gpu.nvlink")  # verify: none may fail that passed before
 FABRIC_WAIT_S, FABRIC_POLL_S = 120.0, 10.0  # verify waits this long for the fabric manager to register the GPUs
 FABRIC_PENDING = ("not_started", "in_progress")
-# What a rollback must give back as it was at the precheck: the driver's own findings and its daemons.
-RESTORED_CONTROLS = ("driver.", "nouveau.", "persistence.", "runtime.", "fabricmanager.")
+# What a rollback must give back as it was at the precheck: the driver's own findings (the controls of the
+# "restored_on_rollback" role) and its daemons.
 DAEMON_UNITS = {"nvidia-persistenced.service": ("persistence", "daemon_running"),
                 "nvidia-fabricmanager.service": ("fabric_manager", "running")}
 
@@ -92,9 +92,9 @@ def precheck(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
                       "packages": packages.driver_versioned(facts["driver"]["packages"], detail),
                       "held": facts["driver"]["held"], "nvlink_up": nvlink_up(facts),
                       "interconnect": {f["control"]: f["status"] for f in entry["findings"]
-                                       if f["control"] in INTERCONNECT_CONTROLS},
+                                       if f["control"] in controls.with_role("interconnect")},
                       "driver_findings": {f["control"]: f["status"] for f in entry["findings"]
-                                          if f["control"].startswith(RESTORED_CONTROLS)},
+                                          if f["control"] in controls.with_role("restored_on_rollback")},
                       "findings": {f["control"]: f["status"] for f in entry["findings"]},
                       "daemons": running_daemons(facts)}
             if not before["packages"]:
@@ -256,7 +256,7 @@ def interconnect_problems(entry: dict[str, Any], before: dict[str, Any]) -> list
     value NVML could not read this once (an `error` finding): a false rollback costs a maintenance window."""
     was = before.get("interconnect") or {}
     problems = [f"{f['control']}: {f['message']}" for f in entry["findings"]
-                if f["control"] in INTERCONNECT_CONTROLS and f["status"] == "fail"
+                if f["control"] in controls.with_role("interconnect") and f["status"] == "fail"
                 and was.get(f["control"]) not in ("fail", "error")]
     now = nvlink_up(entry["facts"])
     for gpu, up in sorted((before.get("nvlink_up") or {}).items()):
@@ -293,18 +293,12 @@ def not_restored(entry: dict[str, Any], before: dict[str, Any]) -> list[str]:
     was = before.get("driver_findings") or {}
     problems = [f"{f['control']}: {f['message']} (it was {was[f['control']]} at the pre-check)"
                 for f in entry["findings"] if f["control"] in was and f["status"] in ("fail", "error")
-                and f["control"] not in ("driver.held", "driver.next_boot")  # verify judges those itself
+                and f["control"] not in controls.with_role("verify_always")  # verify judges those itself
                 and was[f["control"]] not in ("fail", "error")]
     now = running_daemons(entry["facts"])
     problems += [f"{unit} ran at the pre-check and is not running" for unit in before.get("daemons") or []
                  if unit not in now]
     return problems
-
-
-# What the forward verify states itself (the driver's state and version, the GPU count, held packages, the next boot,
-# the interconnect with its own rules): not repeated by changed_controls.
-JUDGED_BY_VERIFY = ("driver.installed", "driver.loaded", "driver.version_match", "driver.held", "driver.next_boot",
-                    "gpu.count", *INTERCONNECT_CONTROLS)
 
 
 def changed_controls(entry: dict[str, Any], before: dict[str, Any]) -> list[str]:
@@ -315,10 +309,11 @@ def changed_controls(entry: dict[str, Any], before: dict[str, Any]) -> list[str]
     was = before.get("findings")
     if was is None:  # a campaign recorded before the precheck kept every finding
         return []
-    target = set(policy.with_role("target"))
+    target = set(controls.with_role("target"))
+    judged_by_verify = controls.with_role("judged_by_verify")  # what the forward verify states itself
     return [f"{f['control']}: {f['message']}" + ("" if f["control"] in target else
                                                  f" (it was {was.get(f['control'], 'not judged')} at the pre-check)")
-            for f in entry["findings"] if f["status"] == "fail" and f["control"] not in JUDGED_BY_VERIFY
+            for f in entry["findings"] if f["status"] == "fail" and f["control"] not in judged_by_verify
             and (f["control"] in target or was.get(f["control"]) != "fail")]
 
 

@@ -38,10 +38,17 @@ def control(id: str, title: str, severity: str, needs: tuple[str, ...], remediat
     return register
 
 
+_BY_ROLE: dict[str, tuple[int, tuple[str, ...]]] = {}  # role -> (len(CONTROLS) when answered, ids)
+
+
 def with_role(role: str) -> tuple[str, ...]:
-    """Ids of the controls that declare ROLE."""
-    assert role in ROLES, role
-    return tuple(c.id for c in CONTROLS if role in c.roles)
+    """Ids of the controls that declare ROLE, in registry order (kept: callers ask once per finding)."""
+    known = _BY_ROLE.get(role)
+    if known is None or known[0] != len(CONTROLS):
+        if role not in ROLES:
+            raise KeyError(f"no control role {role!r}: {', '.join(ROLES)}")
+        known = _BY_ROLE[role] = (len(CONTROLS), tuple(c.id for c in CONTROLS if role in c.roles))
+    return known[1]
 
 
 def reference_controls() -> list[str]:
