@@ -64,7 +64,7 @@ def runtime_toolkit(facts, policy):
     return passed(f"nvidia-container-toolkit {version} >= {minimum}", version=version)
 
 
-@control("runtime.cdi", "CDI spec matches the running driver", "medium", ("container_runtime.cdi",),
+@control("runtime.cdi", "CDI spec matches the running driver", "medium", ("container_runtime.cdi_specs",),
          "regenerate it: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml (after every driver change)",
          roles=("restored_on_rollback",))
 def runtime_cdi(facts, policy):

@@ -514,17 +514,23 @@ facts:
       contains:
         gpus:
           description:
-            - Per GPU (index, pci_bus_id) its C(nvlink) (supported, up, total, links with state, version, remote
-              type and PCI id, error counters replay, recovery, crc (as nvidia-smi nvlink -e shows them),
-              crc_flit, crc_data, ecc_data (the legacy counters), recovery_failed, symbol, effective) and C(fabric)
-              (state, status, clique_id, cluster_uuid, health_mask).
+            - Per GPU (index, pci_bus_id) its C(nvlink) (supported, up, total, links each with its C(link) number,
+              state, version, remote type and PCI id, error counters replay, recovery, crc (as nvidia-smi nvlink -e
+              shows them), crc_flit, crc_data, ecc_data (the legacy counters), recovery_failed, symbol, effective) and
+              C(fabric) (state, status, clique_id, cluster_uuid, health_mask).
             - A part that could not be read is null, with an entry in C(errors) (C(interconnect.gpus[I].nvlink),
               C(interconnect.gpus[I].fabric)); a counter the driver does not support is null.
+            - A GPU NVML cannot open (as in C(gpus)) has C(lost) true, and null C(pci_bus_id), C(nvlink) and C(fabric).
           returned: always
           type: list
           elements: dict
           sample: [{"index": 0, "pci_bus_id": "00000000:00:06.0",
-                    "nvlink": {"supported": true, "up": 18, "total": 18, "links": []},
+                    "nvlink": {"supported": true, "up": 18, "total": 18,
+                               "links": [{"link": 0, "state": "up", "version": "4.0",
+                                          "remote": {"type": "switch", "pci_bus_id": null},
+                                          "errors": {"replay": 0, "recovery": 0, "crc": 0, "crc_flit": 0,
+                                                     "crc_data": 10, "ecc_data": 18, "recovery_failed": null,
+                                                     "symbol": null, "effective": null}}]},
                     "fabric": {"state": "completed", "status": "success", "clique_id": 0,
                                "cluster_uuid": "00000000-0000-0000-0000-000000000000", "health_mask": 0}}]
         topology:
@@ -1053,7 +1059,7 @@ class Collector:
         specs = []
         for path in sorted(glob.glob("/etc/cdi/*.yaml") + glob.glob("/etc/cdi/*.json")
                            + glob.glob("/var/run/cdi/*.yaml") + glob.glob("/var/run/cdi/*.json")):
-            text = self.read(path, "container_runtime.cdi") or ""
+            text = self.read(path, "container_runtime.cdi_specs") or ""
             if "nvidia.com/" in text:
                 specs.append({"path": path, "driver_version": cdi_driver_version(text)})
         return {"engines": engines, "toolkit_version": toolkit_version, "cdi_specs": specs}
