@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 
 from . import resources
-from .policy import nvlink_errors, severity_rank
+from .controls import nvlink_errors, severity_rank
 
 # Interconnect limits from real 2x H200 series (tests/testdata/probe/h200x2-580.159.04-*): the all-reduce busbw
 # medians of 15 separate probes spread 1.2% (min to max), so 3% leaves 2.5x that; one NVLink of 18 lost is 5.6%.
