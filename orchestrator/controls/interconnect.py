@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import Check, failed, not_applicable, passed, running_version, unread, unread_message, warned
+from .base import Check, failed, not_applicable, passed, running_version, unread as _unread, unread_message, warned
 from .registry import control
 
 
@@ -198,7 +198,7 @@ def gpu_fabric(facts, policy):
     ic, skip = interconnect_of(facts)
     fm = facts.get("fabric_manager") or {}
     if skip:
-        unread = any(unread(k, "interconnect.gpus[*].fabric") for k in facts.get("errors", {}))
+        unread = any(_unread(k, "interconnect.gpus[*].fabric") for k in facts.get("errors", {}))
         if unread and fm.get("nvswitch_present"):
             return Check("error", f"fabric state unread: {unread_message(facts, 'interconnect.gpus[*].fabric')}")
         return skip
