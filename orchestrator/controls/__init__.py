@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .base import (SEVERITIES, STATUSES, Check, Control, failed, live_gpus, not_applicable, passed, running_version,
                    severity_rank, unread, unread_message, version_tuple, warned)
-from .registry import CONTROLS, ROLES, by_id, control, error_finding, evaluate, reference_controls, with_role
+from .registry import CONTROLS, ROLES, control, error_finding, evaluate, reference_controls, with_role
 # The families, in the order their findings are listed (importing one registers its controls).
 from . import driver, nouveau, persistence, runtime, fabric, gpu, interconnect  # noqa: E402,F401  isort: skip
 from .driver import CUDA_BY_BRANCH
@@ -26,7 +26,7 @@ from .interconnect import (FABRIC_802, FABRIC_HEALTH, NVLINK_ERROR_COUNTERS, NVL
 FAMILIES = (driver, nouveau, persistence, runtime, fabric, gpu, interconnect)
 
 __all__ = ["CONTROLS", "CUDA_BY_BRANCH", "Check", "Control", "FABRIC_802", "FABRIC_HEALTH", "FAMILIES",
-           "NVLINK_ERRORS_WARN", "NVLINK_ERROR_COUNTERS", "ROLES", "SEVERITIES", "STATUSES", "by_id", "control",
+           "NVLINK_ERRORS_WARN", "NVLINK_ERROR_COUNTERS", "ROLES", "SEVERITIES", "STATUSES", "control",
            "error_finding", "evaluate", "failed", "gpu_label", "gpu_labels", "interconnect_of", "link_counts",
            "live_gpus", "not_applicable", "nvlink_errors", "nvlinks", "passed", "reference_controls", "running_version",
            "same_gpu", "severity_rank", "short_pci", "unread", "unread_message", "version_tuple", "warned", "with_role"]

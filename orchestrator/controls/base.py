@@ -36,7 +36,7 @@ class Control:
     id: str
     title: str
     severity: str
-    needs: tuple[str, ...]  # fact paths whose read errors make this control `error` ("gpus[*].x": any GPU's x)
+    needs: tuple[str, ...]  # fact paths (host-facts schema) whose read errors make it `error` ("gpus[*].x": any GPU's x)
     remediation: str
     evaluate: Callable[..., Check | None]  # (facts, policy), or (facts, policy, reference) with uses_reference
     uses_reference: bool = False

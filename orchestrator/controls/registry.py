@@ -42,7 +42,7 @@ _BY_ROLE: dict[str, tuple[int, tuple[str, ...]]] = {}  # role -> (len(CONTROLS) 
 
 
 def with_role(role: str) -> tuple[str, ...]:
-    """Ids of the controls that declare ROLE, in registry order (kept: callers ask once per finding)."""
+    """Ids of the controls that declare ROLE, in registry order (remembered: callers ask once per finding)."""
     known = _BY_ROLE.get(role)
     if known is None or known[0] != len(CONTROLS):
         if role not in ROLES:
@@ -54,10 +54,6 @@ def with_role(role: str) -> tuple[str, ...]:
 def reference_controls() -> list[str]:
     """Ids of the controls that compare a host with its own last passing audit."""
     return [c.id for c in CONTROLS if c.uses_reference]
-
-
-def by_id(control_id: str) -> Control:
-    return next(c for c in CONTROLS if c.id == control_id)
 
 
 def _fact_error(facts: dict[str, Any], needs: tuple[str, ...]) -> str | None:
