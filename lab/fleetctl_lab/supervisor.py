@@ -1,7 +1,7 @@
-"""One lab host's "hardware": `python -m orchestrator.lab.supervisor HOSTDIR` (see docs/lab.md).
+"""One lab host's "hardware": `python -m fleetctl_lab.supervisor HOSTDIR` (see docs/lab.md).
 
 Started by hosts.up as `ip netns exec fl-<name> unshare --mount --uts --pid --fork --kill-child --propagation private
-python -m orchestrator.lab.supervisor HOSTDIR`, so it is PID 1 of the host's PID namespace (the host's `ps` and
+python -m fleetctl_lab.supervisor HOSTDIR`, so it is PID 1 of the host's PID namespace (the host's `ps` and
 /proc show only the host's processes; killing the supervisor kills the whole host) and owns a private mount
 namespace (every mount below disappears with it). It mounts the host's root (overlay over /), the emulated kernel
 files, then boots: kernel state, nvidia-persistenced, sshd. A reboot request from the host's shutdown/reboot shims
@@ -41,7 +41,7 @@ FABRICMANAGER = "usr/bin/nv-fabricmanager"
 FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
 UNITS = {PERSISTENCED_UNIT: PERSISTENCED, FABRICMANAGER_UNIT: FABRICMANAGER}  # what the systemctl shim can manage
 REQUEST_TIMEOUT_S = 60
-LAB_SYSTEM = "fleetctl-lab-system"  # an rpm host's first package (orchestrator/lab/packages.py)
+LAB_SYSTEM = "fleetctl-lab-system"  # an rpm host's first package (lab/fleetctl_lab/packages.py)
 GPU_EMULATION = "fleetctl-lab-gpu"  # the emulated GPUs beside a +debian host's real driver packages (packages.py)
 EL_RELEASEVER = "9"
 APT_TOOLS = ("usr/bin/apt-get", "usr/bin/apt", "usr/bin/apt-cache", "usr/bin/apt-mark")  # gone from an rpm host
@@ -859,7 +859,7 @@ def boot_log(hw: dict[str, str], module: tuple[str, str] | None, nouveau: bool,
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m orchestrator.lab.supervisor HOSTDIR", file=sys.stderr)
+        print("usage: python -m fleetctl_lab.supervisor HOSTDIR", file=sys.stderr)
         return 2
     host = Host(Path(argv[1]))
     (host.dir / "supervisor.pid").write_text(os.readlink("/proc/self") + "\n")  # the pid outside the namespace
