@@ -83,7 +83,8 @@ class Host(RootFilesystem, Provisioning, KernelModules, InitSystem, HostBase):
             command = {"modprobe": self.modprobe, "rmmod": self.rmmod, "modinfo": self.modinfo,
                        "systemctl": self.systemctl}[argv[0]]
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-            argv, command = [request.name], lambda _args: (1, "", f"lab: cannot read the request: {e}\n")
+            why = f"lab: cannot read the request: {e}\n"  # `e` is unbound once the except block ends
+            argv, command = [request.name], lambda _args: (1, "", why)
         try:
             rc, out, err = command(argv[1:])
         except (OSError, subprocess.SubprocessError) as e:  # the host's command fails, never its supervisor
