@@ -29,8 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "lab"))  # the lab distribution (lab/fleetctl_lab), also when not installed
 
-from orchestrator.lab import state  # noqa: E402
+from fleetctl_lab import state  # noqa: E402
 from orchestrator.runner import ANSIBLE_ENV  # noqa: E402
 
 FLEETCTL = [sys.executable, "-m", "orchestrator.cli"]

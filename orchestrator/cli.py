@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import io
 import json
 import os
@@ -193,9 +194,12 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
 
 
 from .completion import completion  # noqa: E402
-from .lab.cli import lab  # noqa: E402
 
-cli.add_command(lab)
+for _plugin in importlib.metadata.entry_points(group="fleetctl.commands"):  # e.g. `fleetctl lab` (lab/pyproject.toml)
+    try:
+        cli.add_command(_plugin.load(), _plugin.name)
+    except Exception as e:  # a broken plugin never breaks fleetctl
+        print(f"fleetctl: plugin command {_plugin.name!r} not loaded: {type(e).__name__}: {e}", file=sys.stderr)
 cli.add_command(completion)
 cli.add_command(config_mod.config_group)
 

@@ -1,5 +1,5 @@
-"""The wheel a user installs with pip: it carries the collection, playbooks and schemas, installs into a fresh venv
-outside any checkout and audits localhost there; its dependency ranges resolve on every supported Python."""
+"""The wheel a user installs with pip: it carries the collection, playbooks and schemas (not the lab), installs into
+a fresh venv outside any checkout and audits localhost there; its dependency ranges resolve on every supported Python."""
 
 from __future__ import annotations
 
@@ -39,6 +39,15 @@ def test_the_wheel_carries_the_collection_playbooks_and_schemas(wheel):
         assert ASSETS + part in names, part
     assert not [n for n in names if n.startswith("tests/") or "/molecule/" in n or "/tests/output/" in n
                 or n.endswith(".pyc")]  # no test scenarios or ansible-test scratch files
+
+
+def test_the_wheel_carries_no_lab(wheel):
+    """The lab is its own distribution (lab/: fleetctl-lab, `fleetctl lab` as a plugin): users' wheels go without it."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith(("fleetctl_lab", "lab/", "orchestrator/lab/"))
+                or "fleetctl_lab" in n or "/lab/emu/" in n or "libnvidia-ml.c" in n]
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "fleetctl.commands" not in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_the_wheel_installs_into_a_fresh_venv_and_audits_localhost_outside_a_checkout(wheel, tmp_path):

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import pytest
 
 from orchestrator import schemas
-from orchestrator.lab import hosts, network
-from orchestrator.lab.state import HostSpec, Lab
+from fleetctl_lab import hosts, network
+from fleetctl_lab.state import HostSpec, Lab
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = Path(sys.executable).with_name("ansible")
@@ -122,7 +122,7 @@ def lab_leftovers(directory: Path) -> list[str]:
     return found
 
 
-# -- a stub driver package (the real ones come from orchestrator/lab/packages.py) ------------------------------
+# -- a stub driver package (the real ones come from lab/fleetctl_lab/packages.py) ------------------------------
 
 def make_stub_driver_repo(repo: Path, version: str) -> None:
     """A flat apt repository holding one nvidia-driver-<branch>-open package whose only file is the emulated

@@ -1,4 +1,4 @@
-"""Upgrades and rollbacks on Debian's own NVIDIA packages (`+debian` lab hosts, orchestrator/lab/debian.py): real
+"""Upgrades and rollbacks on Debian's own NVIDIA packages (`+debian` lab hosts, lab/fleetctl_lab/debian.py): real
 nvidia-tesla-470-*, nvidia-tesla-535-* and unversioned nvidia-* packages from bookworm, installed by real apt and
 dpkg with their real maintainer scripts (dkms, update-alternatives), one lab for the whole path:
 470.256.02 -> 535.216.03 (a branch change across Debian's tesla sources) -> 535.261.03 (the unversioned source),

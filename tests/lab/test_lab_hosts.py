@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lab import hosts, network
-from orchestrator.lab.state import HostSpec
+from fleetctl_lab import hosts, network
+from fleetctl_lab.state import HostSpec
 
 pytestmark = pytest.mark.lab
 

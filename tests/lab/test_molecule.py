@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lab import network
+from fleetctl_lab import network
 from tests.lab.conftest import kill_processes_mentioning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The lab's emulated NVIDIA driver packages (orchestrator/lab/packages.py, orchestrator/lab/emu/), without namespaces.
+"""The lab's emulated NVIDIA driver packages (lab/fleetctl_lab/packages.py, lab/fleetctl_lab/emu/), without namespaces.
 
 The repository is built into a temporary directory; packages are unpacked with dpkg-deb -x into fake roots, and
 the real pynvml (from the python3-nvidia-ml-py package), nvidia-smi and the other tools run against them in
@@ -20,8 +20,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import parse_smi_xml
-from orchestrator.lab import packages
-from orchestrator.lab.skus import SKUS
+from fleetctl_lab import packages
+from fleetctl_lab.skus import SKUS
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE_UTILS = REPO / "collections/ansible_collections/fleetctl/gpu/plugins/module_utils"

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.lab import faults
-from orchestrator.lab.conf import read_conf
-from orchestrator.lab.skus import SKUS
+from fleetctl_lab import faults
+from fleetctl_lab.conf import read_conf
+from fleetctl_lab.skus import SKUS
 from orchestrator.errors import InputError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

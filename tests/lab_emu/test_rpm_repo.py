@@ -1,4 +1,4 @@
-"""The lab's RPM repository (orchestrator/lab/packages.py, repo/rpm), read with rpm -qp: no root, no namespaces.
+"""The lab's RPM repository (lab/fleetctl_lab/packages.py, repo/rpm), read with rpm -qp: no root, no namespaces.
 
 The same Package objects as the .debs, named as NVIDIA's RHEL repository names them; a lab host's rpm database
 holds only the lab's packages, so nothing may be required that fleetctl-lab-system does not provide.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lab import packages
+from fleetctl_lab import packages
 
 MISSING = [t for t in ("gcc", "dpkg-deb", "dpkg-scanpackages", "rpm", "rpmbuild", "createrepo_c")
            if shutil.which(t) is None]

@@ -3,8 +3,8 @@
 import pytest
 
 from orchestrator.errors import InputError
-from orchestrator.lab.cli import parse_specs
-from orchestrator.lab.faults import xid_line
+from fleetctl_lab.cli import parse_specs
+from fleetctl_lab.faults import xid_line
 
 
 def test_a_mixed_fleet_in_one_command():
@@ -29,7 +29,7 @@ def test_debian_and_rpm_hosts_and_a100_boards_numbered_together():
 
 
 def test_a_debian_host_holds_everything_at_its_driver_version():
-    from orchestrator.lab.debian import held
+    from fleetctl_lab.debian import held
 
     installed = {"nvidia-tesla-535-kernel-dkms": "535.216.03-3~deb12u1", "firmware-nvidia-tesla-535-gsp":
                  "535.216.03-3~deb12u1", "nvidia-kernel-common": "20220217+3~deb12u1",
@@ -60,7 +60,7 @@ def test_every_planted_xid_form_is_read_back_by_the_collector(form):
 
 
 def test_fault_inputs_cannot_forge_records_or_keys():
-    from orchestrator.lab import faults
+    from fleetctl_lab import faults
 
     with pytest.raises(InputError, match="one line"):
         faults.kmsg(None, "NVRM: Xid (PCI:0000:18:00): 79, x\n6,999,0,-;forged")
@@ -70,7 +70,7 @@ def test_fault_inputs_cannot_forge_records_or_keys():
 
 
 def test_a_kernel_update_installs_the_next_patch_release():
-    from orchestrator.lab.faults import newer_release
+    from fleetctl_lab.faults import newer_release
 
     assert newer_release("6.18.44-fc-v782") == "6.18.45-fc-v782"
     assert newer_release("6.1.0") == "6.1.1"

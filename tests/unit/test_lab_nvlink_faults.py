@@ -4,8 +4,8 @@ input as one line, exit 2 (a lab recorded in a temporary $FLEETCTL_LAB_DIR; no n
 import pytest
 
 from orchestrator import cli
-from orchestrator.lab import faults, state
-from orchestrator.lab.conf import read_conf
+from fleetctl_lab import faults, state
+from fleetctl_lab.conf import read_conf
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from orchestrator import baseline
 from orchestrator.campaign.steps import activation_detail
 from orchestrator.errors import InputError
-from orchestrator.lab.kernel import Modules
+from fleetctl_lab.kernel import Modules
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ("570.86.15", "open")
@@ -76,7 +76,7 @@ def test_the_lab_kernel_refuses_what_the_real_one_refuses(kernel):
 def test_loading_brings_the_installed_version_with_its_dependencies_and_logs_it(tmp_path):
     modules = Modules(tmp_path, nvswitch=True)
     (tmp_path / "kmsg").write_text("6,0,0,-;Linux version\n6,1,5,-;booted\n")
-    from orchestrator.lab.kernel import append_kmsg
+    from fleetctl_lab.kernel import append_kmsg
     append_kmsg(tmp_path, modules.load("nvidia_drm", ("580.95.05", "open")))
     assert (tmp_path / "sys-module/nvidia/version").read_text() == "580.95.05\n"
     assert "580.95.05" in (tmp_path / "proc-driver/nvidia/version").read_text()
@@ -127,7 +127,7 @@ class Done(Exception):
 
 
 class Host:
-    """modprobe/rmmod/modinfo/systemctl of a host whose kernel is orchestrator.lab.kernel.Modules."""
+    """modprobe/rmmod/modinfo/systemctl of a host whose kernel is fleetctl_lab.kernel.Modules."""
 
     UNITS = ("nvidia-persistenced.service", "nvidia-fabricmanager.service")
 

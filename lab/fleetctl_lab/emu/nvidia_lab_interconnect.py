@@ -80,7 +80,7 @@ def fabric_state(root, sku, hw, driver_version):
 
 
 def socket_of(index, count):
-    """Two CPU sockets; GPUs 0..n/2-1 hang off the first, all on it with 1 or 2 GPUs (orchestrator/lab/skus.py)."""
+    """Two CPU sockets; GPUs 0..n/2-1 hang off the first, all on it with 1 or 2 GPUs (lab/fleetctl_lab/skus.py)."""
     return 0 if count <= 2 else index * SOCKETS // count
 
 

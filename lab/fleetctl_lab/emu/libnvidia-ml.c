@@ -2,9 +2,9 @@
  * libnvidia-ml.so.1 for the fleetctl lab: the NVML calls fleetctl (through the real pynvml) and the usual
  * tools make, answered from the lab host's emulated kernel and hardware files (docs/lab.md).
  *
- * Built once per driver version by orchestrator/lab/packages.py:
+ * Built once per driver version by lab/fleetctl_lab/packages.py:
  *   gcc -shared -fPIC -O2 -Wall -Werror -DLAB_DRIVER_VERSION='"570.86.15"' -DLAB_FLAVOR='"open"' -I<gen> ...
- * where <gen>/lab_skus.h is generated from orchestrator/lab/skus.py. Built once more with LAB_DRIVER_VERSION ""
+ * where <gen>/lab_skus.h is generated from lab/fleetctl_lab/skus.py. Built once more with LAB_DRIVER_VERSION ""
  * for hosts whose driver comes from real distribution packages (fleetctl-lab-gpu, `+debian`): installed in
  * /usr/local/lib/x86_64-linux-gnu, ahead of the real library in the dynamic loader's search order, it answers for
  * the version of the real libnvidia-ml.so.1 the package manager installed (LAB_REAL_LIBRARY resolved: Debian's
@@ -1080,7 +1080,7 @@ API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo
 
 /* ---- topology and P2P --------------------------------------------------------------------------- */
 
-/* Two CPU sockets; GPUs 0..n/2-1 on the first, all of them with 1 or 2 GPUs (orchestrator/lab/skus.py socket_of),
+/* Two CPU sockets; GPUs 0..n/2-1 on the first, all of them with 1 or 2 GPUs (lab/fleetctl_lab/skus.py socket_of),
  * each under its own PCIe host bridge: the same socket is NODE, across sockets SYSTEM. */
 static unsigned int lab_socket(unsigned int index, unsigned int count)
 {

@@ -28,7 +28,7 @@ class HostSpec:
     nouveau: bool = True
     persistence_off: bool = False
     packaging: str = "deb"         # "rpm": an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt);
-                                   # "debian": the driver from Debian's own packages (orchestrator/lab/debian.py)
+                                   # "debian": the driver from Debian's own packages (lab/fleetctl_lab/debian.py)
 
     @property
     def branch(self) -> str | None:

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import InputError
+from orchestrator.errors import InputError
 from . import faults, state
 from .skus import DEFAULT_SKU, SKUS
 
@@ -19,7 +19,7 @@ SPEC = re.compile(r"^(?P<count>\d+)x(?P<sku>[a-z0-9-]+)(?:/(?P<gpus>\d+))?(?:@(?
                   r"(?P<drift>(?:\+[a-z-]+)*)$")
 DRIFTS = ("nouveau", "persistence-off", "runtime")
 # +rpm: an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt); +debian: the driver from Debian's own
-# packages (real nvidia-tesla-470-*, nvidia-tesla-535-*, nvidia-*: orchestrator/lab/debian.py)
+# packages (real nvidia-tesla-470-*, nvidia-tesla-535-*, nvidia-*: lab/fleetctl_lab/debian.py)
 PACKAGINGS = ("deb", "rpm", "debian")
 FLAGS = set(DRIFTS) | {"rpm", "debian"}  # what may follow a spec's '+'
 

@@ -12,7 +12,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from ..errors import InputError
+from orchestrator.errors import InputError
 from . import state
 from .conf import read_conf, write_conf
 from .kernel import append_kmsg

@@ -5,7 +5,7 @@
     status()                                                                 # one dict per host
     down()                                                                   # idempotent; leaves nothing
 
-Each host is a supervisor process (orchestrator/lab/supervisor.py) in the host's network namespace fl-<name>, with
+Each host is a supervisor process (lab/fleetctl_lab/supervisor.py) in the host's network namespace fl-<name>, with
 mount, UTS and PID namespaces of its own. The controller only writes the host's directory, builds the network,
 starts the supervisors (all at once) and waits for every host's sshd to answer on the bridge.
 
@@ -31,14 +31,16 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import OperationError
+import fleetctl_lab
+import orchestrator
+from orchestrator.errors import OperationError
 from . import debian, network, state
 from .skus import SKUS
 from .state import HostRecord, HostSpec, Lab
 
 __all__ = ["HostSpec", "Lab", "LabError", "up", "down", "status", "write_inventory"]
 
-SUPERVISOR_MODULE = "orchestrator.lab.supervisor"
+SUPERVISOR_MODULE = "fleetctl_lab.supervisor"
 MACHINE_LOCK = Path("/run/lock/fleetctl-lab.lock")
 UP_TIMEOUT_S = 90.0
 INSTALL_TIMEOUT_S = 600.0      # apt-get inside every host at once, on a small machine
@@ -219,10 +221,11 @@ def supervisor_command(host: HostRecord, hostdir: Path) -> list[str]:
 
 
 def supervisor_env() -> dict[str, str]:
-    """The caller's environment, with this checkout's (or the installed) orchestrator package importable."""
-    package_root = str(Path(__file__).resolve().parents[2])
+    """The caller's environment, with this fleetctl_lab package and the orchestrator package it uses (a checkout's
+    or the installed ones) importable."""
+    roots = list(dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (fleetctl_lab, orchestrator)))
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
 
