@@ -22,7 +22,7 @@ import click
 import yaml
 
 from . import inputs, notify, schemas
-from .render import clean_line
+from .sanitize import clean_line
 from .baseline import non_string_key
 from .errors import InputError, yaml_error
 

@@ -36,6 +36,7 @@ from click.core import ParameterSource
 from . import __version__, plan as plan_mod, runs, store as store_mod, upgrade as upgrade_mod
 from .campaign import hooks
 from .errors import InputError, OperationError
+from .files import write_atomically
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 # Where a system manager reads units from: only there do daemon-reload and enable make sense.
@@ -488,7 +489,6 @@ def install(root: click.Group, units: Units, unit_dir: str, print_only: bool) ->
     foreign = [str(directory / n) for n in texts if (directory / n).exists() and not is_ours(directory / n)]
     if foreign:
         raise InputError(f"{foreign[0]}: not written by fleetctl; move it away first (nothing was written)")
-    from .cli import write_atomically  # cli imports this module: late
     for name, text in texts.items():
         try:
             write_atomically(directory / name, text)

@@ -13,7 +13,8 @@ from rich.text import Text
 
 from . import audit, baseline as baseline_mod, interrupts, inventory, notify, notify_events, plan, runs
 from .campaign import hooks, packages, progress, soak, steps, transitions
-from .render import clean_line, safe
+from .render import safe
+from .sanitize import clean_line
 from .campaign.engine import READ_ONLY_STEPS, Engine, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .errors import InputError, OperationError

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ..render import clean_line, safe
+from ..render import safe
+from ..sanitize import clean_line
 from ..store import home
 
 STATE_STYLE = {"done": "green", "skipped": "dim", "failed": "bold red", "held": "bold yellow",
