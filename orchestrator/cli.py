@@ -44,6 +44,13 @@ def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
         printer(report, terminal())
 
 
+def run_notes():
+    """An audit's or probe's notifier (the `findings` event), None without notification targets."""
+    from . import notify_events
+    notifier = notify_mod.from_context()
+    return notify_events.RunNotes(notifier) if notifier else None
+
+
 def stored_argv() -> list[str]:
     """The command line as the history keeps it: a canary or drain/undrain command may carry tokens, so only its
     program stays."""
@@ -109,7 +116,7 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
     opts = audit_mod.AuditOptions(inventory_path, limit, baseline, fail_on, forks, not no_preflight)
     writable(output)
     with Store() as store:
-        report = audit_mod.run(opts, store, stored_argv(), notify_mod.from_context())
+        report = audit_mod.run(opts, store, stored_argv(), run_notes())
     write_report(report, fmt, output, lambda r, console: render.print_audit(r, console, show_all))
     sys.exit(report["summary"]["exit_code"])
 
@@ -154,7 +161,7 @@ def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, 
     opts = probe_mod.ProbeOptions(inventory_path, limit, baseline, throughput, engine, canary, samples, warmup_s,
                                   trial_s, forks, not no_preflight)
     with Store() as store:
-        report = probe_mod.run(opts, store, stored_argv(), notify_mod.from_context())
+        report = probe_mod.run(opts, store, stored_argv(), run_notes())
     write_report(report, fmt, output, render.print_probe)
     sys.exit(report["summary"]["exit_code"])
 

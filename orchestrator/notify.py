@@ -436,22 +436,6 @@ class Notifier:
         d.close(wait=True)
         return d.take_failures()
 
-    def after_run(self, run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """audit / probe: the `findings` event when the run found something; what happened to it, for the run's
-        recorded summary (None when nothing was sent)."""
-        from . import notify_events
-        try:
-            payload = notify_events.run_payload(run, summary, hosts)
-        except Exception as e:  # a bug here never costs the run its result
-            failure = Failure("fleetctl", "findings", f"{run.kind} run {run.id}",
-                              f"internal error building the event: {type(e).__name__}")
-            warn(failure.line())
-            return {"event": "findings", "targets": len(self.targets), "failed": [failure.record()]}
-        if payload is None:
-            return None
-        failures = self.send_now(payload)
-        return {"event": "findings", "targets": len(self.targets), "failed": [f.record() for f in failures]}
-
 
 class Dispatch:
     """One thread per target, each sending events in the order submitted; failures printed (one line each) as
