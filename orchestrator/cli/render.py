@@ -1,7 +1,9 @@
-"""Human output: one rich table per run, hosts grouped, problems first, and a one-line summary."""
+"""Human output: one rich table per run (audit, probe, plan), hosts grouped, problems first, and a one-line
+summary."""
 
 from __future__ import annotations
 
+import io
 import statistics
 from typing import Any
 
@@ -9,7 +11,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from .sanitize import clean, clean_line  # noqa: F401  (clean_line: for the callers)
+from ..plan import EXIT_OK as PLAN_OK
+from ..sanitize import clean, clean_line
 
 def safe(value: object, style: str = "") -> Text:
     """VALUE for a rich table cell or title: Text (never parsed as markup), cleaned."""
@@ -106,3 +109,61 @@ def print_probe(report: dict[str, Any], console: Console) -> None:
                 f" exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}",
                 style="bold green" if s["exit_code"] == 0 else "bold red")
     console.print(Group(probe_table(report), line))
+
+
+# ---- fleetctl plan ---------------------------------------------------------------------------------------
+
+def plan_table(report: dict[str, Any]) -> Table:
+    t = Table(title=safe(f"fleetctl plan to {report['target']}", "table.title"), title_justify="left")
+    for name, kw in (("Wave", {"no_wrap": True}), ("Hosts", {"justify": "right"}), ("Total", {"justify": "right"}),
+                     ("Fails at", {"justify": "right"}), ("Hosts (from version)", {"overflow": "fold"})):
+        t.add_column(name, **kw)
+    for w in report["waves"]:
+        label = Text(f"{w['index']}") + (Text(" canary", style="bold") if w["budget"]["canary"] else Text(""))
+        by_version: dict[str, list[str]] = {}
+        for h in w["hosts"]:
+            by_version.setdefault(h["from_version"], []).append(h["name"])
+        names = "; ".join(f"{', '.join(hosts)} (from {version})" for version, hosts in by_version.items())
+        t.add_row(label, str(w["size"]), str(w["cumulative"]), str(w["budget"]["fail_at"]), safe(names))
+    if not report["waves"]:
+        t.add_row("-", "0", "0", "-", Text("no host to move", style="dim"))
+    return t
+
+
+def plan_left_out_table(report: dict[str, Any]) -> Table | None:
+    rows = [("skipped", h) for h in report["skipped"]] + [("excluded", h) for h in report["excluded"]]
+    if not rows:
+        return None
+    t = Table(title="not in the plan", title_justify="left")
+    for name in ("Host", "Status", "Reason"):
+        t.add_column(name, overflow="fold")
+    for status, h in rows:
+        style = "dim" if status == "skipped" else ("bold magenta" if h["code"] == "unreachable" else "yellow")
+        t.add_row(safe(h["name"]), safe(f"{status} ({h['code']})", style), safe(h["reason"]))
+    return t
+
+
+def plan_summary_line(report: dict[str, Any]) -> Text:
+    s = report["summary"]
+    sizes = ", ".join(str(w["size"]) for w in report["waves"])
+    text = (f"plan to {report['target']}: {s['hosts']} host{'s' if s['hosts'] != 1 else ''}: {s['eligible']} in "
+            f"{s['waves']} wave{'s' if s['waves'] != 1 else ''}" + (f" ({sizes})" if sizes else "")
+            + f", {s['skipped']} already on target, {s['excluded']} excluded"
+            + (f" ({s['unreachable']} unreachable)" if s["unreachable"] else "")
+            + "".join(f"; group {g['group']} cannot take {report['target']}"
+                      for g in report["target_groups"] if not g["takes_target"])
+            + f"; ramp {','.join(report['ramp'])}; baseline {report['run']['baseline']['name']}"
+            + f"; exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}")
+    return Text(clean_line(text), style="bold green" if s["exit_code"] == PLAN_OK else "bold magenta")
+
+
+def print_plan(report: dict[str, Any], console: Console) -> None:
+    parts = [plan_table(report), plan_left_out_table(report), plan_summary_line(report)]
+    console.print(Group(*[p for p in parts if p is not None]))
+
+
+def plan_text(report: dict[str, Any], width: int = 160) -> str:
+    """The table as plain text (for -o FILE)."""
+    buf = io.StringIO()
+    print_plan(report, Console(file=buf, width=width, force_terminal=False))
+    return buf.getvalue()
