@@ -5,30 +5,27 @@ Where: $FLEETCTL_CONFIG (it must exist; `/dev/null` for none), else $XDG_CONFIG_
 schemas/config.schema.json: a bad file is one line naming it and the JSON path, exit 2. Relative paths in it are
 relative to its directory.
 
-The file becomes click's default_map on the root command's context, so every command takes its keys as the
-defaults of its flags with no code of its own, and a flag given on the command line wins. `fleetctl config show`
+The file becomes click's default_map on the root command's context (cli/config.py), so every command takes its keys
+as the defaults of its flags with no code of its own, and a flag given on the command line wins. `fleetctl config show`
 prints each key's effective value and where it came from.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import click
 import yaml
 
 from . import inputs, notify, schemas
-from .render import clean_line
+from .sanitize import clean_line
 from .baseline import non_string_key
 from .errors import InputError, yaml_error
 
 ENV = "FLEETCTL_CONFIG"
 SYSTEM_PATH = Path("/etc/fleetctl/config.yml")
-META = "fleetctl.config"
 
 RUNS = (("audit",), ("probe",), ("plan",), ("upgrade",))
 NOTIFYING = (("audit",), ("probe",), ("upgrade",), ("campaign", "resume"), ("rollback",))
@@ -160,37 +157,7 @@ def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply(ctx: click.Context) -> None:
-    """In the root command: the file's keys become the defaults of the subcommands' flags (commands that read
-    none, such as `lab down`, do not even open it: a broken file never stands in their way)."""
-    if ctx.invoked_subcommand not in COMMANDS:
-        return
-    cfg = load()
-    ctx.meta[META] = cfg
-    if cfg.values:
-        ctx.default_map = merge(ctx.default_map or {}, default_map(cfg.values))
-
-
 # ---- fleetctl config show ---------------------------------------------------------------------------------
-
-def builtin_default(root: click.Command, key: Key) -> Any:
-    """The default of KEY's flag, as the first command that has it declares it."""
-    for path in key.commands:
-        command = root
-        for part in path:
-            command = command.commands.get(part) if isinstance(command, click.Group) else None
-            if command is None:
-                break
-        if command is None:
-            continue
-        for param in command.params:
-            if param.name == key.param:
-                default = param.default
-                if isinstance(default, (tuple, list)):
-                    return list(default)
-                return default if isinstance(default, (str, int, float)) else None  # None, or click's UNSET
-    return None
-
 
 COMMAND_KEYS = ("notify", "drain", "undrain", "canary")  # command lines whose arguments may carry a token
 
@@ -213,23 +180,15 @@ def shown(key: Key, value: Any) -> Any:
     return value
 
 
-def option_type(key: Key) -> click.ParamType | None:
-    spec = schemas.validator("config").schema["properties"][key.name]
-    if "enum" in spec:
-        return click.Choice(spec["enum"])
-    return {"integer": click.INT, "number": click.FLOAT}.get(spec.get("type")) if isinstance(spec.get("type"), str) \
-        else None
-
-
-def effective(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any]:
-    cfg: Config = ctx.find_root().meta.get(META) or load()
+def effective(cfg: Config, flags: dict[str, Any], default_of: Callable[[Key], Any]) -> dict[str, Any]:
+    """`config show`: each key's value from FLAGS (the command line), else CFG (the file), else DEFAULT_OF(key) (the
+    flag's built-in default), and where it came from."""
     given = {k.name: list(flags[k.name]) if k.many else flags[k.name] for k in KEYS
              if flags.get(k.name) not in (None, ())}
     error = schemas.first_error("config", given)
     if error is not None:
         flag = next((k.flag for k in KEYS if error.absolute_path and k.name == error.absolute_path[0]), "a flag")
         raise InputError(f"{flag}: {error.message}")
-    root = ctx.find_root().command
     values = {}
     for key in KEYS:
         if key.name in given:
@@ -237,7 +196,7 @@ def effective(ctx: click.Context, flags: dict[str, Any]) -> dict[str, Any]:
         elif key.name in cfg.values:
             value, source = cfg.values[key.name], str(cfg.path)
         else:
-            value, source = builtin_default(root, key), "default"
+            value, source = default_of(key), "default"
         values[key.name] = {"value": shown(key, value), "source": source, "flag": key.flag,
                             "commands": [" ".join(c) for c in key.commands]}
     env_headers = os.environ.get(notify.HEADERS_ENV)
@@ -262,27 +221,3 @@ def text(doc: dict[str, Any]) -> str:
     if names:
         lines.append(f"${notify.HEADERS_ENV}: headers {', '.join(names)} (values not shown)")
     return "\n".join(lines) + "\n"
-
-
-@click.group("config")
-def config_group() -> None:
-    """The configuration file: defaults for the commands' flags (a flag given wins)."""
-
-
-def show_options(f):
-    for key in reversed(KEYS):
-        f = click.option(key.flag, key.name, multiple=key.many, type=option_type(key), metavar="VALUE",
-                         help=f"As a command would get {key.flag}.")(f)
-    return f
-
-
-@config_group.command("show")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@show_options
-@click.pass_context
-def config_show(ctx, fmt, **flags) -> None:
-    """Each key's effective value and where it came from: flag, the file, or the built-in default.
-
-    Give a command's flags to see what wins over the file."""
-    doc = effective(ctx, flags)
-    click.echo(json.dumps(doc, indent=2) if fmt == "json" else text(doc), nl=fmt == "json")

@@ -18,7 +18,6 @@ neither a campaign nor the other targets).
 from __future__ import annotations
 
 import contextlib
-import functools
 import http.client
 import ipaddress
 import json
@@ -39,9 +38,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-import click
+from typing import Any
 
 from . import __version__
 from .errors import InputError
@@ -53,7 +50,6 @@ TRIES = 3
 BACKOFF_S = 1.0  # before the second try; doubled before each later one
 MAX_RETRY_AFTER_S = 30.0
 DEFAULT_TIMEOUT_S = 10.0
-META = "fleetctl.notifier"
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 RESERVED_HEADERS = ("content-type", "content-length", "host", "transfer-encoding", "connection")
 PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,30}")  # a typo worth naming; anything else is not named
@@ -436,22 +432,6 @@ class Notifier:
         d.close(wait=True)
         return d.take_failures()
 
-    def after_run(self, run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """audit / probe: the `findings` event when the run found something; what happened to it, for the run's
-        recorded summary (None when nothing was sent)."""
-        from . import notify_events
-        try:
-            payload = notify_events.run_payload(run, summary, hosts)
-        except Exception as e:  # a bug here never costs the run its result
-            failure = Failure("fleetctl", "findings", f"{run.kind} run {run.id}",
-                              f"internal error building the event: {type(e).__name__}")
-            warn(failure.line())
-            return {"event": "findings", "targets": len(self.targets), "failed": [failure.record()]}
-        if payload is None:
-            return None
-        failures = self.send_now(payload)
-        return {"event": "findings", "targets": len(self.targets), "failed": [f.record() for f in failures]}
-
 
 class Dispatch:
     """One thread per target, each sending events in the order submitted; failures printed (one line each) as
@@ -523,44 +503,6 @@ def build(commands: tuple[str, ...] | list[str], webhooks: tuple[str, ...] | lis
         secrets = [value for _, value, _ in headers] + list(webhooks)
         secrets += [urllib.parse.urlsplit(u).path for u in webhooks if len(urllib.parse.urlsplit(u).path) > 8]
     return Notifier(targets, secrets)
-
-
-# ---- the command line ---------------------------------------------------------------------------------------
-
-def options(f: Callable) -> Callable:
-    """The notification flags, for audit, probe, upgrade, campaign resume and rollback: the command finds its
-    notifier (checked before anything runs) with from_context()."""
-
-    @functools.wraps(f)
-    def command(*args, notify, webhook, webhook_format, webhook_headers, webhook_ca, notify_timeout, **kwargs):
-        click.get_current_context().meta[META] = build(notify, webhook, webhook_format, webhook_headers, webhook_ca,
-                                                       notify_timeout)
-        return f(*args, **kwargs)
-
-    flags = [
-        click.option("--notify", "notify", multiple=True, metavar="CMD",
-                     help="Run CMD on this machine for each event (no shell; the event as JSON on stdin; "
-                          "placeholders {event} {severity} {kind} {campaign} {host} {target} {state} {run}). "
-                          "Repeatable."),
-        click.option("--webhook", "webhook", multiple=True, metavar="URL",
-                     help="POST each event to URL (TLS verified, 3 tries). Repeatable."),
-        click.option("--webhook-format", type=click.Choice(FORMATS), default="json", show_default=True,
-                     help="The event as it is, a Slack message or a Microsoft Teams Adaptive Card."),
-        click.option("--webhook-headers", metavar="FILE",
-                     help=f"HTTP headers for the webhooks ('Name: value' lines; also ${HEADERS_ENV}); never "
-                          "shown or recorded."),
-        click.option("--webhook-ca", metavar="FILE", help="Also trust this CA (PEM) for https webhooks."),
-        click.option("--notify-timeout", type=click.FloatRange(0.1, 600), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                     show_default=True, help="Seconds for each --notify command and each webhook try."),
-    ]
-    for flag in reversed(flags):
-        command = flag(command)
-    return command
-
-
-def from_context() -> Notifier | None:
-    ctx = click.get_current_context(silent=True)
-    return ctx.meta.get(META) if ctx is not None else None
 
 
 def redact_argv(argv: list[str]) -> list[str]:

@@ -261,6 +261,28 @@ def delivering(notes: CampaignNotes | None) -> Iterator[None]:
 
 # ---- audit and probe ----------------------------------------------------------------------------------------
 
+class RunNotes:
+    """The notifier of an audit or probe run (what audit.run and probe.run are given)."""
+
+    def __init__(self, notifier: Notifier):
+        self.notifier = notifier
+
+    def after_run(self, run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """audit / probe: the `findings` event when the run found something; what happened to it, for the run's
+        recorded summary (None when nothing was sent)."""
+        try:
+            payload = run_payload(run, summary, hosts)
+        except Exception as e:  # a bug here never costs the run its result
+            failure = Failure("fleetctl", "findings", f"{run.kind} run {run.id}",
+                              f"internal error building the event: {type(e).__name__}")
+            warn(failure.line())
+            return {"event": "findings", "targets": len(self.notifier.targets), "failed": [failure.record()]}
+        if payload is None:
+            return None
+        failures = self.notifier.send_now(payload)
+        return {"event": "findings", "targets": len(self.notifier.targets), "failed": [f.record() for f in failures]}
+
+
 def run_payload(run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The `findings` event of an audit or probe run (RUN: runs.Run), or None when it found nothing."""
     if summary["exit_code"] == 0:

@@ -27,7 +27,6 @@ the audit would give after the change. The campaign's precheck applies the same 
 
 from __future__ import annotations
 
-import io
 import math
 import re
 import time
@@ -35,14 +34,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
-
 import copy
 
-from . import audit, baseline as baseline_mod, policy, render, runs, schemas
-from . import controls
+from . import audit, baseline as baseline_mod, controls, policy, runs, schemas
 from .campaign import packages
 from .errors import InputError
 from .store import Store
@@ -340,61 +334,3 @@ def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     report = {**runs.header(store, run_), "summary": summary, **plan}
     schemas.check("campaign-plan", report, "fleetctl's own plan (a bug: please report it)")
     return report
-
-
-# ---- human output --------------------------------------------------------------------------------
-
-def table(report: dict[str, Any]) -> Table:
-    t = Table(title=render.safe(f"fleetctl plan to {report['target']}", "table.title"), title_justify="left")
-    for name, kw in (("Wave", {"no_wrap": True}), ("Hosts", {"justify": "right"}), ("Total", {"justify": "right"}),
-                     ("Fails at", {"justify": "right"}), ("Hosts (from version)", {"overflow": "fold"})):
-        t.add_column(name, **kw)
-    for w in report["waves"]:
-        label = Text(f"{w['index']}") + (Text(" canary", style="bold") if w["budget"]["canary"] else Text(""))
-        by_version: dict[str, list[str]] = {}
-        for h in w["hosts"]:
-            by_version.setdefault(h["from_version"], []).append(h["name"])
-        names = "; ".join(f"{', '.join(hosts)} (from {version})" for version, hosts in by_version.items())
-        t.add_row(label, str(w["size"]), str(w["cumulative"]), str(w["budget"]["fail_at"]), render.safe(names))
-    if not report["waves"]:
-        t.add_row("-", "0", "0", "-", Text("no host to move", style="dim"))
-    return t
-
-
-def left_out_table(report: dict[str, Any]) -> Table | None:
-    rows = [("skipped", h) for h in report["skipped"]] + [("excluded", h) for h in report["excluded"]]
-    if not rows:
-        return None
-    t = Table(title="not in the plan", title_justify="left")
-    for name in ("Host", "Status", "Reason"):
-        t.add_column(name, overflow="fold")
-    for status, h in rows:
-        style = "dim" if status == "skipped" else ("bold magenta" if h["code"] == "unreachable" else "yellow")
-        t.add_row(render.safe(h["name"]), render.safe(f"{status} ({h['code']})", style), render.safe(h["reason"]))
-    return t
-
-
-def summary_line(report: dict[str, Any]) -> Text:
-    s = report["summary"]
-    sizes = ", ".join(str(w["size"]) for w in report["waves"])
-    text = (f"plan to {report['target']}: {s['hosts']} host{'s' if s['hosts'] != 1 else ''}: {s['eligible']} in "
-            f"{s['waves']} wave{'s' if s['waves'] != 1 else ''}" + (f" ({sizes})" if sizes else "")
-            + f", {s['skipped']} already on target, {s['excluded']} excluded"
-            + (f" ({s['unreachable']} unreachable)" if s["unreachable"] else "")
-            + "".join(f"; group {g['group']} cannot take {report['target']}"
-                      for g in report["target_groups"] if not g["takes_target"])
-            + f"; ramp {','.join(report['ramp'])}; baseline {report['run']['baseline']['name']}"
-            + f"; exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}")
-    return Text(render.clean_line(text), style="bold green" if s["exit_code"] == EXIT_OK else "bold magenta")
-
-
-def print_plan(report: dict[str, Any], console: Console) -> None:
-    parts = [table(report), left_out_table(report), summary_line(report)]
-    console.print(Group(*[p for p in parts if p is not None]))
-
-
-def render_text(report: dict[str, Any], width: int = 160) -> str:
-    """The table as plain text (for -o FILE)."""
-    buf = io.StringIO()
-    print_plan(report, Console(file=buf, width=width, force_terminal=False))
-    return buf.getvalue()

@@ -114,7 +114,7 @@ def run(opts: ProbeOptions, store: Store, argv: list[str], notifier=None) -> dic
                    "healthy": len(hosts) - unreachable - unhealthy, "unhealthy": unhealthy,
                    "exit_code": EXIT_UNREACHABLE if unreachable else (EXIT_UNHEALTHY if unhealthy else EXIT_OK),
                    "duration_s": round(time.monotonic() - started, 3)}
-        sent = notifier.after_run(run_, summary, hosts) if notifier else None  # notify.Notifier: findings
+        sent = notifier.after_run(run_, summary, hosts) if notifier else None  # notify_events.RunNotes: findings
         if sent:
             summary["notifications"] = sent
         store.finish_probe(run_.id, summary["exit_code"], summary, hosts)

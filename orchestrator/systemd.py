@@ -13,8 +13,8 @@ Four units at most, each headed by MARKER so that uninstall (and a later install
   orphaned ansible-playbook races the next resume). No Restart=.
 
 Every command line is checked by fleetctl's own click parser (and the upgrade's values by the functions the
-upgrade uses) before a unit is written, so a unit never holds a command fleetctl would reject. The units pin
-FLEETCTL_HOME (and FLEETCTL_CONFIG, when a config file is in use) to what the installing shell uses; webhooks and
+upgrade uses) before a unit is written, so a unit never holds a command fleetctl would reject: cli/systemd.py,
+with the command group. The units pin FLEETCTL_HOME (and FLEETCTL_CONFIG, when a config file is in use) to what the installing shell uses; webhooks and
 --notify commands are never written into a unit (world-readable): the units read them from the config file, as
 they read --drain/--undrain templates whose arguments look like a secret (refused on the command line).
 """
@@ -29,13 +29,11 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-import click
-from click.core import ParameterSource
-
-from . import __version__, plan as plan_mod, runs, store as store_mod, upgrade as upgrade_mod
-from .campaign import hooks
+from . import __version__, store as store_mod
 from .errors import InputError, OperationError
+from .files import write_atomically
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 # Where a system manager reads units from: only there do daemon-reload and enable make sense.
@@ -279,50 +277,6 @@ def render(units: Units) -> dict[str, str]:
     return out
 
 
-# ---- checking the command lines -------------------------------------------------------------------------
-
-def command_for(root: click.Group, words: list[str]) -> tuple[click.Command, list[str], str]:
-    """The (sub)command WORDS name, the rest of the words, and its name."""
-    cmd, name = root, "fleetctl"
-    while isinstance(cmd, click.Group):
-        if not words or words[0] not in cmd.commands:
-            raise InputError(f"fleetctl {' '.join(words[:1])}: no such command")
-        name, words = words[0], words[1:]
-        cmd = cmd.commands[name]
-    return cmd, words, name
-
-
-def parse(root: click.Group, argv: list[str]) -> click.Context:
-    """ARGV (a unit's command line, the executable first) through fleetctl's own parser: click's error as one
-    line (an InputError) where it would refuse it."""
-    cmd, rest, name = command_for(root, argv[1:])
-    try:
-        return cmd.make_context(name, rest)
-    except click.ClickException as e:
-        raise InputError(f"the unit's command `{' '.join(argv[1:])}` would be refused: {e.format_message()}") \
-            from None
-
-
-def check_commands(root: click.Group, units: Units) -> None:
-    """Every command line of UNITS as fleetctl will parse it, and the upgrade's values as the upgrade reads them
-    (target, ramp, durations, drain templates): refused here rather than at 02:00 on a Saturday."""
-    if units.audit:
-        parse(root, units.audit.argv)
-    if units.window:
-        parse(root, units.window.resume_argv)
-        p = parse(root, units.window.upgrade_argv).params
-        plan_mod.parse_target(p["target"])
-        upgrade_mod.parse_duration(p["window"], "--window")
-        if p.get("waves") is not None:
-            plan_mod.parse_ramp(p["waves"])
-        if p.get("soak") is not None:
-            upgrade_mod.parse_soaks(p["soak"])
-        for key, flag in (("soak_interval", "--soak-interval"), ("soak_grace", "--soak-grace")):
-            if p.get(key) is not None:
-                upgrade_mod.parse_duration(p[key], flag, allow_zero=key == "soak_grace")
-        hooks.resolve(p.get("drain_preset"), p.get("drain"), p.get("undrain"))
-
-
 # ---- install / uninstall --------------------------------------------------------------------------------
 
 def is_ours(path: Path) -> bool:
@@ -372,35 +326,6 @@ def absolute(path: str | None, flag: str, must_exist: bool = True) -> str | None
     return full
 
 
-def option_words(param: click.Option, value) -> list[str]:
-    """An upgrade option given on the command line, as words for the unit's `fleetctl upgrade`."""
-    name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
-    if param.is_flag:
-        if value:
-            return [name]
-        off = next((o for o in param.secondary_opts if o.startswith("--")), None)
-        return [off] if off else []
-    values = value if param.multiple else [value]
-    words = []
-    for v in values:
-        words.append(name)
-        words.extend(str(x) for x in (v if isinstance(v, tuple) else (v,)))
-    return words
-
-
-def given_words(ctx: click.Context, params: dict, passthrough: list[click.Option]) -> list[tuple[str, list[str]]]:
-    """The passed-on options given on the command line: (parameter name, words), file names made absolute."""
-    out = []
-    for o in passthrough:
-        if ctx.get_parameter_source(o.name) != ParameterSource.COMMANDLINE:
-            continue  # a default stays fleetctl's (or the config file's) at run time, not frozen into the unit
-        value = params[o.name]
-        if o.name in path_params() and value is not None:
-            value = absolute(value, o.opts[-1])
-        out.append((o.name, option_words(o, value)))
-    return out
-
-
 def secret_in(template: str) -> str | None:
     """What in a hook TEMPLATE's arguments looks like a secret (never the word itself), or None."""
     try:
@@ -417,106 +342,48 @@ def secret_in(template: str) -> str | None:
     return None
 
 
-def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list[click.Option]) -> Units:
-    p = params
-    given = given_words(ctx, p, passthrough)
-    for name, flag in HOOK_PARAMS.items():
-        why = secret_in(p[name]) if any(n == name for n, _ in given) and p.get(name) else None
-        if why:
-            raise click.UsageError(f"{flag}: its arguments look like they hold a secret ({why}); it is not written "
-                                   "into a unit (world-readable, and `systemctl show` shows it to any user): set "
-                                   f"`{name}:` in the config file, which the units read (fleetctl config show)")
-    if p["audit_output"] is not None and p["audit_schedule"] is None:
-        raise click.UsageError("--audit-output needs --audit-schedule")
-    if p["window"] is None:
-        audit_takes = {q.name for q in command_for(root, ["audit"])[0].params} if p["audit_schedule"] else set()
-        stray = [f for f, v in (("--duration", p["duration"]), ("--to", p["target"]), ("--margin", p["margin"]))
-                 if v is not None] + [words[0] for name, words in given if name not in audit_takes and words]
-        if stray:
-            raise click.UsageError(f"{stray[0]} needs --window")
-    elif p["duration"] is None or p["target"] is None:
-        raise click.UsageError("--window needs --duration and --to")
-    if p["audit_schedule"] is None and p["window"] is None:
-        raise click.UsageError("nothing to install: give --audit-schedule and/or --window (with --duration, --to)")
-    exe = fleetctl_executable()
-    inventory = absolute(p["inventory_path"], "--inventory")
-    baseline = absolute(p["baseline"], "--baseline")
-    limit = p["limit"]
-    runs.prepare(inventory, limit, baseline)  # a broken inventory or baseline is refused now
-    common = ([] if inventory is None else ["-i", inventory]) + ([] if baseline is None else ["-b", baseline]) \
-        + ([] if limit is None else ["-l", limit])
-
-    def extra(*command: str) -> list[str]:
-        """The given options COMMAND takes (--forks: the audit's too; the notification flags: all three)."""
-        takes = {q.name for q in command_for(root, list(command))[0].params}
-        return [w for name, words in given if name in takes for w in words]
-
-    audit = window = None
-    if p["audit_schedule"] is not None:
-        metrics = absolute(p["audit_output"], "--audit-output", must_exist=False)
-        if metrics and not os.path.isdir(os.path.dirname(metrics)):
-            raise InputError(f"--audit-output {p['audit_output']}: no such directory")
-        if metrics and os.path.isdir(metrics):
-            raise InputError(f"--audit-output {p['audit_output']}: is a directory")
-        argv = [exe, "audit", *common] + (["--format", "prometheus", "-o", metrics] if metrics else []) \
-            + extra("audit")
-        audit = AuditUnit(calendar(p["audit_schedule"], "--audit-schedule"), argv, metrics)
-    if p["window"] is not None:
-        duration_s = upgrade_mod.parse_duration(p["duration"], "--duration")
-        margin_s = upgrade_mod.parse_duration(p["margin"], "--margin", allow_zero=True) if p["margin"] else 0.0
-        if margin_s >= duration_s:
-            raise InputError(f"--margin {p['margin']}: not shorter than --duration {p['duration']}")
-        target = plan_mod.parse_target(p["target"])
-        soft = duration_arg(duration_s - margin_s)
-        # The resume takes the campaign's own inventory and baseline (a changed baseline is for a person to
-        # accept), and the window.
-        resume = [exe, "campaign", "resume", "--interrupted", "--window", soft, *extra("campaign", "resume")]
-        upgrade = [exe, "upgrade", "--to", target, "--yes", "--window", soft, *common, *extra("upgrade")]
-        window = WindowUnit(calendar(p["window"], "--window"), duration_s, target, resume, upgrade)
-    return Units(audit, window, environment())
-
-
-def install(root: click.Group, units: Units, unit_dir: str, print_only: bool) -> None:
-    check_commands(root, units)
+def install(units: Units, unit_dir: str, print_only: bool) -> Iterator[str]:
+    """Write the units (and enable the timers where systemd runs), the lines for the operator as it goes (the
+    command line checks the units' command lines first)."""
     texts = render(units)
     directory = Path(os.path.abspath(unit_dir))
     if print_only:
         for name, text in texts.items():
-            click.echo(f"# {directory / name}\n{text}")
+            yield f"# {directory / name}\n{text}"
         return
     directory = unit_directory(unit_dir)
     foreign = [str(directory / n) for n in texts if (directory / n).exists() and not is_ours(directory / n)]
     if foreign:
         raise InputError(f"{foreign[0]}: not written by fleetctl; move it away first (nothing was written)")
-    from .cli import write_atomically  # cli imports this module: late
     for name, text in texts.items():
         try:
             write_atomically(directory / name, text)
             os.chmod(directory / name, 0o644)  # whatever the umask: systemd warns about world-writable units
         except OSError as e:
             raise InputError(f"{directory / name}: cannot write: {e.strerror}") from None
-        click.echo(f"wrote {directory / name}")
+        yield f"wrote {directory / name}"
     timers = [n for n in texts if n.endswith(".timer")]
     if systemd_manages(directory):
         systemctl("daemon-reload")
         systemctl("enable", "--now", *timers)
-        click.echo(f"enabled: {' '.join(timers)} (systemctl list-timers 'fleetctl-*')")
+        yield f"enabled: {' '.join(timers)} (systemctl list-timers 'fleetctl-*')"
     else:
         why = ("systemd is not running here" if not SYSTEMD_BOOTED.is_dir()
                else f"systemd does not read units from {directory}")
-        click.echo(f"{why}; where it runs these units, run:\n  systemctl daemon-reload\n"
-                   f"  systemctl enable --now {' '.join(timers)}")
+        yield (f"{why}; where it runs these units, run:\n  systemctl daemon-reload\n"
+               f"  systemctl enable --now {' '.join(timers)}")
 
 
-def uninstall(unit_dir: str) -> None:
+def uninstall(unit_dir: str) -> Iterator[str]:
+    """Disable and remove the units fleetctl wrote, the lines for the operator as it goes."""
     directory = unit_directory(unit_dir)
     present = [n for n in UNIT_NAMES if (directory / n).exists() or (directory / n).is_symlink()]
     ours = [n for n in present if is_ours(directory / n)]
     for n in present:
         if n not in ours:
-            click.echo(f"left alone (not written by fleetctl): {directory / n}")
+            yield f"left alone (not written by fleetctl): {directory / n}"
     if not ours:
-        click.echo(f"nothing to uninstall in {directory}")
+        yield f"nothing to uninstall in {directory}"
         return
     managed = systemd_manages(directory)
     timers = [n for n in ours if n.endswith(".timer")]
@@ -527,74 +394,11 @@ def uninstall(unit_dir: str) -> None:
             (directory / n).unlink()
         except OSError as e:
             raise OperationError(f"{directory / n}: cannot remove: {e.strerror}") from None
-        click.echo(f"removed {directory / n}")
+        yield f"removed {directory / n}"
     if managed:
         systemctl("daemon-reload")
         if systemctl("is-active", f"{WINDOW}.service", check=False) in ("active", "activating", "deactivating"):
-            click.echo(f"{WINDOW}.service is still running (a campaign): it was left to finish")
+            yield f"{WINDOW}.service is still running (a campaign): it was left to finish"
     elif timers:
-        click.echo(f"where systemd runs these units, run:\n  systemctl disable --now {' '.join(timers)}\n"
-                   "  systemctl daemon-reload")
-
-
-def refuse_secret(ctx: click.Context, param: click.Parameter, value) -> None:
-    if value:
-        raise click.UsageError(f"{param.opts[0]} is not written into a unit (world-readable, and `systemctl show` "
-                               f"shows it to any user): set `{param.name}:` in the config file, which the units "
-                               "read (fleetctl config show)")
-
-
-# ---- the command group ----------------------------------------------------------------------------------
-
-def systemd_group(root: click.Group) -> click.Group:
-    """`fleetctl systemd`; the options of ROOT's `upgrade` (bar OWN_UPGRADE_PARAMS) are offered by `install`."""
-    passthrough = [p for p in root.commands["upgrade"].params
-                   if isinstance(p, click.Option) and p.name not in OWN_UPGRADE_PARAMS | SECRET_PARAMS]
-
-    @click.group("systemd")
-    def group() -> None:
-        """A scheduled audit and a maintenance-window upgrade as systemd timers: install, uninstall."""
-
-    @group.command("install", epilog=f"The options from {passthrough[0].opts[-1] if passthrough else '--waves'} "
-                   "on are `fleetctl upgrade`'s: each given goes into every unit command that takes it (--forks and "
-                   "the notification options also into the audit's and the resume's). --notify and --webhook are "
-                   "not written into units (world-readable): the units read them from the config file. Nor is a "
-                   "--drain or --undrain template whose arguments look like a secret (a token, password or key, "
-                   "credentials in a URL, a long random word): it is refused; set `drain:`/`undrain:` in the config "
-                   "file instead.")
-    @click.option("--audit-schedule", metavar="CALENDAR",
-                  help="Audit on this systemd calendar expression: daily, hourly, 'Mon..Fri 06:00'.")
-    @click.option("--audit-output", metavar="FILE",
-                  help="The audit writes Prometheus metrics to FILE (e.g. node_exporter's textfile directory).")
-    @click.option("--window", metavar="CALENDAR", help="When the maintenance window opens: 'Sat 02:00'.")
-    @click.option("--duration", metavar="DURATION", help="How long the window lasts: 3h, 90m.")
-    @click.option("--margin", metavar="DURATION",
-                  help="No wave starts in the window's last DURATION: the campaign halts between waves for a "
-                       "person (default 0: a wave still running when the window ends is stopped, and resumed by "
-                       "the next window).")
-    @click.option("--to", "target", metavar="VERSION", help="Target driver version of the window's upgrade.")
-    @click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY",
-                  help="Ansible inventory for both units. Default: localhost.")
-    @click.option("-b", "--baseline", metavar="BASELINE", help="Baseline YAML for both units.")
-    @click.option("-l", "--limit", metavar="LIMIT", help="Ansible host pattern for both units.")
-    @click.option("--unit-dir", default=DEFAULT_UNIT_DIR, show_default=True, metavar="DIR")
-    @click.option("--print", "print_only", is_flag=True, help="Print the units instead of writing them.")
-    @click.option("--notify", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
-    @click.option("--webhook", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
-    @click.pass_context
-    def install_cmd(ctx, **params) -> None:
-        """Write the units (and enable the timers where systemd runs): an audit on --audit-schedule and/or an
-        upgrade to --to in each --window of --duration. The window's start first resumes a campaign a crash
-        interrupted."""
-        units = build(root, ctx, params, passthrough)
-        install(root, units, params["unit_dir"], params["print_only"])
-
-    install_cmd.params.extend(passthrough)
-
-    @group.command("uninstall")
-    @click.option("--unit-dir", default=DEFAULT_UNIT_DIR, show_default=True, metavar="DIR")
-    def uninstall_cmd(unit_dir) -> None:
-        """Disable and remove the units `systemd install` wrote (others of the same names are left alone)."""
-        uninstall(unit_dir)
-
-    return group
+        yield (f"where systemd runs these units, run:\n  systemctl disable --now {' '.join(timers)}\n"
+               "  systemctl daemon-reload")

@@ -5,15 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import Any, Callable
 
 from . import audit, baseline as baseline_mod, interrupts, inventory, notify, notify_events, plan, runs
 from .campaign import hooks, packages, progress, soak, steps, transitions
-from .render import clean_line, safe
 from .campaign.engine import READ_ONLY_STEPS, Engine, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .errors import InputError, OperationError
@@ -129,23 +124,27 @@ def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: d
     return "\n".join(lines) + "\n"
 
 
-def listener_for(journal: Journal, cid: int, console: Console | None, notes=None):
+# A live view of the campaign (the command line's, on a terminal): LIVE(hosts, title) gives a listener that is also
+# a context manager, shown while the engine runs; without one, plain lines.
+Live = Callable[[list[dict[str, Any]], str], Any]
+
+
+def listener_for(journal: Journal, cid: int, live: Live | None, notes=None):
     """The JSONL log always; a live view on a terminal, plain lines otherwise; then the notifications (NOTES:
     notify_events.CampaignNotes), if any."""
     log = progress.EventLog(cid, journal.events(cid))
-    if console is not None and console.is_terminal:
+    if live is not None:
         c = journal.campaign(cid)
-        view = progress.LiveView(console, [dict(r) for r in journal.hosts(cid)],
-                                 f"fleetctl campaign {cid} to {c['target']}")
+        view = live([dict(r) for r in journal.hosts(cid)], f"fleetctl campaign {cid} to {c['target']}")
         return progress.Fanout(log.write, view, notes), view
     return progress.Fanout(log.write, progress.PlainLines(), notes), None
 
 
 def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod.Baseline,
-          console: Console | None, notifier: notify.Notifier | None = None) -> str:
+          live: Live | None, notifier: notify.Notifier | None = None) -> str:
     engine = Engine(journal, cid, fleet, base)
     notes = notify_events.CampaignNotes(notifier, journal, cid) if notifier else None
-    listener, view = listener_for(journal, cid, console, notes)
+    listener, view = listener_for(journal, cid, live, notes)
     journal.listener = listener
     try:
         with notify_events.delivering(notes):  # at the end: every notification sent or failed, failures recorded
@@ -176,7 +175,7 @@ def exit_code(journal: Journal, cid: int) -> int | None:
 
 
 def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
-          console: Console | None, notifier: notify.Notifier | None = None) -> tuple[int | None, int, str]:
+          live: Live | None, notifier: notify.Notifier | None = None) -> tuple[int | None, int, str]:
     """(campaign id or None, exit code, text for the operator)."""
     ramp = plan.parse_ramp(opts.waves)
     plan.parse_target(opts.target)
@@ -200,7 +199,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
         return None, EXIT_HOSTS_FAILED if made["excluded"] else 0, "nothing to upgrade: " + "; ".join(
             f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
     cid, _ = journal.create(run_.id, made, options)
-    drive(journal, cid, fleet, base, console, notifier)
+    drive(journal, cid, fleet, base, live, notifier)
     return cid, exit_code(journal, cid), summary_text(journal, cid)
 
 
@@ -225,7 +224,7 @@ def campaign_row(journal: Journal, cid: int):
 
 
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
-           window_s: float | None, console: Console | None,
+           window_s: float | None, live: Live | None,
            notifier: notify.Notifier | None = None) -> tuple[int, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
@@ -237,7 +236,7 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
         journal.update_options(cid, window_end=later(window_s))
     if c["state"] == "halted":
         accept_held(journal, cid)
-    drive(journal, cid, fleet, base, console, notifier)
+    drive(journal, cid, fleet, base, live, notifier)
     return exit_code(journal, cid), summary_text(journal, cid)
 
 
@@ -249,7 +248,7 @@ def interrupted(journal: Journal) -> list[int]:
 
 
 def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: str | None, window_s: float | None,
-                       console: Console | None, notifier: notify.Notifier | None = None) -> tuple[int, str]:
+                       live: Live | None, notifier: notify.Notifier | None = None) -> tuple[int, str]:
     """`campaign resume --interrupted` (a maintenance window's unit runs it before anything new): every interrupted
     campaign, oldest first. Exit 0 when there is none; else the highest of their exit codes."""
     ids = interrupted(Journal(store))
@@ -257,14 +256,14 @@ def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: 
         return 0, "no interrupted campaign\n"
     codes, texts = [], []
     for cid in ids:
-        code, text = resume(store, cid, inventory_path, baseline_path, window_s, console, notifier)
+        code, text = resume(store, cid, inventory_path, baseline_path, window_s, live, notifier)
         codes.append(code if code is not None else 1)
         texts.append(f"campaign {cid}: " + text if len(ids) > 1 else text)
     return max(codes), "".join(texts)
 
 
 def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
-             console: Console | None, notifier: notify.Notifier | None = None) -> tuple[int, str]:
+             live: Live | None, notifier: notify.Notifier | None = None) -> tuple[int, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if ("%s" % c["state"], "rollback_requested") not in transitions.CAMPAIGN_TABLE:
@@ -274,7 +273,7 @@ def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: 
     journal.claim(cid)  # refused while another fleetctl drives it
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
     request_rollback(journal, cid, "manual rollback (fleetctl rollback)")
-    drive(journal, cid, fleet, base, console, notifier)
+    drive(journal, cid, fleet, base, live, notifier)
     return exit_code(journal, cid), summary_text(journal, cid)
 
 
@@ -411,43 +410,13 @@ def summary_text(journal: Journal, cid: int) -> str:
     return text + f"\nevent log: {progress.log_path(cid)}\n"
 
 
-def list_table(store: Store, console: Console) -> None:
+def listing(store: Store) -> list[dict[str, Any]]:
+    """Every campaign, newest last: what `fleetctl campaign list` shows."""
     journal = Journal(store)
-    t = Table(title="fleetctl campaigns", title_justify="left")
-    for col in ("ID", "Target", "State", "Wave", "Hosts", "Started", "Operator", "Reason"):
-        t.add_column(col, overflow="fold")
+    rows = []
     for c in journal.campaigns():
-        counts = journal.tally(c["id"])
-        run = store.run(c["run_id"])
-        style = progress.STATE_STYLE.get(c["state"], "cyan")
-        t.add_row(str(c["id"]), safe(c["target"]), safe(c["state"], style),
-                  f"{c['wave']}/{len(json.loads(c['plan'])['waves'])}",
-                  safe(", ".join(f"{n} {s}" for s, n in sorted(counts.items()))), safe(c["created_at"][:19]),
-                  safe(run["operator"]), safe((c["reason"] or "")[:100]))
-    console.print(t)
-
-
-def show_table(doc: dict[str, Any], console: Console) -> None:
-    c = doc["campaign"]
-    t = Table(title=safe(f"campaign {c['id']} to {c['target']}: {c['state']}", "table.title"), title_justify="left")
-    for col in ("Wave", "Host", "From", "State", "Steps", "Reason"):
-        t.add_column(col, overflow="fold")
-    for h in doc["hosts"]:
-        steps = " ".join(f"{s['step']}:{s['status']}" + (f"x{s['attempts']}" if s["attempts"] > 1 else "")
-                         for s in h["steps"])
-        t.add_row(str(h["wave"]), safe(h["name"]), safe(h["from_version"] or ""),
-                  safe(h["state"], progress.STATE_STYLE.get(h["state"], "cyan")), safe(steps), safe(h["reason"] or ""))
-    console.print(t)
-    s = doc["soak"]
-    if s["soaking"]:
-        console.print(Text(clean_line(f"soaking after wave {s['after_wave']}: {s['remaining_s']:.0f}s left; last "
-                                      f"check {(s['last_check_at'] or 'none yet')[:19]}")))
-    for name, h in s["hosts"].items():
-        if h["last"]:
-            seen = "; ".join(h["last"]["seen"]) or "nothing wrong"
-            console.print(Text(clean_line(f"soak {name}: {h['checks']} checks, {h['failed_canary_runs']} failed canary "
-                                          f"runs; last {h['last']['kind']} {h['last']['status']} at "
-                                          f"{h['last']['at'][11:19]}: {seen}"[:300])))
-    if c["reason"]:
-        console.print(Text(clean_line(f"reason: {c['reason']}")))
-    console.print(Text(clean_line(f"exit {c['exit_code']}; event log: {doc['event_log']}")))
+        rows.append({"id": c["id"], "target": c["target"], "state": c["state"], "wave": c["wave"],
+                     "waves": len(json.loads(c["plan"])["waves"]), "hosts": journal.tally(c["id"]),
+                     "created_at": c["created_at"], "operator": store.run(c["run_id"])["operator"],
+                     "reason": c["reason"]})
+    return rows

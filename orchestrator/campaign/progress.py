@@ -1,5 +1,6 @@
-"""What the operator sees while a campaign runs: a live table of waves and hosts on a terminal (rich), one plain
-line per event otherwise (cron mail, CI logs), and always the JSONL event log ($FLEETCTL_HOME/campaigns/ID.jsonl).
+"""What the operator sees while a campaign runs: a live table of waves and hosts on a terminal (the command line's
+cli/campaign_view.py), one plain line per event otherwise (cron mail, CI logs), and always the JSONL event log
+($FLEETCTL_HOME/campaigns/ID.jsonl).
 
 The JSONL log is a copy of the history's event table: it is caught up from the history whenever it is opened, so
 a crash between a commit and a write loses nothing."""
@@ -8,20 +9,11 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
-from ..render import clean_line, safe
+from ..sanitize import clean_line
 from ..store import home
-
-STATE_STYLE = {"done": "green", "skipped": "dim", "failed": "bold red", "held": "bold yellow",
-               "rolled_back": "magenta", "rollback_failed": "bold red", "not_started": "dim"}
-
 
 def log_path(cid: int) -> Path:
     return home() / "campaigns" / f"{cid}.jsonl"
@@ -89,68 +81,6 @@ class PlainLines:
         who = f" {record['host']}" if record.get("host") else ""
         self.out.write(clean_line(f"{record['at']} campaign {record['campaign']}{who}: {describe(record)}") + "\n")
         self.out.flush()
-
-
-class LiveView:
-    """Waves and hosts, redrawn on every event; the last events below."""
-
-    def __init__(self, console: Console, hosts: list[dict[str, Any]], title: str):
-        self.hosts = {h["host"]: dict(h) for h in hosts}
-        self.title = title
-        self.recent: list[str] = []
-        self.soak_until: datetime | None = None
-        self.last_check = "none yet"
-        self.live = Live(console=console, refresh_per_second=4, transient=False, get_renderable=self.render)
-
-    def soak_line(self) -> str | None:
-        """While soaking: the time left, the last check and what it saw (redrawn every refresh)."""
-        if self.soak_until is None:
-            return None
-        left = max(0.0, (self.soak_until - datetime.now(timezone.utc)).total_seconds())
-        return f"soaking: {int(left // 3600)}h{int(left % 3600 // 60):02d}m{int(left % 60):02d}s left; " \
-               f"last check {self.last_check}"
-
-    def render(self) -> Table:
-        caption = self.soak_line()
-        t = Table(title=safe(self.title, "table.title"), title_justify="left", expand=False,
-                  caption=safe(clean_line(caption), "table.caption") if caption else None, caption_justify="left")
-        for col in ("Wave", "Host", "State", "Step", "Reason"):
-            t.add_column(col, overflow="fold")
-        for h in sorted(self.hosts.values(), key=lambda h: (h["wave"], h["position"])):
-            style = STATE_STYLE.get(h["state"], "cyan")
-            t.add_row(str(h["wave"]), safe(h["host"]), safe(h["state"], style), safe(h.get("step") or ""),
-                      safe((h.get("reason") or "")[:120]))
-        for line in self.recent[-5:]:
-            t.add_row("", "", "", "", safe(clean_line(line), "dim"))
-        return t
-
-    def __call__(self, record: dict[str, Any]) -> None:
-        host = self.hosts.get(record.get("host") or "")
-        if host is not None:
-            if record["event"] == "step_started":
-                host["step"] = record["step"] + " ..."
-            elif record["event"] == "step_finished":
-                host.update(step=record["step"], state=record["state"], reason=record.get("reason"))
-            elif record.get("state"):
-                host["state"] = record["state"]
-        for name, state in (record.get("hosts") or {}).items():
-            if name in self.hosts:
-                self.hosts[name]["state"] = state
-        if record["event"] == "soak_check":
-            self.last_check = f"{record['at'][11:19]}: {describe(record)}"[:200]
-        elif record.get("state") and record.get("state_from") != record["state"]:
-            until = record.get("soak_until")
-            self.soak_until = datetime.fromisoformat(until.replace("Z", "+00:00")) \
-                if record["state"] == "soaking" and until else None
-        self.recent.append(f"{record['at'][11:19]} {record.get('host') or ''} {describe(record)}"[:150])
-        self.live.refresh()
-
-    def __enter__(self) -> LiveView:
-        self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.live.__exit__(*exc)
 
 
 class Fanout:

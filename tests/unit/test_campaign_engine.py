@@ -244,13 +244,14 @@ def test_progress_live_view_plain_lines_and_jsonl_log(store, monkeypatch, tmp_pa
     from rich.console import Console
 
     from orchestrator.campaign import progress
+    from orchestrator.cli import campaign_view
 
     monkeypatch.setenv("FLEETCTL_HOME", str(tmp_path))
     journal, cid, engine = start(store, monkeypatch, Script({("b", "verify"): "fail"}), ["a"], ["b"],
                                  fail_at=[1, 1])
     screen, lines = io.StringIO(), io.StringIO()
-    view = progress.LiveView(Console(file=screen, force_terminal=True, width=200),
-                             [dict(r) for r in journal.hosts(cid)], "campaign")
+    view = campaign_view.LiveView(Console(file=screen, force_terminal=True, width=200),
+                                  [dict(r) for r in journal.hosts(cid)], "campaign")
     log = progress.EventLog(cid, journal.events(cid))
     journal.listener = progress.Fanout(log.write, view, progress.PlainLines(lines))
     with view:
@@ -278,6 +279,7 @@ def test_abort_list_and_show(store, monkeypatch):
     from rich.console import Console
 
     from orchestrator import upgrade as upgrade_mod
+    from orchestrator.cli import campaign_view
     from orchestrator.errors import InputError
 
     script = Script({("a", "probe_after"): "inconclusive", ("a", "probe_again"): "inconclusive"},
@@ -294,7 +296,7 @@ def test_abort_list_and_show(store, monkeypatch):
     with pytest.raises(InputError, match="already aborted"):
         upgrade_mod.abort(store, cid)
     out = io.StringIO()
-    upgrade_mod.list_table(store, Console(file=out, width=200))
+    campaign_view.list_table(store, Console(file=out, width=200))
     assert "aborted" in out.getvalue() and "1 done, 1 held" in out.getvalue()
     doc = upgrade_mod.document(store, cid)
     assert doc["campaign"]["exit_code"] == 5 and doc["time"]["steps"]["install"]["batches"] == 1
@@ -487,6 +489,7 @@ def test_the_live_view_shows_the_soaks_time_left_and_its_last_check(store, monke
     from rich.console import Console
 
     from orchestrator.campaign import progress
+    from orchestrator.cli import campaign_view
 
     screens = []
 
@@ -501,8 +504,8 @@ def test_the_live_view_shows_the_soaks_time_left_and_its_last_check(store, monke
     monkeypatch.setattr(soak, "observe", Snapshot({("b", 2, "check"): "canary run failed"}))
     journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], ["c"], fail_at=[1, 2, 2],
                                  soak_s=[0.5], soak_interval_s=0.2)
-    view = progress.LiveView(Console(file=io.StringIO(), force_terminal=True, width=200),
-                             [dict(r) for r in journal.hosts(cid)], "campaign")
+    view = campaign_view.LiveView(Console(file=io.StringIO(), force_terminal=True, width=200),
+                                  [dict(r) for r in journal.hosts(cid)], "campaign")
     lines = io.StringIO()
     journal.listener = progress.Fanout(view, progress.PlainLines(lines))
     with view:

@@ -22,8 +22,9 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from orchestrator import cli, notify, plan as plan_mod, render, upgrade
+from orchestrator import cli, files, notify, upgrade
 from orchestrator.campaign import progress
+from orchestrator.cli import campaign_view, render
 from orchestrator.errors import InputError
 from orchestrator.store import Store
 from tests.cli_helpers import REPO, fleetctl, runs
@@ -113,7 +114,7 @@ def plan_report() -> dict:
 @pytest.mark.parametrize("printer, report", [
     (lambda r, c: render.print_audit(r, c, True), audit_report()),
     (render.print_probe, probe_report()),
-    (plan_mod.print_plan, plan_report()),
+    (render.print_plan, plan_report()),
 ], ids=["audit", "probe", "plan"])
 def test_host_text_in_tables_is_shown_as_it_is_without_its_escapes(printer, report):
     text = plain(printer, report)
@@ -146,9 +147,9 @@ def test_campaign_list_show_and_progress_show_host_text_as_data(tmp_path, monkey
         journal, cid, engine = start(store, monkeypatch, Hostile({("gpu[b]", "verify"): "fail"}), ["gpu[b]"])
         assert engine.run() == "rolled_back"
         doc = upgrade.document(store, cid)
-        listed = plain(upgrade.list_table, store)
+        listed = plain(campaign_view.list_table, store)
         events = journal.events(cid)
-    shown = plain(upgrade.show_table, doc)
+    shown = plain(campaign_view.show_table, doc)
     for text in (listed, shown):
         assert no_escapes(text)
     assert "gpu[b]" in shown and "[/x]" in shown and "[/red]" in listed
@@ -161,7 +162,7 @@ def test_campaign_list_show_and_progress_show_host_text_as_data(tmp_path, monkey
         sink({**record, "reason": record.get("reason") or HOSTILE + "\nforged line"})
     assert no_escapes(lines.getvalue()) and "[/red]" in lines.getvalue()
     assert len(lines.getvalue().splitlines()) == len(events)  # a newline in a reason forges no line
-    view = progress.LiveView(Console(file=io.StringIO(), force_terminal=False), [
+    view = campaign_view.LiveView(Console(file=io.StringIO(), force_terminal=False), [
         {"host": "gpu[b]", "wave": 1, "position": 0, "state": "failed", "reason": HOSTILE}], f"campaign {MARKUP}")
     view.soak_until = datetime.now(timezone.utc)
     view.last_check = HOSTILE
@@ -412,9 +413,9 @@ def test_o_at_a_link_planted_in_a_shared_directory_is_refused_before_anything_ru
 
 def test_a_link_planted_after_the_check_is_not_followed_either(planted):
     with pytest.raises(InputError, match="a symbolic link in a directory others can write"):
-        cli.write_atomically(planted.link, "mine\n")
+        files.write_atomically(planted.link, "mine\n")
     assert planted.victim.read_text() == "precious\n"
-    cli.write_atomically(planted.shared / "new.csv", "mine\n")  # a new name there is fine
+    files.write_atomically(planted.shared / "new.csv", "mine\n")  # a new name there is fine
     assert (planted.shared / "new.csv").read_text() == "mine\n" and not (planted.shared / "new.csv").is_symlink()
 
 

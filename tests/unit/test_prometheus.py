@@ -21,7 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import policy, prometheus
-from orchestrator.cli import write_atomically
+from orchestrator.files import write_atomically
 from orchestrator.store import Store
 from tests.cli_helpers import REPO, fleetctl
 from orchestrator.campaign import soak

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import cli, systemd
+from orchestrator.cli import systemd as systemd_cli
 
 REPO = Path(__file__).resolve().parents[2]
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")  # the venv's real entry point: verify needs it to exist
@@ -179,14 +180,14 @@ def test_every_unit_verifies_clean_and_holds_what_was_asked(env, monkeypatch, ca
     assert upgrade[upgrade.index("-i") + 1] == env["inventory"]
 
     # ... and fleetctl's own parser takes both as the operator meant them.
-    params = systemd.parse(cli.cli, upgrade).params
+    params = systemd_cli.parse(cli.cli, upgrade).params
     assert (params["target"], params["yes"], params["dry_run"], params["window"]) == ("570.86.15", True, False, "3h")
     assert (params["waves"], params["soak"], params["drain_preset"], params["drain"]) == \
         ("1,50%,100%", "10m", "slurm", DRAIN)
     assert (params["samples"], params["no_preflight"], params["baseline"]) == (7, True, env["baseline"])
     assert params["idle_timeout"] == 300  # not given: left to fleetctl's default, not written into the unit
     assert "--idle-timeout" not in upgrade
-    resumed = systemd.parse(cli.cli, resume).params
+    resumed = systemd_cli.parse(cli.cli, resume).params
     assert resumed["interrupted"] is True and resumed["window"] == "3h"
     # The resume is safe to run for real: with no campaign in the history it does nothing and succeeds.
     assert fleetctl(monkeypatch, capsys, *resume[1:])[:2] == (0, "no interrupted campaign\n")
@@ -201,7 +202,7 @@ def test_every_unit_verifies_clean_and_holds_what_was_asked(env, monkeypatch, ca
     argv = argv_of(audit_cmd)
     assert argv == [FLEETCTL, "audit", "-i", env["inventory"], "-b", env["baseline"],
                     "--format", "prometheus", "-o", env["metrics"], "--no-preflight"]  # shared with the upgrade
-    assert systemd.parse(cli.cli, argv).params["output"] == env["metrics"]
+    assert systemd_cli.parse(cli.cli, argv).params["output"] == env["metrics"]
     assert "SuccessExitStatus=1 3\n" in (env["units"] / "fleetctl-audit.service").read_text()
     audit_timer = dump(env["units"] / "fleetctl-audit.timer")
     assert audit_timer["OnCalendar"] == [normalized("daily")] == ["*-*-* 00:00:00"]
@@ -446,7 +447,7 @@ def test_shared_options_go_to_every_command_that_takes_them(env, monkeypatch, ca
         assert argv[argv.index("--webhook-ca") + 1] == ca  # absolute: a unit runs in /
     assert upgrade[upgrade.index("--soak") + 1] == "0"
     for argv in (audit, resume, upgrade):
-        systemd.parse(cli.cli, argv)
+        systemd_cli.parse(cli.cli, argv)
 
 
 @pytest.mark.parametrize("flag, value", [("--webhook", "https://hooks.example.com/services/T0/B0/secret"),

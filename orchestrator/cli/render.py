@@ -1,8 +1,9 @@
-"""Human output: one rich table per run, hosts grouped, problems first, and a one-line summary."""
+"""Human output: one rich table per run (audit, probe, plan), hosts grouped, problems first, and a one-line
+summary."""
 
 from __future__ import annotations
 
-import re
+import io
 import statistics
 from typing import Any
 
@@ -10,24 +11,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-# Text from hosts and files (host and group names, messages, reasons, versions, a baseline's name) is data: it goes
-# into rich as Text, never as markup ("[/red]" would crash the table, after the run was recorded), and without the
-# escape sequences and control characters a terminal would act on (a window title, colours, a cleared screen).
-ESCAPE_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[PX^_][^\x1b]*(?:\x1b\\)?"
-                             r"|[ -/]*[0-~])?")  # CSI, OSC, DCS/SOS/PM/APC, the short ones; a lone ESC
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0 but \n \t, DEL, C1, bidi
-
-
-def clean(value: object) -> str:
-    """VALUE (from a host or a file) as a terminal may show it: escape sequences and control characters (but a
-    newline and a tab) removed. JSON keeps the data as it is (it escapes them)."""
-    return CONTROL.sub("", ESCAPE_SEQUENCE.sub("", str(value)))
-
-
-def clean_line(value: object) -> str:
-    """clean(VALUE) on one line: a newline (which could forge a line of its own) shown as \\n, a tab as a space."""
-    return clean(value).replace("\n", "\\n").replace("\t", " ")
-
+from ..plan import EXIT_OK as PLAN_OK
+from ..sanitize import clean, clean_line
 
 def safe(value: object, style: str = "") -> Text:
     """VALUE for a rich table cell or title: Text (never parsed as markup), cleaned."""
@@ -124,3 +109,61 @@ def print_probe(report: dict[str, Any], console: Console) -> None:
                 f" exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}",
                 style="bold green" if s["exit_code"] == 0 else "bold red")
     console.print(Group(probe_table(report), line))
+
+
+# ---- fleetctl plan ---------------------------------------------------------------------------------------
+
+def plan_table(report: dict[str, Any]) -> Table:
+    t = Table(title=safe(f"fleetctl plan to {report['target']}", "table.title"), title_justify="left")
+    for name, kw in (("Wave", {"no_wrap": True}), ("Hosts", {"justify": "right"}), ("Total", {"justify": "right"}),
+                     ("Fails at", {"justify": "right"}), ("Hosts (from version)", {"overflow": "fold"})):
+        t.add_column(name, **kw)
+    for w in report["waves"]:
+        label = Text(f"{w['index']}") + (Text(" canary", style="bold") if w["budget"]["canary"] else Text(""))
+        by_version: dict[str, list[str]] = {}
+        for h in w["hosts"]:
+            by_version.setdefault(h["from_version"], []).append(h["name"])
+        names = "; ".join(f"{', '.join(hosts)} (from {version})" for version, hosts in by_version.items())
+        t.add_row(label, str(w["size"]), str(w["cumulative"]), str(w["budget"]["fail_at"]), safe(names))
+    if not report["waves"]:
+        t.add_row("-", "0", "0", "-", Text("no host to move", style="dim"))
+    return t
+
+
+def plan_left_out_table(report: dict[str, Any]) -> Table | None:
+    rows = [("skipped", h) for h in report["skipped"]] + [("excluded", h) for h in report["excluded"]]
+    if not rows:
+        return None
+    t = Table(title="not in the plan", title_justify="left")
+    for name in ("Host", "Status", "Reason"):
+        t.add_column(name, overflow="fold")
+    for status, h in rows:
+        style = "dim" if status == "skipped" else ("bold magenta" if h["code"] == "unreachable" else "yellow")
+        t.add_row(safe(h["name"]), safe(f"{status} ({h['code']})", style), safe(h["reason"]))
+    return t
+
+
+def plan_summary_line(report: dict[str, Any]) -> Text:
+    s = report["summary"]
+    sizes = ", ".join(str(w["size"]) for w in report["waves"])
+    text = (f"plan to {report['target']}: {s['hosts']} host{'s' if s['hosts'] != 1 else ''}: {s['eligible']} in "
+            f"{s['waves']} wave{'s' if s['waves'] != 1 else ''}" + (f" ({sizes})" if sizes else "")
+            + f", {s['skipped']} already on target, {s['excluded']} excluded"
+            + (f" ({s['unreachable']} unreachable)" if s["unreachable"] else "")
+            + "".join(f"; group {g['group']} cannot take {report['target']}"
+                      for g in report["target_groups"] if not g["takes_target"])
+            + f"; ramp {','.join(report['ramp'])}; baseline {report['run']['baseline']['name']}"
+            + f"; exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}")
+    return Text(clean_line(text), style="bold green" if s["exit_code"] == PLAN_OK else "bold magenta")
+
+
+def print_plan(report: dict[str, Any], console: Console) -> None:
+    parts = [plan_table(report), plan_left_out_table(report), plan_summary_line(report)]
+    console.print(Group(*[p for p in parts if p is not None]))
+
+
+def plan_text(report: dict[str, Any], width: int = 160) -> str:
+    """The table as plain text (for -o FILE)."""
+    buf = io.StringIO()
+    print_plan(report, Console(file=buf, width=width, force_terminal=False))
+    return buf.getvalue()

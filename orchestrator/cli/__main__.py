@@ -1,0 +1,5 @@
+"""`python -m orchestrator.cli`: fleetctl."""
+
+from .main import main
+
+main()

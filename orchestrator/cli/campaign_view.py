@@ -1,0 +1,128 @@
+"""A campaign on the screen: the live table of waves and hosts while it runs on a terminal (the journal's listener
+next to the JSONL log: campaign/progress.py), `campaign list` and `campaign show`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from .. import upgrade
+from ..campaign.progress import describe
+from ..sanitize import clean_line
+from ..store import Store
+from .render import safe
+
+STATE_STYLE = {"done": "green", "skipped": "dim", "failed": "bold red", "held": "bold yellow",
+               "rolled_back": "magenta", "rollback_failed": "bold red", "not_started": "dim"}
+
+
+class LiveView:
+    """Waves and hosts, redrawn on every event; the last events below."""
+
+    def __init__(self, console: Console, hosts: list[dict[str, Any]], title: str):
+        self.hosts = {h["host"]: dict(h) for h in hosts}
+        self.title = title
+        self.recent: list[str] = []
+        self.soak_until: datetime | None = None
+        self.last_check = "none yet"
+        self.live = Live(console=console, refresh_per_second=4, transient=False, get_renderable=self.render)
+
+    def soak_line(self) -> str | None:
+        """While soaking: the time left, the last check and what it saw (redrawn every refresh)."""
+        if self.soak_until is None:
+            return None
+        left = max(0.0, (self.soak_until - datetime.now(timezone.utc)).total_seconds())
+        return f"soaking: {int(left // 3600)}h{int(left % 3600 // 60):02d}m{int(left % 60):02d}s left; " \
+               f"last check {self.last_check}"
+
+    def render(self) -> Table:
+        caption = self.soak_line()
+        t = Table(title=safe(self.title, "table.title"), title_justify="left", expand=False,
+                  caption=safe(clean_line(caption), "table.caption") if caption else None, caption_justify="left")
+        for col in ("Wave", "Host", "State", "Step", "Reason"):
+            t.add_column(col, overflow="fold")
+        for h in sorted(self.hosts.values(), key=lambda h: (h["wave"], h["position"])):
+            style = STATE_STYLE.get(h["state"], "cyan")
+            t.add_row(str(h["wave"]), safe(h["host"]), safe(h["state"], style), safe(h.get("step") or ""),
+                      safe((h.get("reason") or "")[:120]))
+        for line in self.recent[-5:]:
+            t.add_row("", "", "", "", safe(clean_line(line), "dim"))
+        return t
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        host = self.hosts.get(record.get("host") or "")
+        if host is not None:
+            if record["event"] == "step_started":
+                host["step"] = record["step"] + " ..."
+            elif record["event"] == "step_finished":
+                host.update(step=record["step"], state=record["state"], reason=record.get("reason"))
+            elif record.get("state"):
+                host["state"] = record["state"]
+        for name, state in (record.get("hosts") or {}).items():
+            if name in self.hosts:
+                self.hosts[name]["state"] = state
+        if record["event"] == "soak_check":
+            self.last_check = f"{record['at'][11:19]}: {describe(record)}"[:200]
+        elif record.get("state") and record.get("state_from") != record["state"]:
+            until = record.get("soak_until")
+            self.soak_until = datetime.fromisoformat(until.replace("Z", "+00:00")) \
+                if record["state"] == "soaking" and until else None
+        self.recent.append(f"{record['at'][11:19]} {record.get('host') or ''} {describe(record)}"[:150])
+        self.live.refresh()
+
+    def __enter__(self) -> LiveView:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.live.__exit__(*exc)
+
+
+def list_table(store: Store, console: Console) -> None:
+    t = Table(title="fleetctl campaigns", title_justify="left")
+    for col in ("ID", "Target", "State", "Wave", "Hosts", "Started", "Operator", "Reason"):
+        t.add_column(col, overflow="fold")
+    for c in upgrade.listing(store):
+        style = STATE_STYLE.get(c["state"], "cyan")
+        t.add_row(str(c["id"]), safe(c["target"]), safe(c["state"], style), f"{c['wave']}/{c['waves']}",
+                  safe(", ".join(f"{n} {s}" for s, n in sorted(c["hosts"].items()))), safe(c["created_at"][:19]),
+                  safe(c["operator"]), safe((c["reason"] or "")[:100]))
+    console.print(t)
+
+
+def show_table(doc: dict[str, Any], console: Console) -> None:
+    c = doc["campaign"]
+    t = Table(title=safe(f"campaign {c['id']} to {c['target']}: {c['state']}", "table.title"), title_justify="left")
+    for col in ("Wave", "Host", "From", "State", "Steps", "Reason"):
+        t.add_column(col, overflow="fold")
+    for h in doc["hosts"]:
+        steps = " ".join(f"{s['step']}:{s['status']}" + (f"x{s['attempts']}" if s["attempts"] > 1 else "")
+                         for s in h["steps"])
+        t.add_row(str(h["wave"]), safe(h["name"]), safe(h["from_version"] or ""),
+                  safe(h["state"], STATE_STYLE.get(h["state"], "cyan")), safe(steps), safe(h["reason"] or ""))
+    console.print(t)
+    s = doc["soak"]
+    if s["soaking"]:
+        console.print(Text(clean_line(f"soaking after wave {s['after_wave']}: {s['remaining_s']:.0f}s left; last "
+                                      f"check {(s['last_check_at'] or 'none yet')[:19]}")))
+    for name, h in s["hosts"].items():
+        if h["last"]:
+            seen = "; ".join(h["last"]["seen"]) or "nothing wrong"
+            console.print(Text(clean_line(f"soak {name}: {h['checks']} checks, {h['failed_canary_runs']} failed canary "
+                                          f"runs; last {h['last']['kind']} {h['last']['status']} at "
+                                          f"{h['last']['at'][11:19]}: {seen}"[:300])))
+    if c["reason"]:
+        console.print(Text(clean_line(f"reason: {c['reason']}")))
+    console.print(Text(clean_line(f"exit {c['exit_code']}; event log: {doc['event_log']}")))
+
+
+def live(console: Console) -> Callable[[list[dict[str, Any]], str], LiveView] | None:
+    """What upgrade.drive is given to show a campaign: a live view on a terminal, None otherwise (plain lines)."""
+    if not console.is_terminal:
+        return None
+    return lambda hosts, title: LiveView(console, hosts, title)

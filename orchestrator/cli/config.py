@@ -1,0 +1,79 @@
+"""`fleetctl config show`, and the configuration file as click's default_map: the file's keys (config.KEYS) become the
+defaults of the commands' flags; `config show` offers each key as a flag of its own."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from .. import config as config_mod, schemas
+from ..config import KEYS, Key
+from . import options
+
+META = "fleetctl.config"  # the root context's meta key of the config file in use
+
+
+def apply(ctx: click.Context) -> None:
+    """In the root command: the file's keys become the defaults of the subcommands' flags (commands that read
+    none, such as `lab down`, do not even open it: a broken file never stands in their way)."""
+    if ctx.invoked_subcommand not in config_mod.COMMANDS:
+        return
+    cfg = config_mod.load()
+    ctx.meta[META] = cfg
+    if cfg.values:
+        ctx.default_map = config_mod.merge(ctx.default_map or {}, config_mod.default_map(cfg.values))
+
+
+def builtin_default(root: click.Command, key: Key) -> Any:
+    """The default of KEY's flag, as the first command that has it declares it."""
+    for path in key.commands:
+        command = root
+        for part in path:
+            command = command.commands.get(part) if isinstance(command, click.Group) else None
+            if command is None:
+                break
+        if command is None:
+            continue
+        for param in command.params:
+            if param.name == key.param:
+                default = param.default
+                if isinstance(default, (tuple, list)):
+                    return list(default)
+                return default if isinstance(default, (str, int, float)) else None  # None, or click's UNSET
+    return None
+
+
+def option_type(key: Key) -> click.ParamType | None:
+    spec = schemas.validator("config").schema["properties"][key.name]
+    if "enum" in spec:
+        return click.Choice(spec["enum"])
+    return {"integer": click.INT, "number": click.FLOAT}.get(spec.get("type")) if isinstance(spec.get("type"), str) \
+        else None
+
+
+@click.group("config")
+def config_group() -> None:
+    """The configuration file: defaults for the commands' flags (a flag given wins)."""
+
+
+def show_options(f):
+    for key in reversed(KEYS):
+        f = click.option(key.flag, key.name, multiple=key.many, type=option_type(key), metavar="VALUE",
+                         help=f"As a command would get {key.flag}.")(f)
+    return f
+
+
+@config_group.command("show")
+@options.fmt("table", "json")
+@show_options
+@click.pass_context
+def config_show(ctx, fmt, **flags) -> None:
+    """Each key's effective value and where it came from: flag, the file, or the built-in default.
+
+    Give a command's flags to see what wins over the file."""
+    root = ctx.find_root()
+    cfg = root.meta.get(META) or config_mod.load()
+    doc = config_mod.effective(cfg, flags, lambda key: builtin_default(root.command, key))
+    click.echo(json.dumps(doc, indent=2) if fmt == "json" else config_mod.text(doc), nl=fmt == "json")

@@ -1,0 +1,78 @@
+"""What the commands share around the services: their output (-o FILE or stdout, a table on a terminal), the
+command line as the history keeps it, an error as one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from .. import notify
+from ..errors import InputError
+from ..files import write_atomically
+from ..sanitize import clean
+from . import options
+
+
+def one_line(message: object) -> str:
+    """An error is one line (scripts and cron mail read it): a newline from a path or a value is shown escaped."""
+    return clean(str(message).replace("\r", "\\r").replace("\n", "\\n"))  # and no escape sequence
+
+
+def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
+    """JSON, Prometheus metrics, or a table through PRINTER(report, console), to OUTPUT or stdout."""
+    if fmt == "json":
+        emit(json.dumps(report, indent=2) + "\n", output)
+    elif fmt == "prometheus":
+        from .. import prometheus
+        emit(prometheus.report_text(report), output)
+    elif output:
+        buffer = io.StringIO()
+        printer(report, Console(file=buffer, width=160, force_terminal=False))
+        emit(buffer.getvalue(), output)
+    else:
+        printer(report, terminal())
+
+
+def run_notes():
+    """An audit's or probe's notifier (the `findings` event), None without notification targets."""
+    from .. import notify_events
+    notifier = options.notifier()
+    return notify_events.RunNotes(notifier) if notifier else None
+
+
+def stored_argv() -> list[str]:
+    """The command line as the history keeps it: a canary or drain/undrain command may carry tokens, so only its
+    program stays."""
+    argv = sys.argv[1:]
+    out = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] in ("--command", "--canary", "--drain", "--undrain"):
+            arg = arg.split()[0] + " [arguments not recorded]" if arg.split() else arg
+        elif arg.startswith(("--command=", "--canary=", "--drain=", "--undrain=")):
+            flag, value = arg.split("=", 1)
+            arg = flag + "=" + (value.split()[0] + " [arguments not recorded]" if value.split() else "")
+        out.append(arg)
+    return notify.redact_argv(out)  # a --notify command's arguments and a --webhook's path neither
+
+
+def emit(text: str, output: str | None) -> None:
+    if output:
+        try:
+            write_atomically(Path(output), text)
+        except OSError as e:
+            raise InputError(f"{output}: cannot write: {e.strerror}") from None
+    else:
+        click.echo(text, nl=False)
+
+
+def terminal() -> Console:
+    """A console for stdout; logs and cron mail get 160 columns instead of rich's 80 when no width is known."""
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        return Console()
+    return Console(width=160)

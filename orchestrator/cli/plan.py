@@ -1,0 +1,45 @@
+"""`fleetctl plan`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .. import plan as plan_mod
+from ..files import writable
+from ..store import Store
+from . import options, render
+from .output import emit, stored_argv, terminal
+
+
+@click.command()
+@options.target()
+@options.inventory()
+@options.limit("Ansible host pattern to restrict the plan to.")
+@options.baseline("Baseline YAML (blessed versions, failure budget).")
+@options.waves(plan_mod.DEFAULT_RAMP)
+@options.fmt("table", "json")
+@options.output("Write the plan to FILE instead of stdout.")
+@options.forks()
+@options.no_preflight()
+def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_preflight) -> None:
+    """Plan canary waves to move the fleet's driver to VERSION (nothing is changed on any host).
+
+    Hosts already on VERSION are skipped; unreachable, unhealthy, driverless hosts and hosts whose baseline does
+    not bless VERSION are excluded, each with its reason.
+
+    Exit codes: 0 plan made, 2 usage or input error, 3 hosts unreachable (excluded; the plan is still made).
+    """
+    opts = plan_mod.PlanOptions(target, waves, inventory_path, limit, baseline, forks, not no_preflight)
+    writable(output)
+    with Store() as store:
+        report = plan_mod.run(opts, store, stored_argv())
+    if fmt == "json":
+        emit(json.dumps(report, indent=2) + "\n", output)
+    elif output:
+        emit(render.plan_text(report), output)
+    else:
+        render.print_plan(report, terminal())
+    sys.exit(report["summary"]["exit_code"])

@@ -1,0 +1,37 @@
+"""Commands from other distributions: click commands registered under the entry-point group `fleetctl.commands`
+(`[project.entry-points."fleetctl.commands"] lab = "package.module:command"`: `fleetctl lab` from the lab's). One
+that fails to load is one warning line on stderr, and fleetctl goes on without it; none replaces a built-in
+command."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import click
+
+from .output import one_line
+
+GROUP = "fleetctl.commands"
+
+
+def entry_points() -> dict[str, metadata.EntryPoint]:
+    """The installed plugins by name (a name twice: the first found)."""
+    found: dict[str, metadata.EntryPoint] = {}
+    for ep in metadata.entry_points(group=GROUP):
+        found.setdefault(ep.name, ep)
+    return found
+
+
+def add_to(root: click.Group) -> None:
+    for name, ep in sorted(entry_points().items()):
+        if name in root.commands:
+            continue
+        try:
+            command = ep.load()
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{type(command).__name__} is not a click command")
+        except Exception as e:  # a broken plugin never stands in the way of fleetctl's own commands
+            click.echo(f"fleetctl: warning: command {name} ({ep.value}) not loaded: {type(e).__name__}: "
+                       f"{one_line(e)}", err=True)
+            continue
+        root.add_command(command, name)

@@ -1,0 +1,74 @@
+"""`fleetctl report` (compliance exports from the history) and `fleetctl report verify`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..files import writable
+from ..store import HistoryError, Store
+from . import options
+from .output import emit
+
+
+@click.group(invoke_without_command=True)
+@options.fmt("json", "csv", "html", "oscal")
+@options.output("Write the report to FILE instead of stdout.")
+@click.option("--since", metavar="DATE", help="First day (YYYY-MM-DD, UTC) or ISO timestamp.")
+@click.option("--until", metavar="DATE", help="Last day (YYYY-MM-DD, UTC) or ISO timestamp.")
+@options.limit(options.HOST_PATTERNS_HELP)
+@click.option("--sign", "sign_key", metavar="KEY", help="ed25519 private key (PEM): write FILE.sig next to -o FILE.")
+@click.pass_context
+def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
+    """Compliance exports from the history (and `report verify`: is the history intact).
+
+    Every export states the history's hash-chain head it was made from.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from .. import report as report_mod, signing
+    if sign_key and not output:
+        raise click.UsageError("--sign needs -o FILE (the signature goes to FILE.sig)")
+    if sign_key:
+        signing.load_private(sign_key)  # a bad key is an input error before anything is written
+    writable(output)
+    with Store(readonly=True) as store:
+        doc = report_mod.build(store, since, until, limit)
+    render = {"json": lambda d: json.dumps(d, indent=2) + "\n", "csv": report_mod.to_csv, "html": report_mod.to_html,
+              "oscal": lambda d: json.dumps(report_mod.to_oscal(d), indent=2) + "\n"}
+    emit(render[fmt](doc), output)
+    if sign_key:
+        click.echo(f"signature: {signing.sign(Path(output), sign_key, fmt, doc['chain']['digest'])}", err=True)
+
+
+@report.command("verify")
+@click.option("--head", metavar="DIGEST", help="The chain head an export stated: the history must end there.")
+@click.option("--signature", "signature", metavar="FILE.sig", help="Check an export's detached signature instead.")
+@click.option("--file", "signed_file", metavar="FILE", help="The signed export (default: named in FILE.sig).")
+@click.option("--key", metavar="PUBKEY", help="The signer's ed25519 public key (PEM) the signature must be from.")
+def report_verify(head, signature, signed_file, key) -> None:
+    """Check the history's hash chain and name the first broken record (or, with --signature, an export's
+    signature). Exit 0 intact, 1 broken."""
+    from .. import chain, signing
+    if signature:
+        ok, line = signing.verify(signature, signed_file, key)
+        click.echo(line)
+        sys.exit(0 if ok else 1)
+    try:
+        with Store(readonly=True) as store:
+            verdict = chain.verify(store.db, head)
+            lingering = [r["id"] for r in store.interrupted_runs()]
+    except HistoryError as e:
+        if "damaged" not in str(e):
+            raise
+        click.echo(f"history damaged: {e}")
+        sys.exit(1)
+    click.echo(verdict.line())
+    if lingering:
+        click.echo(f"note: run{'s' if len(lingering) > 1 else ''} {', '.join(map(str, lingering))} never finished: "
+                   "the process that ran them is gone (a crash, kill -9, a history that could not be written); "
+                   "unfinished runs are not in the chain, and the next recorded run closes them as interrupted")
+    sys.exit(0 if verdict.ok else 1)

@@ -1,0 +1,214 @@
+"""`fleetctl systemd install|uninstall` (the units themselves: orchestrator/systemd.py). Every command line a unit
+would run is checked here by fleetctl's own click parser, and the upgrade's values by the functions the upgrade
+uses, before a unit is written."""
+
+from __future__ import annotations
+
+import os
+
+import click
+from click.core import ParameterSource
+
+from .. import plan as plan_mod, runs, systemd, upgrade as upgrade_mod
+from ..campaign import hooks
+from ..errors import InputError
+from . import options
+
+
+# ---- checking the command lines --------------------------------------------------------------------
+
+def command_for(root: click.Group, words: list[str]) -> tuple[click.Command, list[str], str]:
+    """The (sub)command WORDS name, the rest of the words, and its name."""
+    cmd, name = root, "fleetctl"
+    while isinstance(cmd, click.Group):
+        if not words or words[0] not in cmd.commands:
+            raise InputError(f"fleetctl {' '.join(words[:1])}: no such command")
+        name, words = words[0], words[1:]
+        cmd = cmd.commands[name]
+    return cmd, words, name
+
+
+def parse(root: click.Group, argv: list[str]) -> click.Context:
+    """ARGV (a unit's command line, the executable first) through fleetctl's own parser: click's error as one
+    line (an InputError) where it would refuse it."""
+    cmd, rest, name = command_for(root, argv[1:])
+    try:
+        return cmd.make_context(name, rest)
+    except click.ClickException as e:
+        raise InputError(f"the unit's command `{' '.join(argv[1:])}` would be refused: {e.format_message()}") \
+            from None
+
+
+def check_commands(root: click.Group, units: systemd.Units) -> None:
+    """Every command line of UNITS as fleetctl will parse it, and the upgrade's values as the upgrade reads them
+    (target, ramp, durations, drain templates): refused here rather than at 02:00 on a Saturday."""
+    if units.audit:
+        parse(root, units.audit.argv)
+    if units.window:
+        parse(root, units.window.resume_argv)
+        p = parse(root, units.window.upgrade_argv).params
+        plan_mod.parse_target(p["target"])
+        upgrade_mod.parse_duration(p["window"], "--window")
+        if p.get("waves") is not None:
+            plan_mod.parse_ramp(p["waves"])
+        if p.get("soak") is not None:
+            upgrade_mod.parse_soaks(p["soak"])
+        for key, flag in (("soak_interval", "--soak-interval"), ("soak_grace", "--soak-grace")):
+            if p.get(key) is not None:
+                upgrade_mod.parse_duration(p[key], flag, allow_zero=key == "soak_grace")
+        hooks.resolve(p.get("drain_preset"), p.get("drain"), p.get("undrain"))
+
+
+# ---- the units' commands from this one's options ----------------------------------------------------------
+
+def option_words(param: click.Option, value) -> list[str]:
+    """An upgrade option given on the command line, as words for the unit's `fleetctl upgrade`."""
+    name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+    if param.is_flag:
+        if value:
+            return [name]
+        off = next((o for o in param.secondary_opts if o.startswith("--")), None)
+        return [off] if off else []
+    values = value if param.multiple else [value]
+    words = []
+    for v in values:
+        words.append(name)
+        words.extend(str(x) for x in (v if isinstance(v, tuple) else (v,)))
+    return words
+
+
+def given_words(ctx: click.Context, params: dict, passthrough: list[click.Option]) -> list[tuple[str, list[str]]]:
+    """The passed-on options given on the command line: (parameter name, words), file names made absolute."""
+    out = []
+    for o in passthrough:
+        if ctx.get_parameter_source(o.name) != ParameterSource.COMMANDLINE:
+            continue  # a default stays fleetctl's (or the config file's) at run time, not frozen into the unit
+        value = params[o.name]
+        if o.name in systemd.path_params() and value is not None:
+            value = systemd.absolute(value, o.opts[-1])
+        out.append((o.name, option_words(o, value)))
+    return out
+
+
+def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list[click.Option]) -> systemd.Units:
+    p = params
+    given = given_words(ctx, p, passthrough)
+    for name, flag in systemd.HOOK_PARAMS.items():
+        why = systemd.secret_in(p[name]) if any(n == name for n, _ in given) and p.get(name) else None
+        if why:
+            raise click.UsageError(f"{flag}: its arguments look like they hold a secret ({why}); it is not written "
+                                   "into a unit (world-readable, and `systemctl show` shows it to any user): set "
+                                   f"`{name}:` in the config file, which the units read (fleetctl config show)")
+    if p["audit_output"] is not None and p["audit_schedule"] is None:
+        raise click.UsageError("--audit-output needs --audit-schedule")
+    if p["window"] is None:
+        audit_takes = {q.name for q in command_for(root, ["audit"])[0].params} if p["audit_schedule"] else set()
+        stray = [f for f, v in (("--duration", p["duration"]), ("--to", p["target"]), ("--margin", p["margin"]))
+                 if v is not None] + [words[0] for name, words in given if name not in audit_takes and words]
+        if stray:
+            raise click.UsageError(f"{stray[0]} needs --window")
+    elif p["duration"] is None or p["target"] is None:
+        raise click.UsageError("--window needs --duration and --to")
+    if p["audit_schedule"] is None and p["window"] is None:
+        raise click.UsageError("nothing to install: give --audit-schedule and/or --window (with --duration, --to)")
+    exe = systemd.fleetctl_executable()
+    inventory = systemd.absolute(p["inventory_path"], "--inventory")
+    baseline = systemd.absolute(p["baseline"], "--baseline")
+    limit = p["limit"]
+    runs.prepare(inventory, limit, baseline)  # a broken inventory or baseline is refused now
+    common = ([] if inventory is None else ["-i", inventory]) + ([] if baseline is None else ["-b", baseline]) \
+        + ([] if limit is None else ["-l", limit])
+
+    def extra(*command: str) -> list[str]:
+        """The given options COMMAND takes (--forks: the audit's too; the notification flags: all three)."""
+        takes = {q.name for q in command_for(root, list(command))[0].params}
+        return [w for name, words in given if name in takes for w in words]
+
+    audit = window = None
+    if p["audit_schedule"] is not None:
+        metrics = systemd.absolute(p["audit_output"], "--audit-output", must_exist=False)
+        if metrics and not os.path.isdir(os.path.dirname(metrics)):
+            raise InputError(f"--audit-output {p['audit_output']}: no such directory")
+        if metrics and os.path.isdir(metrics):
+            raise InputError(f"--audit-output {p['audit_output']}: is a directory")
+        argv = [exe, "audit", *common] + (["--format", "prometheus", "-o", metrics] if metrics else []) \
+            + extra("audit")
+        audit = systemd.AuditUnit(systemd.calendar(p["audit_schedule"], "--audit-schedule"), argv, metrics)
+    if p["window"] is not None:
+        duration_s = upgrade_mod.parse_duration(p["duration"], "--duration")
+        margin_s = upgrade_mod.parse_duration(p["margin"], "--margin", allow_zero=True) if p["margin"] else 0.0
+        if margin_s >= duration_s:
+            raise InputError(f"--margin {p['margin']}: not shorter than --duration {p['duration']}")
+        target = plan_mod.parse_target(p["target"])
+        soft = systemd.duration_arg(duration_s - margin_s)
+        # The resume takes the campaign's own inventory and baseline (a changed baseline is for a person to
+        # accept), and the window.
+        resume = [exe, "campaign", "resume", "--interrupted", "--window", soft, *extra("campaign", "resume")]
+        upgrade = [exe, "upgrade", "--to", target, "--yes", "--window", soft, *common, *extra("upgrade")]
+        window = systemd.WindowUnit(systemd.calendar(p["window"], "--window"), duration_s, target, resume, upgrade)
+    return systemd.Units(audit, window, systemd.environment())
+
+
+def refuse_secret(ctx: click.Context, param: click.Parameter, value) -> None:
+    if value:
+        raise click.UsageError(f"{param.opts[0]} is not written into a unit (world-readable, and `systemctl show` "
+                               f"shows it to any user): set `{param.name}:` in the config file, which the units "
+                               "read (fleetctl config show)")
+
+
+# ---- the command group ----------------------------------------------------------------------------------
+
+def systemd_group(root: click.Group) -> click.Group:
+    """`fleetctl systemd`; the options of ROOT's `upgrade` (bar OWN_UPGRADE_PARAMS) are offered by `install`."""
+    passthrough = [p for p in root.commands["upgrade"].params
+                   if isinstance(p, click.Option) and p.name not in systemd.OWN_UPGRADE_PARAMS | systemd.SECRET_PARAMS]
+
+    @click.group("systemd")
+    def group() -> None:
+        """A scheduled audit and a maintenance-window upgrade as systemd timers: install, uninstall."""
+
+    @group.command("install", epilog=f"The options from {passthrough[0].opts[-1] if passthrough else '--waves'} "
+                   "on are `fleetctl upgrade`'s: each given goes into every unit command that takes it (--forks and "
+                   "the notification options also into the audit's and the resume's). --notify and --webhook are "
+                   "not written into units (world-readable): the units read them from the config file. Nor is a "
+                   "--drain or --undrain template whose arguments look like a secret (a token, password or key, "
+                   "credentials in a URL, a long random word): it is refused; set `drain:`/`undrain:` in the config "
+                   "file instead.")
+    @click.option("--audit-schedule", metavar="CALENDAR",
+                  help="Audit on this systemd calendar expression: daily, hourly, 'Mon..Fri 06:00'.")
+    @click.option("--audit-output", metavar="FILE",
+                  help="The audit writes Prometheus metrics to FILE (e.g. node_exporter's textfile directory).")
+    @click.option("--window", metavar="CALENDAR", help="When the maintenance window opens: 'Sat 02:00'.")
+    @click.option("--duration", metavar="DURATION", help="How long the window lasts: 3h, 90m.")
+    @click.option("--margin", metavar="DURATION",
+                  help="No wave starts in the window's last DURATION: the campaign halts between waves for a "
+                       "person (default 0: a wave still running when the window ends is stopped, and resumed by "
+                       "the next window).")
+    @options.target(required=False, help="Target driver version of the window's upgrade.")
+    @options.inventory("Ansible inventory for both units. Default: localhost.")
+    @options.baseline("Baseline YAML for both units.")
+    @options.limit("Ansible host pattern for both units.")
+    @options.unit_dir(systemd.DEFAULT_UNIT_DIR)
+    @click.option("--print", "print_only", is_flag=True, help="Print the units instead of writing them.")
+    @click.option("--notify", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
+    @click.option("--webhook", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
+    @click.pass_context
+    def install_cmd(ctx, **params) -> None:
+        """Write the units (and enable the timers where systemd runs): an audit on --audit-schedule and/or an
+        upgrade to --to in each --window of --duration. The window's start first resumes a campaign a crash
+        interrupted."""
+        units = build(root, ctx, params, passthrough)
+        check_commands(root, units)
+        for line in systemd.install(units, params["unit_dir"], params["print_only"]):
+            click.echo(line)
+
+    install_cmd.params.extend(passthrough)
+
+    @group.command("uninstall")
+    @options.unit_dir(systemd.DEFAULT_UNIT_DIR)
+    def uninstall_cmd(unit_dir) -> None:
+        """Disable and remove the units `systemd install` wrote (others of the same names are left alone)."""
+        for line in systemd.uninstall(unit_dir):
+            click.echo(line)
+
+    return group
