@@ -1,4 +1,4 @@
-"""fleetctl's command line (the contract in DESIGN.md: flags and exit codes are relied on by scripts and cron)."""
+"""fleetctl's command line (the contract in the README's "Command line": flags and exit codes are relied on by scripts and cron)."""
 
 from __future__ import annotations
 
