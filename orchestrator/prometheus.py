@@ -16,7 +16,6 @@ import sqlite3
 import statistics
 import time
 from collections import Counter
-from datetime import datetime
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -24,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
 from .report import selected
 from .store import Store
+from . import timefmt
 
 # name (as exposed) -> (help, labels). The one list of what fleetctl exports: the README, the dashboard test and
 # the alert-rule tests read it.
@@ -75,7 +75,7 @@ PROBE_METRICS = tuple(list(METRICS)[6:11])
 
 def unix(stamp: str) -> float:
     """The history's UTC timestamps ('2026-11-23T05:52:06.955Z') as Unix time."""
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return timefmt.parse(stamp).timestamp()
 
 
 class Families:

@@ -20,7 +20,7 @@ from typing import Any
 
 import jinja2
 
-from . import __version__, chain, schemas
+from . import __version__, chain, schemas, timefmt
 from .errors import InputError, OperationError
 from .store import Store, now, operator
 
@@ -36,14 +36,14 @@ def parse_day(text: str | None, flag: str, end: bool = False) -> str | None:
         if len(text) == 10:
             stamp = datetime.fromisoformat(text + ("T23:59:59.999" if end else "T00:00:00")).replace(tzinfo=timezone.utc)
         else:
-            stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            stamp = timefmt.parse(text)
             stamp = stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
         stamp = stamp.astimezone(timezone.utc)
     except ValueError:
         raise InputError(f"{flag} {text!r}: not a date (YYYY-MM-DD) or ISO timestamp") from None
     except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
         raise InputError(f"{flag} {text!r}: out of the range of dates") from None
-    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return timefmt.stamp(stamp)
 
 
 def selected(name: str, groups: list[str], patterns: list[str]) -> bool:

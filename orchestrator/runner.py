@@ -20,6 +20,7 @@ import psutil
 from . import interrupts, preflight, resources
 from .errors import InputError, OperationError
 from .inventory import Fleet
+from .text import one_line
 
 # One module call per host: no fact gathering, pipelining, and OpenSSH multiplexing; host keys are checked.
 ANSIBLE_ENV = {
@@ -238,7 +239,7 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
 
 
 def _message(res: dict[str, Any]) -> str:
-    msg = " ".join(str(res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed").split())
+    msg = one_line(res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed")
     # OpenSSH puts its verdict ("Host key verification failed.") after a long banner: keep both ends.
     return msg if len(msg) <= 500 else msg[:200] + " ... " + msg[-280:]
 

@@ -13,11 +13,10 @@ import socket
 import sqlite3
 import urllib.parse
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import __version__, chain
+from . import __version__, chain, timefmt
 from .errors import OperationError
 
 
@@ -153,7 +152,7 @@ def private(history: Path) -> None:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return timefmt.now()
 
 
 def operator() -> str:

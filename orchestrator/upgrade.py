@@ -19,6 +19,7 @@ from .campaign.journal import Journal, driven_elsewhere
 from .campaign.options import CampaignOptions, HookOptions, IdleOptions, ProbeSettings
 from .errors import InputError, OperationError
 from .store import Store
+from .timefmt import parse as parse_time
 
 INTERRUPTIBLE = ("running", "soaking", "rolling_back")
 
@@ -316,8 +317,7 @@ def document(store: Store, cid: int) -> dict[str, Any]:
         for s in journal.steps(cid, r["host"]):
             seconds = None
             if s["finished_at"]:
-                seconds = round((datetime.fromisoformat(s["finished_at"].replace("Z", "+00:00"))
-                                 - datetime.fromisoformat(s["started_at"].replace("Z", "+00:00"))).total_seconds(), 3)
+                seconds = round((parse_time(s["finished_at"]) - parse_time(s["started_at"])).total_seconds(), 3)
             detail = json.loads(s["detail"]) if s["detail"] else None
             if detail and "probe" in detail:  # the samples stay in the history; the document keeps the verdict
                 detail = {k: v for k, v in detail.items() if k != "probe"}
@@ -345,7 +345,7 @@ def soak_document(journal: Journal, c) -> dict[str, Any]:
     records = journal.soak_records(c["id"])
     remaining = None
     if c["state"] == "soaking" and c["soak_until"]:
-        until = datetime.fromisoformat(c["soak_until"].replace("Z", "+00:00"))
+        until = parse_time(c["soak_until"])
         remaining = round(max(0.0, (until - datetime.now(until.tzinfo)).total_seconds()), 1)
     hosts: dict[str, dict[str, Any]] = {}
     for r in records:
@@ -374,7 +374,7 @@ def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
             t["batch_s"] += e["batch_s"]
             t["ansible_s"] += e["ansible_s"]
             t["batches"] += 1
-    stamp = lambda e: datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()  # noqa: E731
+    stamp = lambda e: parse_time(e["at"]).timestamp()  # noqa: E731
     soak, soak_from = 0.0, None
     for e in events:
         if e["event"] == "wave_passed":
