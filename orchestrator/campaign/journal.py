@@ -115,10 +115,11 @@ def this_process() -> dict[str, Any]:
 
 
 class Journal:
-    def __init__(self, store: Store, listener=None):
+    def __init__(self, store: Store, listener=None, create: bool = True):
+        """CREATE: the campaign tables, where the history may be written and lacks them (a report: no)."""
         self.store = store
         self.db = store.db
-        if not getattr(store, "readonly", False):
+        if create and not getattr(store, "readonly", False):
             self.db.executescript(SCHEMA)
         self.empty = not self.db.execute("SELECT 1 FROM sqlite_master WHERE name='campaigns'").fetchone()
         self.listener = listener  # called with every event (progress display, JSONL log)
@@ -397,6 +398,41 @@ class Journal:
         return [{"campaign": cid, "seq": r["seq"], "at": r["at"], "event": r["event"], "host": r["host"],
                  **json.loads(r["data"])}
                 for r in self.db.execute("SELECT * FROM campaign_events WHERE campaign_id=? ORDER BY seq", (cid,))]
+
+    # ---- what the reports read (report.py, prometheus.py): [] from a history without the tables -------------
+    def latest_host_states(self) -> list[sqlite3.Row]:
+        """Each host's state in its latest campaign, with that campaign's id, target and state."""
+        try:
+            return self.db.execute(
+                "WITH latest AS (SELECT host, MAX(campaign_id) AS campaign_id FROM campaign_hosts GROUP BY host)"
+                " SELECT h.host, h.state, c.id, c.target, c.state AS campaign_state FROM latest l"
+                " JOIN campaign_hosts h ON h.campaign_id = l.campaign_id AND h.host = l.host"
+                " JOIN campaigns c ON c.id = l.campaign_id ORDER BY c.id, h.host").fetchall()
+        except sqlite3.OperationalError:  # a history that never ran a campaign has no campaign tables
+            return []
+
+    def soak_states(self, ids: list[int]) -> list[sqlite3.Row]:
+        """(id, state, soak_until) of campaigns IDS."""
+        return [self.db.execute("SELECT id, state, soak_until FROM campaigns WHERE id=?", (cid,)).fetchone()
+                for cid in ids]
+
+    def latest_soak_hosts(self) -> list[sqlite3.Row]:
+        """Per campaign and host: the latest soak observation and the failed canary runs."""
+        try:
+            return self.db.execute(
+                "SELECT s.campaign_id, s.host, s.kind, s.status, (SELECT SUM(json_extract(detail, '$.canary.ok') = 0)"
+                " FROM campaign_soak c WHERE c.campaign_id = s.campaign_id AND c.host = s.host) AS canary_failed"
+                " FROM campaign_soak s WHERE s.id = (SELECT MAX(id) FROM campaign_soak m"
+                " WHERE m.campaign_id = s.campaign_id AND m.host = s.host) ORDER BY s.campaign_id, s.host").fetchall()
+        except sqlite3.OperationalError:  # a history from before the watched soak, or without campaigns
+            return []
+
+    def campaigns_between(self, since: str | None, until: str | None) -> list[sqlite3.Row]:
+        """Campaigns created between SINCE and UNTIL (either may be None), with their run's operator and control
+        node; raises on a history without campaign tables."""
+        return self.db.execute("SELECT c.*, r.operator, r.control_node FROM campaigns c JOIN runs r ON r.id = c.run_id"
+                               " WHERE (? IS NULL OR c.created_at >= ?) AND (? IS NULL OR c.created_at <= ?)"
+                               " ORDER BY c.id", (since, since, until, until)).fetchall()
 
     def locks(self) -> dict[str, int]:
         return {r["host"]: r["campaign_id"] for r in self.db.execute("SELECT * FROM host_locks")}
