@@ -43,7 +43,7 @@ from .store import Store
 
 EXIT_OK, EXIT_UNREACHABLE = 0, 3
 DEFAULT_RAMP = "1,10%,50%,100%"
-DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # DESIGN.md "Wave budget": later waves fail at >= 2 hosts or 10%
+DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # README "Planning an upgrade": later waves fail at >= 2 hosts or 10%
 VERSION_RE = re.compile(r"[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?")  # whole string (fullmatch): no "570.86.15\n"
 # ASCII digits, at most 9 a part: Fraction() and str() refuse numbers of thousands of digits (ValueError)
 _STEP_RE = re.compile(r"^(?:(?P<count>[0-9]{1,9})|(?P<percent>[0-9]{1,9}(?:\.[0-9]{1,9})?)%)$")

@@ -12,18 +12,18 @@ One set of alert rules (monitoring/prometheus/fleetctl-alerts.yml) therefore wor
 from __future__ import annotations
 
 import json
-import sqlite3
 import statistics
 import time
 from collections import Counter
-from datetime import datetime
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
+from .campaign.journal import Journal
 from .report import selected
 from .store import Store
+from . import timefmt
 
 # name (as exposed) -> (help, labels). The one list of what fleetctl exports: the README, the dashboard test and
 # the alert-rule tests read it.
@@ -75,7 +75,7 @@ PROBE_METRICS = tuple(list(METRICS)[6:11])
 
 def unix(stamp: str) -> float:
     """The history's UTC timestamps ('2026-11-23T05:52:06.955Z') as Unix time."""
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return timefmt.parse(stamp).timestamp()
 
 
 class Families:
@@ -190,105 +190,47 @@ def report_text(report: dict[str, Any]) -> str:
 
 # -- the history ------------------------------------------------------------------------------------------------
 
-def _latest_audits(db: sqlite3.Connection) -> list[sqlite3.Row]:
-    """Each host's row of its latest finished run that audited it (audit, plan, a campaign's planning audit)."""
-    return db.execute(
-        "WITH latest AS (SELECT h.host, MAX(h.run_id) AS run_id FROM host_results h JOIN runs r ON r.id = h.run_id"
-        " WHERE r.status = 'done' GROUP BY h.host)"
-        " SELECT h.host, h.run_id, h.reachable, h.facts, h.groups, r.started_at FROM latest l"
-        " JOIN host_results h ON h.run_id = l.run_id AND h.host = l.host JOIN runs r ON r.id = l.run_id"
-        " ORDER BY h.host").fetchall()
-
-
-def _findings(db: sqlite3.Connection) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for f in db.execute(
-            "WITH latest AS (SELECT h.host, MAX(h.run_id) AS run_id FROM host_results h JOIN runs r ON r.id = h.run_id"
-            " WHERE r.status = 'done' GROUP BY h.host)"
-            " SELECT f.host, f.control, f.severity, f.status FROM latest l"
-            " JOIN findings f ON f.run_id = l.run_id AND f.host = l.host ORDER BY f.host, f.rowid"):
-        out.setdefault(f["host"], []).append(dict(f))
-    return out
-
-
-def _latest_probes(db: sqlite3.Connection) -> list[sqlite3.Row]:
-    return db.execute(
-        "WITH latest AS (SELECT p.host, MAX(p.run_id) AS run_id FROM probe_results p JOIN runs r ON r.id = p.run_id"
-        " WHERE r.status = 'done' GROUP BY p.host)"
-        " SELECT p.host, p.result, p.health, r.started_at FROM latest l"
-        " JOIN probe_results p ON p.run_id = l.run_id AND p.host = l.host JOIN runs r ON r.id = l.run_id"
-        " ORDER BY p.host").fetchall()
-
-
-def _latest_campaigns(db: sqlite3.Connection) -> list[sqlite3.Row]:
-    """Each host's state in its latest campaign, with that campaign's target and state ([] before any campaign)."""
-    try:
-        return db.execute(
-            "WITH latest AS (SELECT host, MAX(campaign_id) AS campaign_id FROM campaign_hosts GROUP BY host)"
-            " SELECT h.host, h.state, c.id, c.target, c.state AS campaign_state FROM latest l"
-            " JOIN campaign_hosts h ON h.campaign_id = l.campaign_id AND h.host = l.host"
-            " JOIN campaigns c ON c.id = l.campaign_id ORDER BY c.id, h.host").fetchall()
-    except sqlite3.OperationalError:  # a history that never ran a campaign has no campaign tables
-        return []
-
-
-def _soaks(db: sqlite3.Connection, ids: list[int]) -> list[sqlite3.Row]:
-    return [db.execute("SELECT id, state, soak_until FROM campaigns WHERE id=?", (cid,)).fetchone() for cid in ids]
-
-
-def _soak_hosts(db: sqlite3.Connection) -> list[sqlite3.Row]:
-    """Per campaign and host: the latest soak observation and the failed canary runs ([] before any soak)."""
-    try:
-        return db.execute(
-            "SELECT s.campaign_id, s.host, s.kind, s.status, (SELECT SUM(json_extract(detail, '$.canary.ok') = 0)"
-            " FROM campaign_soak c WHERE c.campaign_id = s.campaign_id AND c.host = s.host) AS canary_failed"
-            " FROM campaign_soak s WHERE s.id = (SELECT MAX(id) FROM campaign_soak m"
-            " WHERE m.campaign_id = s.campaign_id AND m.host = s.host) ORDER BY s.campaign_id, s.host").fetchall()
-    except sqlite3.OperationalError:  # a history from before the watched soak, or without campaigns
-        return []
-
-
 def history_families(store: Store, limit: str | None = None, now: float | None = None) -> Families:
     """The latest state of every host the history knows (no host is contacted). LIMIT: hosts or groups (shell
     patterns, comma separated), as `fleetctl report -l`; a host's groups are those of its latest audit."""
-    db, now = store.db, time.time() if now is None else now
+    journal, now = Journal(store, create=False), time.time() if now is None else now
     patterns = [p for p in (limit or "").replace(":", ",").split(",") if p]
-    audits = _latest_audits(db)
+    audits = store.latest_audits()
     groups = {r["host"]: json.loads(r["groups"] or "[]") for r in audits}
 
     def wanted(host: str) -> bool:
         return selected(host, groups.get(host, []), patterns)
 
     out = Families()
-    findings = _findings(db)
+    findings = store.latest_findings()
     for r in audits:
         if wanted(r["host"]):
             add_audit_host(out, {"name": r["host"], "reachable": bool(r["reachable"]),
                                  "facts": json.loads(r["facts"]) if r["facts"] else None,
                                  "findings": findings.get(r["host"], [])}, r["started_at"])
-    for r in _latest_probes(db):
+    for r in store.latest_probes():
         if wanted(r["host"]):
             add_probe_host(out, r["host"], json.loads(r["result"]) if r["result"] else None, r["health"],
                            r["started_at"])
     campaigns: dict[int, tuple[str, str]] = {}
-    for r in _latest_campaigns(db):
+    for r in journal.latest_host_states():
         if wanted(r["host"]):
             out.gauge("fleetctl_campaign_host_state", 1, campaign=r["id"], host=r["host"], state=r["state"])
             campaigns[r["id"]] = (r["target"], r["campaign_state"])
     for cid, (target, state) in sorted(campaigns.items()):
         out.gauge("fleetctl_campaign_state", 1, campaign=cid, target=target, state=state)
-    for r in _soaks(db, sorted(campaigns)):
+    for r in journal.soak_states(sorted(campaigns)):
         if r["state"] == "soaking" and r["soak_until"]:
             out.gauge("fleetctl_campaign_soak_remaining_seconds", max(0.0, unix(r["soak_until"]) - now),
                       campaign=r["id"])
-    latest_campaign = {r["host"]: r["id"] for r in _latest_campaigns(db)}
-    for r in _soak_hosts(db):
+    latest_campaign = {r["host"]: r["id"] for r in journal.latest_host_states()}
+    for r in journal.latest_soak_hosts():
         if latest_campaign.get(r["host"]) == r["campaign_id"] and wanted(r["host"]):
             out.gauge("fleetctl_campaign_soak_host_status", 1, campaign=r["campaign_id"], host=r["host"],
                       kind=r["kind"], status=r["status"])
             out.gauge("fleetctl_campaign_soak_canary_failed_runs", r["canary_failed"] or 0, campaign=r["campaign_id"],
                       host=r["host"])
-    last = db.execute("SELECT seq, at FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
+    last = store.chain_last()
     out.gauge("fleetctl_history_chain_records", last[0] if last else 0)
     if last:
         sealed = unix(last[1])

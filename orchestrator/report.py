@@ -20,8 +20,9 @@ from typing import Any
 
 import jinja2
 
-from . import __version__, chain, schemas
+from . import __version__, chain, schemas, timefmt
 from .errors import InputError, OperationError
+from .campaign.journal import Journal
 from .store import Store, now, operator
 
 CSV_FIELDS = ("host", "groups", "audit_run", "audited_at", "control", "severity", "status", "message",
@@ -36,14 +37,14 @@ def parse_day(text: str | None, flag: str, end: bool = False) -> str | None:
         if len(text) == 10:
             stamp = datetime.fromisoformat(text + ("T23:59:59.999" if end else "T00:00:00")).replace(tzinfo=timezone.utc)
         else:
-            stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            stamp = timefmt.parse(text)
             stamp = stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
         stamp = stamp.astimezone(timezone.utc)
     except ValueError:
         raise InputError(f"{flag} {text!r}: not a date (YYYY-MM-DD) or ISO timestamp") from None
     except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
         raise InputError(f"{flag} {text!r}: out of the range of dates") from None
-    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return timefmt.stamp(stamp)
 
 
 def selected(name: str, groups: list[str], patterns: list[str]) -> bool:
@@ -59,17 +60,15 @@ def build(store: Store, since: str | None = None, until: str | None = None, limi
     verdict = chain.verify(db)
     if not verdict.ok:  # an export vouches for the history it was made from: never from a broken one
         raise OperationError(verdict.line() + " (fleetctl report verify)")
-    audits = db.execute("SELECT * FROM runs WHERE kind='audit' AND status='done' AND (? IS NULL OR started_at >= ?)"
-                        " AND (? IS NULL OR started_at <= ?) ORDER BY id", (since_ts, since_ts, until_ts, until_ts)).fetchall()
+    audits = store.audits_between(since_ts, until_ts)
     latest: dict[str, dict[str, Any]] = {}
     daily: dict[str, dict[str, bool]] = {}
     for run in audits:
-        for hr in db.execute("SELECT * FROM host_results WHERE run_id=?", (run["id"],)):
+        for hr in store.run_hosts(run["id"]):
             groups = json.loads(hr["groups"] or "[]")
             if not selected(hr["host"], groups, patterns):
                 continue
-            findings = [dict(f) for f in db.execute("SELECT * FROM findings WHERE run_id=? AND host=? ORDER BY rowid",
-                                                    (run["id"], hr["host"]))]
+            findings = [dict(f) for f in store.host_findings(run["id"], hr["host"])]
             compliant = bool(hr["reachable"]) and not any(f["status"] in ("fail", "error") for f in findings)
             daily.setdefault(run["started_at"][:10], {})[hr["host"]] = compliant
             latest[hr["host"]] = {"run": run, "row": hr, "groups": groups, "findings": findings,
@@ -118,17 +117,14 @@ def build(store: Store, since: str | None = None, until: str | None = None, limi
 
 def campaigns(store: Store, since_ts: str | None, until_ts: str | None) -> list[dict[str, Any]]:
     """Who moved what from which version to which, in how many waves, and what was rolled back and why."""
-    db = store.db
+    journal = Journal(store, create=False)
     try:
-        rows = db.execute("SELECT c.*, r.operator, r.control_node FROM campaigns c JOIN runs r ON r.id = c.run_id"
-                          " WHERE (? IS NULL OR c.created_at >= ?) AND (? IS NULL OR c.created_at <= ?) ORDER BY c.id",
-                          (since_ts, since_ts, until_ts, until_ts)).fetchall()
+        rows = journal.campaigns_between(since_ts, until_ts)
     except Exception:  # a history that never ran a campaign has no campaign tables
         return []
     out = []
     for c in rows:
-        hosts = db.execute("SELECT host, state, reason, before FROM campaign_hosts WHERE campaign_id=? ORDER BY position",
-                           (c["id"],)).fetchall()
+        hosts = journal.hosts(c["id"])
         plan = json.loads(c["plan"])
         out.append({"id": c["id"], "target": c["target"], "state": c["state"], "operator": c["operator"],
                     "control_node": c["control_node"], "started_at": c["created_at"], "updated_at": c["updated_at"],

@@ -20,6 +20,7 @@ import psutil
 from . import interrupts, preflight, resources
 from .errors import InputError, OperationError
 from .inventory import Fleet
+from .text import one_line
 
 # One module call per host: no fact gathering, pipelining, and OpenSSH multiplexing; host keys are checked.
 ANSIBLE_ENV = {
@@ -36,8 +37,18 @@ ANSIBLE_ENV = {
 }
 
 
-# Seconds spent inside ansible-playbook runs by this process (the campaign's time split: fleetctl versus Ansible).
-PLAYBOOK_SECONDS = [0.0]
+class Seconds:
+    """A running total of seconds (the campaign's time split: fleetctl versus Ansible)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.total += seconds
+
+
+# Seconds spent inside ansible-playbook runs by this process: the campaign engine is given this counter.
+PLAYBOOK_TIME = Seconds()
 
 
 @dataclass
@@ -118,7 +129,7 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
                 tail = (result.stdout.read() if result.stdout else "")[-500:].strip().splitlines()
                 why = tail[-1] if tail else "no output"
             raise RuntimeError(f"ansible-playbook {name} exited {rc}: {why}")
-    PLAYBOOK_SECONDS[0] += time.monotonic() - started
+    PLAYBOOK_TIME.add(time.monotonic() - started)
     for outcome in outcomes.values():
         if outcome.status == "ok" and not outcome.results:
             outcome.status, outcome.message = "failed", "the playbook returned no result for this host"
@@ -228,7 +239,7 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
 
 
 def _message(res: dict[str, Any]) -> str:
-    msg = " ".join(str(res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed").split())
+    msg = one_line(res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed")
     # OpenSSH puts its verdict ("Host key verification failed.") after a long banner: keep both ends.
     return msg if len(msg) <= 500 else msg[:200] + " ... " + msg[-280:]
 

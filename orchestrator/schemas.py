@@ -14,6 +14,7 @@ from referencing import Registry, Resource
 
 from . import inputs, resources
 from .errors import InputError
+from .text import one_line
 
 
 @cache
@@ -98,4 +99,4 @@ def host_result_problem(name: str, document: Any) -> str | None:
     if problem is None:
         error = first_error(name, document, among=HOST_RESULT_ERRORS)
         problem = None if error is None else f"{json_path(error)}: {message(error)[:200]}"
-    return None if problem is None else " ".join(problem.split())
+    return None if problem is None else one_line(problem)

@@ -13,11 +13,10 @@ import socket
 import sqlite3
 import urllib.parse
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import __version__, chain
+from . import __version__, chain, timefmt
 from .errors import OperationError
 
 
@@ -153,7 +152,7 @@ def private(history: Path) -> None:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return timefmt.now()
 
 
 def operator() -> str:
@@ -337,6 +336,53 @@ class Store:
 
     def host_results(self, run_id: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM host_results WHERE run_id=? ORDER BY host", (run_id,)).fetchall()
+
+    # ---- what the reports read (report.py, prometheus.py) ---------------------------------------------------
+    def audits_between(self, since: str | None, until: str | None) -> list[sqlite3.Row]:
+        """Finished audit runs started between SINCE and UNTIL (either may be None), oldest first."""
+        return self.db.execute("SELECT * FROM runs WHERE kind='audit' AND status='done' AND (? IS NULL OR started_at >= ?)"
+                               " AND (? IS NULL OR started_at <= ?) ORDER BY id", (since, since, until, until)).fetchall()
+
+    def run_hosts(self, run_id: int) -> list[sqlite3.Row]:
+        """A run's host results in the order they were written."""
+        return self.db.execute("SELECT * FROM host_results WHERE run_id=?", (run_id,)).fetchall()
+
+    def host_findings(self, run_id: int, host: str) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM findings WHERE run_id=? AND host=? ORDER BY rowid", (run_id, host)).fetchall()
+
+    def latest_audits(self) -> list[sqlite3.Row]:
+        """Each host's row of its latest finished run that audited it (audit, plan, a campaign's planning audit)."""
+        return self.db.execute(
+            "WITH latest AS (SELECT h.host, MAX(h.run_id) AS run_id FROM host_results h JOIN runs r ON r.id = h.run_id"
+            " WHERE r.status = 'done' GROUP BY h.host)"
+            " SELECT h.host, h.run_id, h.reachable, h.facts, h.groups, r.started_at FROM latest l"
+            " JOIN host_results h ON h.run_id = l.run_id AND h.host = l.host JOIN runs r ON r.id = l.run_id"
+            " ORDER BY h.host").fetchall()
+
+    def latest_findings(self) -> dict[str, list[dict[str, Any]]]:
+        """Each host's findings of its latest finished run that audited it: host -> [{host, control, severity,
+        status}]."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for f in self.db.execute(
+                "WITH latest AS (SELECT h.host, MAX(h.run_id) AS run_id FROM host_results h"
+                " JOIN runs r ON r.id = h.run_id WHERE r.status = 'done' GROUP BY h.host)"
+                " SELECT f.host, f.control, f.severity, f.status FROM latest l"
+                " JOIN findings f ON f.run_id = l.run_id AND f.host = l.host ORDER BY f.host, f.rowid"):
+            out.setdefault(f["host"], []).append(dict(f))
+        return out
+
+    def latest_probes(self) -> list[sqlite3.Row]:
+        """Each host's result of its latest finished probe run."""
+        return self.db.execute(
+            "WITH latest AS (SELECT p.host, MAX(p.run_id) AS run_id FROM probe_results p JOIN runs r ON r.id = p.run_id"
+            " WHERE r.status = 'done' GROUP BY p.host)"
+            " SELECT p.host, p.result, p.health, r.started_at FROM latest l"
+            " JOIN probe_results p ON p.run_id = l.run_id AND p.host = l.host JOIN runs r ON r.id = l.run_id"
+            " ORDER BY p.host").fetchall()
+
+    def chain_last(self) -> sqlite3.Row | None:
+        """The tamper-evident chain's newest record (seq, at), or None."""
+        return self.db.execute("SELECT seq, at FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
 
 
 def open_store() -> Store:

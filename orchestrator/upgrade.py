@@ -9,10 +9,12 @@ from typing import Any, Callable
 
 from . import audit, baseline as baseline_mod, interrupts, inventory, notify, notify_events, plan, runs
 from .campaign import hooks, packages, progress, soak, steps, transitions
-from .campaign.engine import READ_ONLY_STEPS, Engine, accept_held, later, request_rollback
+from .campaign.engine import READ_ONLY_STEPS, Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
+from .campaign.options import CampaignOptions, HookOptions, IdleOptions, ProbeSettings
 from .errors import InputError, OperationError
 from .store import Store
+from .timefmt import parse as parse_time
 
 INTERRUPTIBLE = ("running", "soaking", "rolling_back")
 
@@ -71,19 +73,20 @@ def parse_soaks(text: str, flag: str = "--soak") -> tuple[float, ...]:
     return tuple(parse_duration(p, flag, allow_zero=True) for p in parts)
 
 
-def campaign_options(opts: UpgradeOptions) -> dict[str, Any]:
+def campaign_options(opts: UpgradeOptions) -> CampaignOptions:
     h = hooks.resolve(opts.drain_preset, opts.drain, opts.undrain, opts.hook_timeout_s)
     if opts.rollback_scope not in ROLLBACK_SCOPES:
         raise InputError(f"--rollback-scope {opts.rollback_scope!r}: choose campaign or wave")
     if opts.canary is not None and not opts.canary.strip():
         raise InputError("--canary: an empty command")
-    return {"forks": opts.forks, "soak_s": list(opts.soak_s), "soak_interval_s": opts.soak_interval_s,
-            "soak_grace_s": opts.soak_grace_s, "canary": opts.canary, "canary_max_failures": opts.canary_max_failures,
-            "rollback_scope": opts.rollback_scope,
-            "window_end": later(opts.window_s) if opts.window_s else None,
-            "hooks": {"drain": h.drain, "undrain": h.undrain, "timeout_s": h.timeout_s},
-            "idle": {"timeout_s": opts.idle_timeout_s, "poll_s": min(opts.idle_poll_s, max(1, opts.idle_timeout_s // 5))},
-            "probe": {"samples": opts.samples, "warmup_s": opts.warmup_s, "trial_s": opts.trial_s}}
+    return CampaignOptions(
+        forks=opts.forks, soak_s=list(opts.soak_s), soak_interval_s=opts.soak_interval_s,
+        soak_grace_s=opts.soak_grace_s, canary=opts.canary, canary_max_failures=opts.canary_max_failures,
+        rollback_scope=opts.rollback_scope,
+        window_end=later(opts.window_s) if opts.window_s else None,
+        hooks=HookOptions(drain=h.drain, undrain=h.undrain, timeout_s=h.timeout_s),
+        idle=IdleOptions(timeout_s=opts.idle_timeout_s, poll_s=min(opts.idle_poll_s, max(1, opts.idle_timeout_s // 5))),
+        probe=ProbeSettings(samples=opts.samples, warmup_s=opts.warmup_s, trial_s=opts.trial_s))
 
 
 def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline, ramp,
@@ -98,7 +101,7 @@ def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.B
     return made, entries
 
 
-def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: dict[str, Any],
+def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: CampaignOptions,
                  base: baseline_mod.Baseline) -> str:
     facts = {e["name"]: e["facts"] for e in entries}
     activation = {e["name"]: steps.activation(base.policy_for(list(e["groups"]))) for e in entries}
@@ -109,16 +112,16 @@ def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: d
         for h in w["hosts"]:
             before = packages.driver_versioned(facts[h["name"]]["driver"]["packages"], h["from_version"])
             lines.append(f"  {h['name']}: {h['from_version']} -> {made['target']}: drain"
-                         f" ({options['hooks']['drain'] or 'no hook'}), wait for idle GPUs, install "
+                         f" ({options.hooks.drain or 'no hook'}), wait for idle GPUs, install "
                          f"{packages.describe(packages.target_set(before, h['from_version'], made['target']))}"
                          f" (held; rollback to {packages.describe(before)}), "
                          f"{'module reload (reboot if in use)' if activation[h['name']] == 'reload' else 'reboot'},"
                          " verify, probe and gate, undrain")
         if w["index"] < len(made["waves"]):
-            length = soak.length(options, w["index"])
+            length = options.soak_length(w["index"])
             lines.append(f"  soak {length:g}s" + (
-                f", watched: a health check and the canary ({options['canary'] or 'the probe engine'}) every "
-                f"{options['soak_interval_s']:g}s, the throughput gate at its end" if length else " (not watched)"))
+                f", watched: a health check and the canary ({options.canary or 'the probe engine'}) every "
+                f"{options.soak_interval_s:g}s, the throughput gate at its end" if length else " (not watched)"))
     for h in made["skipped"] + made["excluded"]:
         lines.append(f"not in the campaign: {h['name']}: {h['reason']}")
     return "\n".join(lines) + "\n"
@@ -141,8 +144,8 @@ def listener_for(journal: Journal, cid: int, live: Live | None, notes=None):
 
 
 def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod.Baseline,
-          live: Live | None, notifier: notify.Notifier | None = None) -> str:
-    engine = Engine(journal, cid, fleet, base)
+          live: Live | None, notifier: notify.Notifier | None = None, parts: Parts | None = None) -> str:
+    engine = Engine(journal, journal.handle(cid), fleet, base, parts)
     notes = notify_events.CampaignNotes(notifier, journal, cid) if notifier else None
     listener, view = listener_for(journal, cid, live, notes)
     journal.listener = listener
@@ -296,7 +299,7 @@ def abort(store: Store, cid: int) -> str:
         raise InputError(f"campaign {cid} stopped with hosts mid-way: {', '.join(midway)}; "
                          f"resume it (fleetctl campaign resume {cid}) or roll it back after")
     journal.transition(cid, "abort_requested", reason="aborted by the operator",
-                       hosts={r["host"]: "not_started" for r in journal.hosts(cid) if r["state"] in READ_ONLY_STEPS})
+                       moves={"abandon": [r["host"] for r in journal.hosts(cid)]})
     return f"campaign {cid}: aborted\n"
 
 
@@ -313,8 +316,7 @@ def document(store: Store, cid: int) -> dict[str, Any]:
         for s in journal.steps(cid, r["host"]):
             seconds = None
             if s["finished_at"]:
-                seconds = round((datetime.fromisoformat(s["finished_at"].replace("Z", "+00:00"))
-                                 - datetime.fromisoformat(s["started_at"].replace("Z", "+00:00"))).total_seconds(), 3)
+                seconds = round((parse_time(s["finished_at"]) - parse_time(s["started_at"])).total_seconds(), 3)
             detail = json.loads(s["detail"]) if s["detail"] else None
             if detail and "probe" in detail:  # the samples stay in the history; the document keeps the verdict
                 detail = {k: v for k, v in detail.items() if k != "probe"}
@@ -342,7 +344,7 @@ def soak_document(journal: Journal, c) -> dict[str, Any]:
     records = journal.soak_records(c["id"])
     remaining = None
     if c["state"] == "soaking" and c["soak_until"]:
-        until = datetime.fromisoformat(c["soak_until"].replace("Z", "+00:00"))
+        until = parse_time(c["soak_until"])
         remaining = round(max(0.0, (until - datetime.now(until.tzinfo)).total_seconds()), 1)
     hosts: dict[str, dict[str, Any]] = {}
     for r in records:
@@ -371,7 +373,7 @@ def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
             t["batch_s"] += e["batch_s"]
             t["ansible_s"] += e["ansible_s"]
             t["batches"] += 1
-    stamp = lambda e: datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()  # noqa: E731
+    stamp = lambda e: parse_time(e["at"]).timestamp()  # noqa: E731
     soak, soak_from = 0.0, None
     for e in events:
         if e["event"] == "wave_passed":
@@ -389,7 +391,7 @@ def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
             "steps": {k: {n: round(v, 3) for n, v in t.items()} for k, t in steps.items()}}
 
 
-HOOK_STEPS = ("drain", "undrain", "release", "rollback_drain", "rollback_undrain")
+HOOK_STEPS = transitions.HOOK_STEPS
 
 
 def summary_text(journal: Journal, cid: int) -> str:

@@ -5,39 +5,65 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Callable, Mapping
 
 from .. import baseline as baseline_mod, inventory, runner
 from ..errors import OperationError
 from ..store import now
+from ..timefmt import parse as parse_time, stamp
 from . import soak, steps, transitions
 from .journal import Journal
+from .options import Campaign
 
 
-READ_ONLY_STEPS = ("precheck", "probe_before")
+READ_ONLY_STEPS = transitions.READ_ONLY_STEPS
 
 
-def parse_time(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+def later(seconds: float, start: datetime | None = None) -> str:
+    return stamp((start or datetime.now(timezone.utc)) + timedelta(seconds=seconds))
 
 
-def later(seconds: float) -> str:
-    return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).isoformat(timespec="milliseconds") \
-        .replace("+00:00", "Z")
+class Clock:
+    """The time the engine reads and waits on."""
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+Runner = Callable[[steps.Context, list[str]], dict[str, steps.Outcome]]
+Observe = Callable[[steps.Context, list[str], bool], dict[str, soak.Observation]]
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What the engine works with besides the journal: the step runners (step -> runner, steps.STEPS), the soak's
+    observation, the clock and the counter of seconds spent inside ansible-playbook. Tests give their own."""
+    steps: Mapping[str, Runner] = field(default_factory=lambda: steps.STEPS)
+    observe: Observe = soak.observe
+    clock: Clock = field(default_factory=Clock)
+    playbook_time: runner.Seconds = runner.PLAYBOOK_TIME
 
 
 class Engine:
-    def __init__(self, journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod.Baseline):
-        self.journal, self.cid = journal, cid
-        row = journal.campaign(cid)
-        self.options: dict[str, Any] = json.loads(row["options"])
-        self.plan: dict[str, Any] = json.loads(row["plan"])
-        missing = sorted({h["host"] for h in journal.hosts(cid)} - {h.name for h in fleet.hosts})
+    def __init__(self, journal: Journal, campaign: Campaign, fleet: inventory.Fleet, base: baseline_mod.Baseline,
+                 parts: Parts | None = None):
+        self.journal, self.campaign, self.cid = journal, campaign, campaign.id
+        self.parts = parts or Parts()
+        self.clock = self.parts.clock
+        self.options, self.plan = campaign.options, campaign.plan
+        missing = sorted({h["host"] for h in journal.hosts(self.cid)} - {h.name for h in fleet.hosts})
         if missing:
-            raise OperationError(f"campaign {cid}: host {missing[0]} is not in the inventory any more "
+            raise OperationError(f"campaign {self.cid}: host {missing[0]} is not in the inventory any more "
                                  f"(give the inventory the campaign was started with)")
-        self.ctx = steps.Context(journal, cid, row["target"], fleet, base, self.options)
+        self.ctx = steps.Context(journal, self.cid, campaign.target, fleet, base, self.options)
 
     # ---- the campaign table ------------------------------------------------------------------------------
     def run(self) -> str:
@@ -65,7 +91,7 @@ class Engine:
             return
         if untouched and self.window_closed():
             self.journal.transition(self.cid, "window_closed", wave=wave,
-                                    reason=f"the maintenance window closed at {self.options['window_end']} "
+                                    reason=f"the maintenance window closed at {self.options.window_end} "
                                            f"before wave {wave}")
             return
         self.advance(members)
@@ -73,20 +99,18 @@ class Engine:
         failed = [h for h, r in rows.items() if r["state"] in transitions.FAILED]
         budget = self.plan["waves"][wave - 1]["budget"]
         if failed and len(failed) >= budget["fail_at"]:
-            scope = [r for r in self.journal.hosts(self.cid)
-                     if self.options["rollback_scope"] == "campaign" or r["wave"] == wave]
-            moves = {r["host"]: transitions.ROLLBACK_START for r in scope
-                     if r["changed"] and r["state"] not in ("rolled_back", "rollback_failed")}
-            moves.update({r["host"]: "not_started" for r in self.journal.hosts(self.cid) if r["wave"] > wave})
+            everyone = self.journal.hosts(self.cid)
+            moves = {"roll_back": [r["host"] for r in everyone
+                                   if self.options.rollback_scope == "campaign" or r["wave"] == wave],
+                     "cancel": [r["host"] for r in everyone if r["wave"] > wave]}
             reasons = "; ".join(f"{h}: {rows[h]['reason']}" for h in failed)
-            self.journal.transition(self.cid, "wave_failed", hosts=moves, wave=wave,
+            self.journal.transition(self.cid, "wave_failed", moves=moves, wave=wave,
                                     reason=f"wave {wave} failed ({len(failed)} of {len(rows)} hosts, "
                                            f"{budget['rule']}): {reasons}")
             return
         lone = [h for h in failed if rows[h]["state"] == "failed" and rows[h]["changed"]]
         if lone:  # within budget: only the failed hosts go back, the campaign goes on
-            self.journal.set_hosts(self.cid, lone, transitions.ROLLBACK_START, "host_rollback",
-                                   reason="failed within the wave's budget")
+            self.journal.move(self.cid, "host_rollback", "roll_back", lone, reason="failed within the wave's budget")
             self.advance(lone)
             return self.run_wave(self.journal.campaign(self.cid))
         held = [h for h, r in rows.items() if r["state"] == "held"]
@@ -98,16 +122,16 @@ class Engine:
             self.journal.transition(self.cid, "last_wave_passed", wave=wave, summary=self.tally())
         else:
             self.journal.transition(self.cid, "wave_passed", wave=wave + 1,
-                                    soak_until=later(soak.length(self.options, wave)), failed=failed)
+                                    soak_until=self.later(self.options.soak_length(wave)), failed=failed)
 
     def soak(self, c) -> None:
         """Wait out the soak after wave GAP while watching the changed hosts (campaign/soak.py): a check every
         soak interval, the gate at the end; a failure acts like a gate failure against the host's wave's budget.
         Everything is read back from the journal each round, so a resume continues with the time left."""
         gap = c["wave"] - 1
-        deadline = parse_time(c["soak_until"]) if c["soak_until"] else datetime.now(timezone.utc)
-        watching = soak.length(self.options, gap) > 0  # --soak 0: no soak, nothing watched
-        interval = float(self.options.get("soak_interval_s", soak.DEFAULT_INTERVAL_S))
+        deadline = parse_time(c["soak_until"]) if c["soak_until"] else self.clock.now()
+        watching = self.options.soak_length(gap) > 0  # --soak 0: no soak, nothing watched
+        interval = float(self.options.soak_interval_s)
         while True:
             failures = soak.failing(self.journal, self.cid) if watching else {}
             if failures:
@@ -118,26 +142,26 @@ class Engine:
                 self.journal.transition(self.cid, "abort_requested", reason="aborted by the operator")
                 return
             hosts = soak.watched(self.journal, self.cid) if watching else []
-            now_ = datetime.now(timezone.utc)
+            now_ = self.clock.now()
             if now_ >= deadline:
                 gated = {r["host"] for r in self.journal.soak_records(self.cid, gap=gap, kind="gate")}
                 todo = [h for h in hosts if h not in gated]
                 if not todo:
                     break
                 self.load_befores()
-                self.journal.record_soak(self.cid, gap, "gate", soak.observe(self.ctx, todo, final=True))
+                self.journal.record_soak(self.cid, gap, "gate", self.parts.observe(self.ctx, todo, True))
                 continue
             checks = self.journal.soak_records(self.cid, gap=gap, kind="check")
             due = parse_time(checks[-1]["at"]) + timedelta(seconds=interval) if checks else now_
             if hosts and now_ >= due:
                 self.load_befores()
-                self.journal.record_soak(self.cid, gap, "check", soak.observe(self.ctx, hosts, final=False))
+                self.journal.record_soak(self.cid, gap, "check", self.parts.observe(self.ctx, hosts, False))
                 continue
             wake = min(deadline, due) if hosts else deadline  # nothing to watch: only the clock
-            time.sleep(min(1.0, max(0.05, (wake - now_).total_seconds())))
+            self.clock.sleep(min(1.0, max(0.05, (wake - now_).total_seconds())))
         if self.window_closed():
             self.journal.transition(self.cid, "window_closed",
-                                    reason=f"the maintenance window closed at {self.options['window_end']} "
+                                    reason=f"the maintenance window closed at {self.options.window_end} "
                                            f"before wave {c['wave']}")
         else:
             self.journal.transition(self.cid, "soaked", wave=c["wave"])
@@ -158,23 +182,25 @@ class Engine:
         text = "; ".join(f"{h}: {r}" for h, r in sorted(failures.items()))
         if over:
             failed_waves = {int(w.split()[1]) for w in over}
-            moves = {r["host"]: transitions.ROLLBACK_START for r in rows
-                     if (self.options["rollback_scope"] == "campaign" or r["wave"] in failed_waves)
-                     and r["changed"] and r["state"] not in ("rolled_back", "rollback_failed")}
-            moves.update({r["host"]: "not_started" for r in rows if r["wave"] >= c["wave"]})
-            self.journal.transition(self.cid, "soak_failed", hosts=moves, host_reasons=reasons, wave=c["wave"] - 1,
+            moves = {"roll_back": [r["host"] for r in rows
+                                   if self.options.rollback_scope == "campaign" or r["wave"] in failed_waves],
+                     "cancel": [r["host"] for r in rows if r["wave"] >= c["wave"]]}
+            self.journal.transition(self.cid, "soak_failed", moves=moves, host_reasons=reasons, wave=c["wave"] - 1,
                                     reason=f"the soak after wave {c['wave'] - 1} failed, over the budget of "
                                            f"{', '.join(over)}: {text}")
             return True
-        self.journal.transition(self.cid, "soak_host_failed", hosts={h: transitions.ROLLBACK_START for h in failures},
+        self.journal.transition(self.cid, "soak_host_failed", moves={"roll_back": list(failures)},
                                 host_reasons=reasons, soak_until=c["soak_until"],
                                 reason=f"failed during the soak, within the wave's budget: {text}")
         self.advance(sorted(failures))
         return False
 
     def window_closed(self) -> bool:
-        end = self.options.get("window_end")
-        return bool(end) and datetime.now(timezone.utc) >= parse_time(end)
+        end = self.options.window_end
+        return bool(end) and self.clock.now() >= parse_time(end)
+
+    def later(self, seconds: float) -> str:
+        return later(seconds, self.clock.now())
 
     # ---- the host table ----------------------------------------------------------------------------------
     def advance(self, names: list[str]) -> None:
@@ -191,10 +217,10 @@ class Engine:
             step = transitions.HOST_ROWS[state].step
             self.load_befores()
             self.journal.begin_step(self.cid, batch, step)
-            started, in_ansible = time.monotonic(), runner.PLAYBOOK_SECONDS[0]
-            results = steps.STEPS[step](self.ctx, batch)
-            timing = {"batch_s": round(time.monotonic() - started, 3),
-                      "ansible_s": round(runner.PLAYBOOK_SECONDS[0] - in_ansible, 3)}
+            started, in_ansible = self.clock.monotonic(), self.parts.playbook_time.total
+            results = self.parts.steps[step](self.ctx, batch)
+            timing = {"batch_s": round(self.clock.monotonic() - started, 3),
+                      "ansible_s": round(self.parts.playbook_time.total - in_ansible, 3)}
             for host in batch:
                 o = results[host]
                 self.journal.finish_step(self.cid, host, step, o.outcome, o.reason, o.detail, o.before)
@@ -213,14 +239,11 @@ class Engine:
 
 def request_rollback(journal: Journal, cid: int, reason: str) -> None:
     """fleetctl rollback: every host the campaign changed goes back (its locks are taken again first)."""
-    rows = journal.hosts(cid)
-    moves = {r["host"]: transitions.ROLLBACK_START for r in rows
-             if r["changed"] and r["state"] not in ("rolled_back", "rollback_failed")}
-    journal.transition(cid, "rollback_requested", reason=reason, hosts=moves, lock=sorted(moves))
+    journal.transition(cid, "rollback_requested", reason=reason, lock=True,
+                       moves={"roll_back": [r["host"] for r in journal.hosts(cid)]})
 
 
 def accept_held(journal: Journal, cid: int) -> None:
     """fleetctl campaign resume of a halted campaign: the operator accepts held hosts (they are undrained)."""
     held = [r["host"] for r in journal.hosts(cid) if r["state"] == "held"]
-    journal.transition(cid, "resumed", reason=None, hosts={h: "undrain" for h in held},
-                       accepted=held, at=now())
+    journal.transition(cid, "resumed", reason=None, moves={"accept": held}, accepted=held, at=now())

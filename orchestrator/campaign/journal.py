@@ -21,6 +21,7 @@ from ..errors import OperationError
 from .. import chain
 from ..store import Store, now, operator
 from . import transitions
+from .options import Campaign, CampaignOptions
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS campaigns (
@@ -114,10 +115,11 @@ def this_process() -> dict[str, Any]:
 
 
 class Journal:
-    def __init__(self, store: Store, listener=None):
+    def __init__(self, store: Store, listener=None, create: bool = True):
+        """CREATE: the campaign tables, where the history may be written and lacks them (a report: no)."""
         self.store = store
         self.db = store.db
-        if not getattr(store, "readonly", False):
+        if create and not getattr(store, "readonly", False):
             self.db.executescript(SCHEMA)
         self.empty = not self.db.execute("SELECT 1 FROM sqlite_master WHERE name='campaigns'").fetchone()
         self.listener = listener  # called with every event (progress display, JSONL log)
@@ -148,7 +150,7 @@ class Journal:
                 self.listener(record)
 
     # ---- campaigns -------------------------------------------------------------------------------------
-    def create(self, run_id: int, plan: dict[str, Any], options: dict[str, Any]) -> tuple[int, list[str]]:
+    def create(self, run_id: int, plan: dict[str, Any], options: CampaignOptions) -> tuple[int, list[str]]:
         """A new campaign with every planned host pending, and the host locks; hosts locked by another
         campaign are left out of it (returned)."""
         self._pending = []
@@ -157,7 +159,7 @@ class Journal:
             cur = db.execute(
                 "INSERT INTO campaigns (run_id, target, state, wave, options, plan, driver, created_at, updated_at)"
                 " VALUES (?, ?, 'running', 1, ?, ?, ?, ?, ?)",
-                (run_id, plan["target"], json.dumps(options, sort_keys=True), json.dumps(plan, sort_keys=True),
+                (run_id, plan["target"], json.dumps(options.as_dict(), sort_keys=True), json.dumps(plan, sort_keys=True),
                  json.dumps(this_process()), stamp, stamp))
             cid = cur.lastrowid
             locked = []
@@ -186,6 +188,10 @@ class Journal:
             raise LookupError(cid)
         return row
 
+    def handle(self, cid: int) -> Campaign:
+        """Campaign CID, typed: its target, options and plan."""
+        return Campaign.of(self.campaign(cid))
+
     def campaigns(self) -> list[sqlite3.Row]:
         return [] if self.empty else self.db.execute("SELECT * FROM campaigns ORDER BY id").fetchall()
 
@@ -199,18 +205,20 @@ class Journal:
             db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(this_process()), cid))
 
     def transition(self, cid: int, event: str, reason: str | None = None, wave: int | None = None,
-                   soak_until: str | None = None, hosts: dict[str, str] | None = None,
-                   lock: list[str] | None = None, host_reasons: dict[str, str] | None = None, **data: Any) -> str:
+                   soak_until: str | None = None, moves: dict[str, list[str]] | None = None,
+                   lock: bool = False, host_reasons: dict[str, str] | None = None, **data: Any) -> str:
         """Campaign-level transition per transitions.CAMPAIGN_TABLE, committed with its event, the next wave or
-        soak deadline and any host moves it implies (HOSTS: name -> state; HOST_REASONS: why), all in one
-        transaction."""
+        soak deadline and the host moves the event makes (MOVES: a transitions.MOVES name -> the hosts named, of
+        which the move's row picks those it concerns; HOST_REASONS: why), all in one transaction. LOCK: the moved
+        hosts' locks are taken again first (a manual rollback)."""
         with self.tx() as db:
             state = db.execute("SELECT state FROM campaigns WHERE id=?", (cid,)).fetchone()[0]
             new = transitions.campaign_next(state, event)
-            self._lock(db, cid, lock or [])
+            hosts = self._moved(db, cid, event, moves or {})
+            self._lock(db, cid, sorted(hosts) if lock else [])
             db.execute("UPDATE campaigns SET state=?, reason=COALESCE(?, reason), wave=COALESCE(?, wave),"
                        " soak_until=?, updated_at=? WHERE id=?", (new, reason, wave, soak_until, now(), cid))
-            for host, host_state in (hosts or {}).items():
+            for host, host_state in hosts.items():
                 db.execute("UPDATE campaign_hosts SET state=?, reason=COALESCE(?, reason), updated_at=?"
                            " WHERE campaign_id=? AND host=?",
                            (host_state, (host_reasons or {}).get(host), now(), cid, host))
@@ -222,6 +230,19 @@ class Journal:
                         hosts=hosts or None, **data)
         self._flush()
         return new
+
+    @staticmethod
+    def _moved(db: sqlite3.Connection, cid: int, event: str, moves: dict[str, list[str]]) -> dict[str, str]:
+        """Host name -> new state for the moves EVENT makes (transitions.EVENT_MOVES), read off transitions.MOVES
+        against the hosts' rows now."""
+        out: dict[str, str] = {}
+        for _, move, named in transitions.moves_for(event, moves):
+            for host in named:
+                row = db.execute("SELECT state, changed FROM campaign_hosts WHERE campaign_id=? AND host=?",
+                                 (cid, host)).fetchone()
+                if row is not None and move.concerns(row[0], bool(row[1])):
+                    out[host] = move.to
+        return out
 
     @staticmethod
     def _lock(db: sqlite3.Connection, cid: int, hosts: list[str]) -> None:
@@ -284,7 +305,7 @@ class Journal:
                                (cid, host, step))
                 else:
                     raise RuntimeError(f"{host}: step {step} already finished ({row[0]}); it is never run twice")
-                if step in transitions.CHANGES_HOST:
+                if transitions.HOST_ROWS[state].changes_host:
                     db.execute("UPDATE campaign_hosts SET changed=1 WHERE campaign_id=? AND host=?", (cid, host))
                 self._event(db, cid, "step_started", host, step=step, resumed=row is not None)
         self._flush()
@@ -323,12 +344,13 @@ class Journal:
         """Hand the listener what note_later() left."""
         self._flush()
 
-    def set_hosts(self, cid: int, hosts: list[str], state: str, event: str, reason: str | None = None) -> None:
-        """Move HOSTS to STATE outside the host table (start of a rollback, wave cancelled, operator accepted)."""
+    def move(self, cid: int, event: str, move: str, hosts: list[str], reason: str | None = None) -> None:
+        """A host event that moves HOSTS outside the host table (transitions.EVENT_MOVES, e.g. a host's own
+        rollback within its wave's budget) and leaves the campaign's state as it is: one event per host moved."""
         if not hosts:
             return
         with self.tx() as db:
-            for host in hosts:
+            for host, state in self._moved(db, cid, event, {move: hosts}).items():
                 db.execute("UPDATE campaign_hosts SET state=?, updated_at=? WHERE campaign_id=? AND host=?",
                            (state, now(), cid, host))
                 self._event(db, cid, event, host, state=state, reason=reason)
@@ -376,6 +398,41 @@ class Journal:
         return [{"campaign": cid, "seq": r["seq"], "at": r["at"], "event": r["event"], "host": r["host"],
                  **json.loads(r["data"])}
                 for r in self.db.execute("SELECT * FROM campaign_events WHERE campaign_id=? ORDER BY seq", (cid,))]
+
+    # ---- what the reports read (report.py, prometheus.py): [] from a history without the tables -------------
+    def latest_host_states(self) -> list[sqlite3.Row]:
+        """Each host's state in its latest campaign, with that campaign's id, target and state."""
+        try:
+            return self.db.execute(
+                "WITH latest AS (SELECT host, MAX(campaign_id) AS campaign_id FROM campaign_hosts GROUP BY host)"
+                " SELECT h.host, h.state, c.id, c.target, c.state AS campaign_state FROM latest l"
+                " JOIN campaign_hosts h ON h.campaign_id = l.campaign_id AND h.host = l.host"
+                " JOIN campaigns c ON c.id = l.campaign_id ORDER BY c.id, h.host").fetchall()
+        except sqlite3.OperationalError:  # a history that never ran a campaign has no campaign tables
+            return []
+
+    def soak_states(self, ids: list[int]) -> list[sqlite3.Row]:
+        """(id, state, soak_until) of campaigns IDS."""
+        return [self.db.execute("SELECT id, state, soak_until FROM campaigns WHERE id=?", (cid,)).fetchone()
+                for cid in ids]
+
+    def latest_soak_hosts(self) -> list[sqlite3.Row]:
+        """Per campaign and host: the latest soak observation and the failed canary runs."""
+        try:
+            return self.db.execute(
+                "SELECT s.campaign_id, s.host, s.kind, s.status, (SELECT SUM(json_extract(detail, '$.canary.ok') = 0)"
+                " FROM campaign_soak c WHERE c.campaign_id = s.campaign_id AND c.host = s.host) AS canary_failed"
+                " FROM campaign_soak s WHERE s.id = (SELECT MAX(id) FROM campaign_soak m"
+                " WHERE m.campaign_id = s.campaign_id AND m.host = s.host) ORDER BY s.campaign_id, s.host").fetchall()
+        except sqlite3.OperationalError:  # a history from before the watched soak, or without campaigns
+            return []
+
+    def campaigns_between(self, since: str | None, until: str | None) -> list[sqlite3.Row]:
+        """Campaigns created between SINCE and UNTIL (either may be None), with their run's operator and control
+        node; raises on a history without campaign tables."""
+        return self.db.execute("SELECT c.*, r.operator, r.control_node FROM campaigns c JOIN runs r ON r.id = c.run_id"
+                               " WHERE (? IS NULL OR c.created_at >= ?) AND (? IS NULL OR c.created_at <= ?)"
+                               " ORDER BY c.id", (since, since, until, until)).fetchall()
 
     def locks(self) -> dict[str, int]:
         return {r["host"]: r["campaign_id"] for r in self.db.execute("SELECT * FROM host_locks")}

@@ -24,12 +24,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .. import gate, probe
+from ..timefmt import parse
 from .journal import Journal
+from .options import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, soak_length  # noqa: F401 (soak.DEFAULT_*)
 from .steps import Context
 
 DEFAULT_SOAK = "2h,30m"  # the canary soaks for hours, later waves less: see the README
-DEFAULT_INTERVAL_S = 60.0
-DEFAULT_GRACE_S = 300.0
 GATE_STEPS = ("probe_again", "probe_after")  # the gate probe a changed host passed last, newest first
 
 
@@ -41,11 +41,8 @@ class Observation:
 
 
 def length(options: dict[str, Any], gap: int) -> float:
-    """The soak after wave GAP: one length per gap between waves, the last repeated (a number: every gap)."""
-    soak = options.get("soak_s", 0)
-    if isinstance(soak, list):
-        return float(soak[min(gap, len(soak)) - 1]) if soak else 0.0
-    return float(soak)
+    """The soak after wave GAP of recorded OPTIONS (a dict; CampaignOptions.soak_length for the typed ones)."""
+    return soak_length(options.get("soak_s", 0), gap)
 
 
 def watched(journal: Journal, cid: int) -> list[str]:
@@ -81,19 +78,19 @@ def marker(ctx: Context, host: str, ref: dict[str, Any]) -> dict[str, Any] | Non
 
 
 def _probe_options(ctx: Context, canary: bool) -> probe.ProbeOptions:
-    o, command = ctx.options["probe"], ctx.options.get("canary") if canary else None
+    o, command = ctx.options.probe, ctx.options.canary if canary else None
     return probe.ProbeOptions(throughput=True, engine="command" if command else None, command=command,
-                              samples=o["samples"], warmup_s=o["warmup_s"], trial_s=o["trial_s"],
-                              forks=ctx.options.get("forks"), preflight=False)
+                              samples=o.samples, warmup_s=o.warmup_s, trial_s=o.trial_s,
+                              forks=ctx.options.forks, preflight=False)
 
 
 def _since(stamp: str) -> float:
-    return (datetime.now(timezone.utc) - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
+    return (datetime.now(timezone.utc) - parse(stamp)).total_seconds()
 
 
 def _unreachable(ctx: Context, host: str, error: str | None) -> Observation:
     """Unreachable now: a failure once the streak of unreachable observations is older than the grace."""
-    grace = float(ctx.options.get("soak_grace_s", DEFAULT_GRACE_S))
+    grace = float(ctx.options.soak_grace_s)
     streak = None
     for record in reversed(ctx.journal.soak_records(ctx.campaign, host)):
         if record["status"] != "unreachable":
@@ -159,7 +156,7 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
             if not run["ok"]:
                 failed = 1 + sum(1 for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")
                                  if not r["detail"].get("canary", {}).get("ok", True))
-                limit = int(ctx.options.get("canary_max_failures", 0))
+                limit = int(ctx.options.canary_max_failures)
                 line = f"canary run failed ({failed} failed run(s), at most {limit} allowed): {run['error']}"
                 (fails if failed > limit else notes).append(line)
         detail["seen"] = fails + notes

@@ -8,9 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import audit, baseline as baseline_mod, gate, inventory, plan, policy, probe, runner
+<<<<<<< HEAD
 from .. import controls
 from . import hooks, packages
+=======
+from . import hooks, packages, transitions
+>>>>>>> r22-campaign
 from .journal import Journal
+from .options import CampaignOptions
 
 
 FABRIC_WAIT_S, FABRIC_POLL_S = 120.0, 10.0  # verify waits this long for the fabric manager to register the GPUs
@@ -36,13 +41,13 @@ class Context:
     target: str
     fleet: inventory.Fleet
     base: baseline_mod.Baseline
-    options: dict[str, Any]
+    options: CampaignOptions
     befores: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> recorded "before"
 
     def probe_options(self, throughput: bool) -> probe.ProbeOptions:
-        o = self.options["probe"]
-        return probe.ProbeOptions(throughput=throughput, samples=o["samples"], warmup_s=o["warmup_s"],
-                                  trial_s=o["trial_s"], forks=self.options.get("forks"), preflight=False)
+        o = self.options.probe
+        return probe.ProbeOptions(throughput=throughput, samples=o.samples, warmup_s=o.warmup_s,
+                                  trial_s=o.trial_s, forks=self.options.forks, preflight=False)
 
     def policy(self, host: str) -> dict[str, Any]:
         return self.base.policy_for(list(self.fleet.host(host).groups))
@@ -66,12 +71,12 @@ def unreachable_or_failed(outcome: runner.HostOutcome) -> Outcome | None:
 
 def playbook(ctx: Context, name: str, hosts: list[str], extravars: dict[str, Any],
              check_ssh: bool = True) -> dict[str, runner.HostOutcome]:
-    return runner.run_on_fleet(name, ctx.fleet.only(hosts), extravars, ctx.options.get("forks"), check_ssh)
+    return runner.run_on_fleet(name, ctx.fleet.only(hosts), extravars, ctx.options.forks, check_ssh)
 
 
 def facts_of(ctx: Context, hosts: list[str]) -> dict[str, dict[str, Any]]:
     """Audit-style host entries (facts, findings) collected with the audit's playbook."""
-    return {e["name"]: e for e in audit.collect(ctx.fleet.only(hosts), ctx.base, ctx.options.get("forks"))}
+    return {e["name"]: e for e in audit.collect(ctx.fleet.only(hosts), ctx.base, ctx.options.forks)}
 
 
 # ---- the upgrade ---------------------------------------------------------------------------------------
@@ -151,30 +156,30 @@ def probe_after(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
 
 def _hook(ctx: Context, hosts: list[str], template: str | None) -> dict[str, Outcome]:
     nodes = {h: str(ctx.fleet.host(h).vars.get("fleetctl_node_name", h)) for h in hosts}
-    results = hooks.run(template, nodes, ctx.campaign, ctx.options["hooks"]["timeout_s"])
+    results = hooks.run(template, nodes, ctx.campaign, ctx.options.hooks.timeout_s)
     return {h: Outcome("ok" if r["ok"] else "fail", r["reason"], r["detail"]) for h, r in results.items()}
 
 
 def drain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    return _hook(ctx, hosts, ctx.options["hooks"]["drain"])
+    return _hook(ctx, hosts, ctx.options.hooks.drain)
 
 
 def undrain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    return _hook(ctx, hosts, ctx.options["hooks"]["undrain"])
+    return _hook(ctx, hosts, ctx.options.hooks.undrain)
 
 
 def wait_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     """No process may hold a GPU before the driver is touched: wait, then fail the host cleanly."""
-    idle = ctx.options["idle"]
-    outcomes = playbook(ctx, "gpu_idle.yml", hosts, {"fleetctl_idle_timeout_s": idle["timeout_s"],
-                                                     "fleetctl_idle_poll_s": idle["poll_s"]})
+    idle = ctx.options.idle
+    outcomes = playbook(ctx, "gpu_idle.yml", hosts, {"fleetctl_idle_timeout_s": idle.timeout_s,
+                                                     "fleetctl_idle_poll_s": idle.poll_s})
     out = {}
     for name, o in outcomes.items():
         if o.status == "failed":
             users = (o.results.get("fleetctl.gpu.gpu_users") or {}).get("users") or []
             if users:
                 shown = ", ".join(f"{u['name']} (pid {u['pid']})" for u in users[:5])
-                out[name] = Outcome("fail", f"the driver is in use after {idle['timeout_s']}s: {shown}",
+                out[name] = Outcome("fail", f"the driver is in use after {idle.timeout_s}s: {shown}",
                                     {"users": users})
                 continue
         out[name] = unreachable_or_failed(o) or Outcome("ok", None, {"users": []})
@@ -389,11 +394,6 @@ def rollback_probe(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     return _gate(ctx, hosts, "probe_before")
 
 
+# Each step's runner, as the host table names it (transitions.HOST_TABLE: the step's whole row).
 STEPS: dict[str, Callable[[Context, list[str]], dict[str, Outcome]]] = {
-    "precheck": precheck, "probe_before": probe_before, "drain": drain, "wait_idle": wait_idle,
-    "install": install, "activate": activate, "verify": verify, "probe_after": probe_after,
-    "probe_again": probe_after, "undrain": undrain, "release": undrain,
-    "rollback_drain": drain, "rollback_wait_idle": wait_idle, "rollback_install": rollback_install,
-    "rollback_activate": rollback_activate, "rollback_verify": rollback_verify, "rollback_probe": rollback_probe,
-    "rollback_undrain": undrain,
-}
+    row.step: globals()[row.runner] for row in transitions.HOST_TABLE}

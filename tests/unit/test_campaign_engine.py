@@ -12,8 +12,9 @@ import pytest
 
 from orchestrator import baseline as baseline_mod, inventory
 from orchestrator.campaign import engine as engine_mod, journal as journal_mod, steps, transitions
-from orchestrator.campaign.engine import Engine
+from orchestrator.campaign.engine import Engine, Parts
 from orchestrator.campaign.journal import Journal
+from orchestrator.campaign.options import CampaignOptions
 from orchestrator.errors import OperationError
 from orchestrator.store import Store
 
@@ -110,23 +111,31 @@ class Script:
         return run
 
 
-def start(store, monkeypatch, script, *waves, fail_at=None, **options):
-    monkeypatch.setattr(steps, "STEPS", script)
+def start(store, script, *waves, fail_at=None, observe=None, **options):
+    """A campaign over WAVES driven by an engine given SCRIPT as its steps (and OBSERVE as its soak checks)."""
     names = [h for w in waves for h in w]
     fleet = inventory.Fleet("test", tuple(inventory.Host(n, ("all",)) for n in names), frozenset({"all"}), {})
     journal = Journal(store)
     run_id, _ = store.begin_run("campaign", [], "test", None, None)
-    cid, locked = journal.create(run_id, plan_of(*waves, fail_at=fail_at), dict(OPTIONS, **options))
-    return journal, cid, Engine(journal, cid, fleet, baseline_mod.load(None))
+    cid, locked = journal.create(run_id, plan_of(*waves, fail_at=fail_at), options_of(**options))
+    return journal, cid, Engine(journal, journal.handle(cid), fleet, baseline_mod.load(None), parts(script, observe))
+
+
+def options_of(**options) -> CampaignOptions:
+    return CampaignOptions.from_dict(dict(OPTIONS, **options))
+
+
+def parts(script, observe=None) -> Parts:
+    return Parts(steps=script, observe=observe) if observe else Parts(steps=script)
 
 
 def states(journal, cid):
     return {r["host"]: r["state"] for r in journal.hosts(cid)}
 
 
-def test_waves_in_order_batched_per_step(store, monkeypatch):
+def test_waves_in_order_batched_per_step(store):
     script = Script()
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c"])
+    journal, cid, engine = start(store, script, ["a"], ["b", "c"])
     assert engine.run() == "done"
     assert script.calls[:len(UPGRADE)] == [(s, ("a",)) for s in UPGRADE]
     assert script.calls[len(UPGRADE):] == [(s, ("b", "c")) for s in UPGRADE]
@@ -134,49 +143,49 @@ def test_waves_in_order_batched_per_step(store, monkeypatch):
     assert journal.locks() == {}  # released at the end
 
 
-def test_a_failed_canary_rolls_back_only_changed_hosts_and_cancels_the_rest(store, monkeypatch):
+def test_a_failed_canary_rolls_back_only_changed_hosts_and_cancels_the_rest(store):
     script = Script({("a", "probe_after"): "fail"})
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"])
+    journal, cid, engine = start(store, script, ["a"], ["b"])
     assert engine.run() == "rolled_back"
     assert states(journal, cid) == {"a": "rolled_back", "b": "not_started"}
     assert [c for c in script.calls if c[1] == ("b",)] == []
     assert "wave 1 failed" in journal.campaign(cid)["reason"]
 
 
-def test_failures_below_the_budget_roll_back_that_host_only(store, monkeypatch):
+def test_failures_below_the_budget_roll_back_that_host_only(store):
     script = Script({("c", "verify"): "fail"})
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c", "d"], fail_at=[1, 2])
+    journal, cid, engine = start(store, script, ["a"], ["b", "c", "d"], fail_at=[1, 2])
     assert engine.run() == "done"
     assert states(journal, cid) == {"a": "done", "b": "done", "c": "rolled_back", "d": "done"}
     assert engine_mod.transitions.CAMPAIGN_EXIT["done"] == 0
 
 
-def test_failures_at_the_budget_fail_the_wave_and_roll_back_the_campaign(store, monkeypatch):
+def test_failures_at_the_budget_fail_the_wave_and_roll_back_the_campaign(store):
     script = Script({("c", "verify"): "fail", ("d", "install"): "fail"})
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c", "d"], ["e"], fail_at=[1, 2, 2])
+    journal, cid, engine = start(store, script, ["a"], ["b", "c", "d"], ["e"], fail_at=[1, 2, 2])
     assert engine.run() == "rolled_back"
     assert states(journal, cid) == {"a": "rolled_back", "b": "rolled_back", "c": "rolled_back", "d": "rolled_back",
                                     "e": "not_started"}
 
 
-def test_wave_scope_rolls_back_the_failed_wave_only(store, monkeypatch):
+def test_wave_scope_rolls_back_the_failed_wave_only(store):
     script = Script({("b", "probe_after"): "fail"})
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"], fail_at=[1, 1], rollback_scope="wave")
+    journal, cid, engine = start(store, script, ["a"], ["b"], fail_at=[1, 1], rollback_scope="wave")
     assert engine.run() == "rolled_back"
     assert states(journal, cid) == {"a": "done", "b": "rolled_back"}
 
 
-def test_a_host_failing_before_the_driver_is_touched_is_not_rolled_back(store, monkeypatch):
+def test_a_host_failing_before_the_driver_is_touched_is_not_rolled_back(store):
     script = Script({("a", "wait_idle"): "fail"})
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"])
+    journal, cid, engine = start(store, script, ["a"], ["b"])
     assert engine.run() == "rolled_back"
     assert states(journal, cid) == {"a": "failed", "b": "not_started"}
     assert ("release", ("a",)) in script.calls and not any(s == "install" for s, _ in script.calls)
 
 
-def test_inconclusive_twice_halts_for_a_person_and_resume_accepts(store, monkeypatch):
+def test_inconclusive_twice_halts_for_a_person_and_resume_accepts(store):
     script = Script({("a", "probe_after"): "inconclusive", ("a", "probe_again"): "inconclusive"})
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"])
+    journal, cid, engine = start(store, script, ["a"], ["b"])
     assert engine.run() == "halted"
     assert states(journal, cid) == {"a": "held", "b": "precheck"}
     assert journal.locks() == {"a": cid, "b": cid}  # a halted campaign keeps its hosts
@@ -185,16 +194,16 @@ def test_inconclusive_twice_halts_for_a_person_and_resume_accepts(store, monkeyp
     assert states(journal, cid) == {"a": "done", "b": "done"}
 
 
-def test_a_closed_window_halts_before_the_next_wave(store, monkeypatch):
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], window_end="2000-01-01T00:00:00Z")
+def test_a_closed_window_halts_before_the_next_wave(store):
+    journal, cid, engine = start(store, Script(), ["a"], ["b"], window_end="2000-01-01T00:00:00Z")
     assert engine.run() == "halted"
     assert "window" in journal.campaign(cid)["reason"]
     assert states(journal, cid) == {"a": "precheck", "b": "precheck"}
 
 
-def test_a_crash_mid_step_resumes_that_step_on_the_same_row(store, monkeypatch):
+def test_a_crash_mid_step_resumes_that_step_on_the_same_row(store):
     script = Script(crash_at=("a", "activate"))
-    journal, cid, engine = start(store, monkeypatch, script, ["a"])
+    journal, cid, engine = start(store, script, ["a"])
     with pytest.raises(KeyboardInterrupt):
         engine.run()
     assert states(journal, cid) == {"a": "activate"}
@@ -209,23 +218,23 @@ def test_a_crash_mid_step_resumes_that_step_on_the_same_row(store, monkeypatch):
     assert [(e["host"], e["step"]) for e in resumed] == [("a", "activate")]
 
 
-def test_a_finished_step_is_never_begun_again(store, monkeypatch):
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"])
+def test_a_finished_step_is_never_begun_again(store):
+    journal, cid, engine = start(store, Script(), ["a"])
     engine.run()
     with pytest.raises(RuntimeError):
         journal.begin_step(cid, ["a"], "precheck")
 
 
-def test_host_locks_keep_a_host_in_one_campaign(store, monkeypatch):
-    journal, first, _ = start(store, monkeypatch, Script(), ["a", "b"])
+def test_host_locks_keep_a_host_in_one_campaign(store):
+    journal, first, _ = start(store, Script(), ["a", "b"])
     run_id, _ = store.begin_run("campaign", [], "test", None, None)
-    second, locked = journal.create(run_id, plan_of(["b", "c"]), OPTIONS)
+    second, locked = journal.create(run_id, plan_of(["b", "c"]), options_of())
     assert locked == [f"b (campaign {first})"]
     assert [r["host"] for r in journal.hosts(second)] == ["c"]
 
 
-def test_a_campaign_driven_by_a_live_process_is_not_driven_twice(store, monkeypatch):
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"])
+def test_a_campaign_driven_by_a_live_process_is_not_driven_twice(store):
+    journal, cid, engine = start(store, Script(), ["a"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         driver = dict(journal_mod.this_process(), pid=other.pid, start=journal_mod.process_start(other.pid))
@@ -247,7 +256,7 @@ def test_progress_live_view_plain_lines_and_jsonl_log(store, monkeypatch, tmp_pa
     from orchestrator.cli import campaign_view
 
     monkeypatch.setenv("FLEETCTL_HOME", str(tmp_path))
-    journal, cid, engine = start(store, monkeypatch, Script({("b", "verify"): "fail"}), ["a"], ["b"],
+    journal, cid, engine = start(store, Script({("b", "verify"): "fail"}), ["a"], ["b"],
                                  fail_at=[1, 1])
     screen, lines = io.StringIO(), io.StringIO()
     view = campaign_view.LiveView(Console(file=screen, force_terminal=True, width=200),
@@ -273,7 +282,7 @@ def test_progress_live_view_plain_lines_and_jsonl_log(store, monkeypatch, tmp_pa
     assert [json.loads(line)["seq"] for line in again] == [e["seq"] for e in journal.events(cid)]
 
 
-def test_abort_list_and_show(store, monkeypatch):
+def test_abort_list_and_show(store):
     import io
 
     from rich.console import Console
@@ -284,7 +293,7 @@ def test_abort_list_and_show(store, monkeypatch):
 
     script = Script({("a", "probe_after"): "inconclusive", ("a", "probe_again"): "inconclusive"},
                     crash_at=("b", "install"))
-    journal, cid, engine = start(store, monkeypatch, script, ["a", "b"])
+    journal, cid, engine = start(store, script, ["a", "b"])
     with pytest.raises(KeyboardInterrupt):
         engine.run()  # b crashed mid-install: hosts mid-way
     store.db.execute("UPDATE campaigns SET driver=NULL WHERE id=?", (cid,))  # and its process is gone
@@ -304,25 +313,25 @@ def test_abort_list_and_show(store, monkeypatch):
             if s["step"] == "install"] == [2]
 
 
-def test_a_wave_interrupted_before_any_drain_still_halts_at_a_closed_window(store, monkeypatch):
-    journal, cid, engine = start(store, monkeypatch, Script(crash_at=("b", "probe_before")), ["a"], ["b"])
+def test_a_wave_interrupted_before_any_drain_still_halts_at_a_closed_window(store):
+    journal, cid, engine = start(store, Script(crash_at=("b", "probe_before")), ["a"], ["b"])
     with pytest.raises(KeyboardInterrupt):
         engine.run()
     journal.update_options(cid, window_end="2000-01-01T00:00:00Z")
-    engine = Engine(journal, cid, engine.ctx.fleet, engine.ctx.base)
+    engine = Engine(journal, journal.handle(cid), engine.ctx.fleet, engine.ctx.base, engine.parts)
     assert engine.run() == "halted"
     assert states(journal, cid) == {"a": "done", "b": "probe_before"}  # nothing of b was changed
 
 
-def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store, monkeypatch):
+def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
     from orchestrator import upgrade
-    crashed_journal, crashed, engine = start(store, monkeypatch, Script(crash_at=("a", "install")), ["a"])
+    crashed_journal, crashed, engine = start(store, Script(crash_at=("a", "install")), ["a"])
     with pytest.raises(KeyboardInterrupt):
         engine.run()
-    _, halted, held_engine = start(store, monkeypatch, Script({("b", "probe_after"): "inconclusive",
+    _, halted, held_engine = start(store, Script({("b", "probe_after"): "inconclusive",
                                                                 ("b", "probe_again"): "inconclusive"}), ["b"])
     assert held_engine.run() == "halted"
-    _, finished, done_engine = start(store, monkeypatch, Script(), ["c"])
+    _, finished, done_engine = start(store, Script(), ["c"])
     assert done_engine.run() == "done"
     journal = Journal(store)
     assert upgrade.interrupted(journal) == [crashed]  # the halted one waits for a person, the done one is done
@@ -386,10 +395,9 @@ class Watch:
 SOAKING = {"soak_s": [0.4], "soak_interval_s": 0.1}
 
 
-def test_a_soak_check_watches_every_changed_host_then_gates_them_at_its_end(store, monkeypatch):
+def test_a_soak_check_watches_every_changed_host_then_gates_them_at_its_end(store):
     watch = Watch()
-    monkeypatch.setattr(soak, "observe", watch)
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b", "c"], ["d"], **SOAKING)
+    journal, cid, engine = start(store, Script(), ["a"], ["b", "c"], ["d"], observe=watch, **SOAKING)
     assert engine.run() == "done"
     kinds = [k for k, _ in watch.calls]
     assert kinds.count("gate") == 2 and kinds.count("check") >= 4  # 0.4 s soaks checked every 0.1 s
@@ -399,10 +407,10 @@ def test_a_soak_check_watches_every_changed_host_then_gates_them_at_its_end(stor
     assert upgrade_mod.exit_code(journal, cid) == 0
 
 
-def test_a_canary_failing_its_soak_rolls_the_campaign_back_before_the_next_wave(store, monkeypatch):
-    monkeypatch.setattr(soak, "observe", Watch({("a", 1, "check"): "new Xid 119"}))
+def test_a_canary_failing_its_soak_rolls_the_campaign_back_before_the_next_wave(store):
     script = Script()
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b"], **SOAKING)
+    journal, cid, engine = start(store, script, ["a"], ["b"], observe=Watch({("a", 1, "check"): "new Xid 119"}),
+                                 **SOAKING)
     assert engine.run() == "rolled_back"
     assert states(journal, cid) == {"a": "rolled_back", "b": "not_started"}
     assert [c for c in script.calls if c[1] == ("b",)] == []
@@ -412,11 +420,10 @@ def test_a_canary_failing_its_soak_rolls_the_campaign_back_before_the_next_wave(
     assert upgrade_mod.exit_code(journal, cid) == 4
 
 
-def test_a_later_host_failing_its_soak_within_the_budget_rolls_back_alone(store, monkeypatch):
+def test_a_later_host_failing_its_soak_within_the_budget_rolls_back_alone(store):
     watch = Watch({("c", 2, "gate"): "throughput at the end of the soak"})
-    monkeypatch.setattr(soak, "observe", watch)
     script = Script()
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c", "d"], ["e"], fail_at=[1, 2, 2],
+    journal, cid, engine = start(store, script, ["a"], ["b", "c", "d"], ["e"], fail_at=[1, 2, 2], observe=watch,
                                  **SOAKING)
     assert engine.run() == "done"
     assert states(journal, cid) == {"a": "done", "b": "done", "c": "rolled_back", "d": "done", "e": "done"}
@@ -426,9 +433,9 @@ def test_a_later_host_failing_its_soak_within_the_budget_rolls_back_alone(store,
     assert upgrade_mod.exit_code(journal, cid) == 1
 
 
-def test_soak_failures_over_a_later_waves_budget_roll_the_campaign_back(store, monkeypatch):
-    monkeypatch.setattr(soak, "observe", Watch({("b", 2, "check"): "GPU lost", ("c", 2, "check"): "GPU lost"}))
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b", "c", "d"], ["e"], fail_at=[1, 2, 2],
+def test_soak_failures_over_a_later_waves_budget_roll_the_campaign_back(store):
+    watch = Watch({("b", 2, "check"): "GPU lost", ("c", 2, "check"): "GPU lost"})
+    journal, cid, engine = start(store, Script(), ["a"], ["b", "c", "d"], ["e"], fail_at=[1, 2, 2], observe=watch,
                                  **SOAKING)
     assert engine.run() == "rolled_back"
     assert states(journal, cid) == {"a": "rolled_back", "b": "rolled_back", "c": "rolled_back", "d": "rolled_back",
@@ -440,8 +447,7 @@ def test_a_recorded_soak_failure_is_acted_on_after_a_crash(store, monkeypatch):
     """A crash between writing the observation and acting on it: the resume reads it back, it does not look again
     (the next check would start past the Xid's kernel-log marker)."""
     watch = Watch({("a", 1, "check"): "new Xid 79"})
-    monkeypatch.setattr(soak, "observe", watch)
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], **SOAKING)
+    journal, cid, engine = start(store, Script(), ["a"], ["b"], observe=watch, **SOAKING)
 
     def crash(self, failures):
         raise KeyboardInterrupt("crash")
@@ -450,25 +456,23 @@ def test_a_recorded_soak_failure_is_acted_on_after_a_crash(store, monkeypatch):
         engine.run()
     assert journal.campaign(cid)["state"] == "soaking"
     monkeypatch.undo()
-    monkeypatch.setattr(steps, "STEPS", Script())
     calls = len(watch.calls)
-    monkeypatch.setattr(soak, "observe", watch)
     fleet = inventory.Fleet("test", (inventory.Host("a", ("all",)), inventory.Host("b", ("all",))),
                             frozenset({"all"}), {})
-    assert Engine(journal, cid, fleet, baseline_mod.load(None)).run() == "rolled_back"
+    assert Engine(journal, journal.handle(cid), fleet, baseline_mod.load(None), parts(Script(), watch)).run() \
+        == "rolled_back"
     assert len(watch.calls) == calls
 
 
-def test_no_soak_watches_nothing(store, monkeypatch):
+def test_no_soak_watches_nothing(store):
     watch = Watch()
-    monkeypatch.setattr(soak, "observe", watch)
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], soak_s=[0])
+    journal, cid, engine = start(store, Script(), ["a"], ["b"], observe=watch, soak_s=[0])
     assert engine.run() == "done" and watch.calls == []
 
 
-def test_exit_codes_a_failed_rollback_needs_a_person_and_hosts_left_out_are_not_success(store, monkeypatch):
+def test_exit_codes_a_failed_rollback_needs_a_person_and_hosts_left_out_are_not_success(store):
     script = Script({("b", "verify"): "fail", ("b", "rollback_verify"): "fail"})
-    journal, cid, engine = start(store, monkeypatch, script, ["a"], ["b", "c", "d"], fail_at=[1, 3])
+    journal, cid, engine = start(store, script, ["a"], ["b", "c", "d"], fail_at=[1, 3])
     assert engine.run() == "done"
     assert states(journal, cid)["b"] == "rollback_failed"
     assert upgrade_mod.exit_code(journal, cid) == transitions.EXIT_NEEDS_PERSON == 6
@@ -476,14 +480,14 @@ def test_exit_codes_a_failed_rollback_needs_a_person_and_hosts_left_out_are_not_
     # a clean campaign whose plan left a host out (unhealthy, unreachable): done, exit 1, the reason said
     plan = dict(plan_of(["x"]), excluded=[{"name": "y", "groups": [], "code": "unhealthy", "reason": "GPU lost"}])
     run_id, _ = store.begin_run("campaign", [], "test", None, None)
-    cid2, _ = journal.create(run_id, plan, dict(OPTIONS))
+    cid2, _ = journal.create(run_id, plan, options_of())
     fleet = inventory.Fleet("test", (inventory.Host("x", ("all",)),), frozenset({"all"}), {})
-    assert Engine(journal, cid2, fleet, baseline_mod.load(None)).run() == "done"
+    assert Engine(journal, journal.handle(cid2), fleet, baseline_mod.load(None), parts(Script())).run() == "done"
     assert upgrade_mod.exit_code(journal, cid2) == 1
     assert "left out at plan, not on the target: y: GPU lost" in upgrade_mod.summary_text(journal, cid2)
 
 
-def test_the_live_view_shows_the_soaks_time_left_and_its_last_check(store, monkeypatch):
+def test_the_live_view_shows_the_soaks_time_left_and_its_last_check(store):
     import io
 
     from rich.console import Console
@@ -501,8 +505,8 @@ def test_the_live_view_shows_the_soaks_time_left_and_its_last_check(store, monke
             screens.append(screen.getvalue())
             return out
 
-    monkeypatch.setattr(soak, "observe", Snapshot({("b", 2, "check"): "canary run failed"}))
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], ["c"], fail_at=[1, 2, 2],
+    snapshot = Snapshot({("b", 2, "check"): "canary run failed"})
+    journal, cid, engine = start(store, Script(), ["a"], ["b"], ["c"], fail_at=[1, 2, 2], observe=snapshot,
                                  soak_s=[0.5], soak_interval_s=0.2)
     view = campaign_view.LiveView(Console(file=io.StringIO(), force_terminal=True, width=200),
                                   [dict(r) for r in journal.hosts(cid)], "campaign")

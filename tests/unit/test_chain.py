@@ -24,7 +24,7 @@ def pristine(tmp_path_factory):
     with pytest.MonkeyPatch.context() as monkeypatch, Store(home / "history.sqlite3") as store:
         run_id, _ = store.begin_run("probe", [], "test", None, None)
         store.fail_run(run_id, "RuntimeError: boom", 1)
-        _, _, engine = start(store, monkeypatch, Script({("b", "verify"): "fail"}), ["a"], ["b"], fail_at=[1, 1])
+        _, _, engine = start(store, Script({("b", "verify"): "fail"}), ["a"], ["b"], fail_at=[1, 1])
         assert engine.run() == "rolled_back"
     return home / "history.sqlite3"
 

@@ -144,7 +144,7 @@ def test_campaign_list_show_and_progress_show_host_text_as_data(tmp_path, monkey
     home = tmp_path / "home"
     monkeypatch.setenv("FLEETCTL_HOME", str(home))
     with Store(home / "history.sqlite3") as store:
-        journal, cid, engine = start(store, monkeypatch, Hostile({("gpu[b]", "verify"): "fail"}), ["gpu[b]"])
+        journal, cid, engine = start(store, Hostile({("gpu[b]", "verify"): "fail"}), ["gpu[b]"])
         assert engine.run() == "rolled_back"
         doc = upgrade.document(store, cid)
         listed = plain(campaign_view.list_table, store)

@@ -32,7 +32,7 @@ def home(tmp_path, monkeypatch):
                 {"name": "gpu-a", "reachable": True, "groups": [], "facts": None,
                  "findings": [{"control": "driver.installed", "severity": "critical", "status": "pass",
                                "message": "m" * 2000, "evidence": {}, "remediation": None}]}])
-        _, _, engine = start(store, monkeypatch, Script(), ["gpu-a"], ["gpu-b"])
+        _, _, engine = start(store, Script(), ["gpu-a"], ["gpu-b"])
         assert engine.run() == "done"
     return home
 

@@ -56,7 +56,7 @@ def valid(payload: dict) -> dict:
 
 
 def drive(journal, cid, engine, notifier) -> str:
-    return upgrade.drive(journal, cid, engine.ctx.fleet, engine.ctx.base, None, notifier)
+    return upgrade.drive(journal, cid, engine.ctx.fleet, engine.ctx.base, None, notifier, engine.parts)
 
 
 def event_names(journal, cid) -> list[tuple]:
@@ -84,7 +84,7 @@ def test_a_campaign_notifies_a_webhook_and_a_command_with_schema_valid_events(st
     script, out = recorder(tmp_path / "cmd")
     notifier = notify.build([f"{shlex.quote(sys.executable)} {script} {out} {{event}} {{campaign}} {{host}} "
                              f"{{severity}}"], [hook.url()], "json", None, None, 5)
-    journal, cid, engine = start(store, monkeypatch, Script(outcomes), *waves, fail_at=fail_at)
+    journal, cid, engine = start(store, Script(outcomes), *waves, fail_at=fail_at)
     assert drive(journal, cid, engine, notifier) == final
     received = [valid(b) for b in hook.bodies()]
     assert [b["event"] for b in received] == expected
@@ -123,14 +123,14 @@ def test_a_campaign_notifies_a_webhook_and_a_command_with_schema_valid_events(st
 def test_window_closed_aborted_and_a_failed_rollback(store, monkeypatch, receivers):
     hook = receivers()
     notifier = notify.build([], [hook.url()], "json", None, None, 5)
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], window_end="2000-01-01T00:00:00Z")
+    journal, cid, engine = start(store, Script(), ["a"], ["b"], window_end="2000-01-01T00:00:00Z")
     assert drive(journal, cid, engine, notifier) == "halted"
     closed = valid(hook.bodies()[-1])
     assert closed["event"] == "window_closed" and f"fleetctl campaign resume {cid} --window" in closed["action"]
     # a host failing its rollback: critical, once for the host, and the campaign's rolled_back is critical too
     # (hosts c, d: the halted campaign keeps a and b locked)
     script = Script({("c", "verify"): "fail", ("c", "rollback_install"): "fail"})
-    journal, cid, engine = start(store, monkeypatch, script, ["c"], ["d"])
+    journal, cid, engine = start(store, script, ["c"], ["d"])
     assert drive(journal, cid, engine, notifier) == "rolled_back"
     tail = [valid(b) for b in hook.bodies()][-4:]
     assert [(b["event"], b["severity"], b["host"]) for b in tail] == [
@@ -138,7 +138,7 @@ def test_window_closed_aborted_and_a_failed_rollback(store, monkeypatch, receive
         ("rolled_back", "critical", None)]
     assert "needs a person" in tail[2]["action"] and "FAILED on c" in tail[3]["summary"]
     # abort between waves (requested by another fleetctl): aborted
-    journal, cid, engine = start(store, monkeypatch, Script(), ["e"], ["f"], soak_s=30)
+    journal, cid, engine = start(store, Script(), ["e"], ["f"], soak_s=30)
     monkeypatch.setattr(engine_mod.Engine, "soak", lambda self, c: self.journal.transition(
         self.cid, "abort_requested", reason="aborted by the operator"))
     assert drive(journal, cid, engine, notifier) == "aborted"
@@ -168,7 +168,7 @@ def test_failing_notifications_change_nothing_in_a_campaign_and_are_recorded(sto
             home = tmp_path / f"{name}-{notifier is None}"
             monkeypatch.setenv("FLEETCTL_HOME", str(home))
             script = Script(dict(outcomes))
-            journal, cid, engine = start(Store(home / "history.sqlite3"), monkeypatch, script, *waves, fail_at=fail_at)
+            journal, cid, engine = start(Store(home / "history.sqlite3"), script, *waves, fail_at=fail_at)
             capfd.readouterr()
             started = time.monotonic()
             assert drive(journal, cid, engine, notifier) == final
@@ -218,7 +218,7 @@ def test_failing_notifications_change_nothing_in_a_campaign_and_are_recorded(sto
 def test_a_bug_while_building_an_event_never_stops_the_campaign(store, monkeypatch, receivers, capfd):
     hook = receivers()
     notifier = notify.build([], [hook.url()], "json", None, None, 5)
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"])
+    journal, cid, engine = start(store, Script(), ["a"], ["b"])
     monkeypatch.setattr(notify_events.CampaignNotes, "wave_passed", lambda self, r: 1 / 0)
     assert drive(journal, cid, engine, notifier) == "done"
     assert [b["event"] for b in hook.bodies()] == ["started", "done"]
@@ -476,8 +476,8 @@ def test_a_soak_failure_is_a_critical_soak_failed_naming_the_host_and_what_was_s
 
     hook = receivers()
     notifier = notify.build([], [hook.url()], "json", None, None, 5)
-    monkeypatch.setattr(soak, "observe", Watch({("a", 1, "check"): "new Xid 119 (GSP RPC timeout) on GPU 0"}))
-    journal, cid, engine = start(store, monkeypatch, Script(), ["a"], ["b"], soak_s=[0.3], soak_interval_s=0.1)
+    watch = Watch({("a", 1, "check"): "new Xid 119 (GSP RPC timeout) on GPU 0"})
+    journal, cid, engine = start(store, Script(), ["a"], ["b"], soak_s=[0.3], soak_interval_s=0.1, observe=watch)
     assert drive(journal, cid, engine, notifier) == "rolled_back"
     received = [valid(b) for b in hook.bodies()]
     assert [b["event"] for b in received] == ["started", "wave_passed", "soak_failed", "wave_failed", "rolled_back"]

@@ -161,10 +161,10 @@ def history(tmp_path_factory, audit_report, probe_report):
             store.finish_run(run_id, 1, {"exit_code": 1}, hosts)
         run_id, _ = store.begin_run("probe", [], "test", None, None)
         store.finish_probe(run_id, 1, {"exit_code": 1}, probe_report["hosts"])
-        _, _, engine = start(store, monkeypatch, Script(), ["gpu-a"], ["gpu-c"])
+        _, _, engine = start(store, Script(), ["gpu-a"], ["gpu-c"])
         assert engine.run() == "done"
         held = Script({("gpu-a", "probe_after"): "inconclusive", ("gpu-a", "probe_again"): "inconclusive"})
-        _, _, engine = start(store, monkeypatch, held, ["gpu-a"])
+        _, _, engine = start(store, held, ["gpu-a"])
         assert engine.run() == "halted"
         # campaign 3: gpu-d soaking after its wave, one check recorded (its canary run failed), then a crash
         checks = []
@@ -174,8 +174,8 @@ def history(tmp_path_factory, audit_report, probe_report):
                 raise KeyboardInterrupt("crash")
             checks.append(hosts)
             return {h: soak.Observation("ok", None, {"canary": {"ok": False, "error": "exited 1"}}) for h in hosts}
-        monkeypatch.setattr(soak, "observe", observe)
-        _, _, engine = start(store, monkeypatch, Script(), ["gpu-d"], ["gpu-e"], soak_s=[3600], soak_interval_s=0.01)
+        _, _, engine = start(store, Script(), ["gpu-d"], ["gpu-e"], soak_s=[3600], soak_interval_s=0.01,
+                             observe=observe)
         with pytest.raises(KeyboardInterrupt):
             engine.run()
     return home

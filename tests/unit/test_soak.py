@@ -5,6 +5,7 @@ by the results, the journal is the real one."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -33,16 +34,14 @@ class WithProbes(Script):
 
 
 @pytest.fixture
-def soaking(store, monkeypatch):
+def soaking(store):
     """A campaign soaking after its canary 'a' (wave 2: 'b'), stopped before its first check; its context."""
     def stop(ctx, hosts, final):
         raise KeyboardInterrupt("stop")
-    monkeypatch.setattr(soak, "observe", stop)
-    journal, cid, engine = start(store, monkeypatch, WithProbes(), ["a"], ["b"], soak_s=[3600], soak_interval_s=60,
-                                 soak_grace_s=300, canary=None, canary_max_failures=0)
+    journal, cid, engine = start(store, WithProbes(), ["a"], ["b"], soak_s=[3600], soak_interval_s=60,
+                                 soak_grace_s=300, canary=None, canary_max_failures=0, observe=stop)
     with pytest.raises(KeyboardInterrupt):
         engine.run()
-    monkeypatch.undo()
     assert journal.campaign(cid)["state"] == "soaking" and soak.watched(journal, cid) == ["a"]
     ctx = engine.ctx
     ctx.befores = {r["host"]: json.loads(r["before"]) for r in journal.hosts(cid) if r["before"]}
@@ -108,7 +107,7 @@ def test_a_reboot_nobody_asked_for_and_a_lost_gpu_fail_the_host(soaking, monkeyp
 
 
 def test_failed_canary_runs_over_the_limit_fail_the_host(soaking, monkeypatch):
-    soaking.options["canary"], soaking.options["canary_max_failures"] = "/opt/canary --token s3cr3t", 1
+    soaking.options = dataclasses.replace(soaking.options, canary="/opt/canary --token s3cr3t", canary_max_failures=1)
     broken = dict(copy.deepcopy(REAL), throughput=None, errors={"throughput": "canary exited 3: CUDA error"})
     seen = answer(monkeypatch, broken)
     first = soak.observe(soaking, ["a"], final=False)["a"]

@@ -18,7 +18,7 @@ _KMSG_RECORD = re.compile(r"^(\d{1,20}),(\d{1,20}),(\d{1,20}),[^;]*;(.*)$")
 # dmesg / journalctl short-monotonic prefix: "[   12.345678] MESSAGE"
 _BRACKET_TIME = re.compile(r"^\[\s*(\d{1,15}\.\d{1,9})\]\s?(.*)$")
 
-# Every Xid form seen in the wild (see DESIGN.md):
+# Every Xid form seen in the wild (README "What the audit checks"):
 #   NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s ...
 #   NVRM: Xid (0000:03:00): 14, Channel 00000001                      (old: no "PCI:")
 #   NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: ...  (MIG instance)

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Throughput samples for fleetctl's probe: the builtin engine (torch), or an operator's canary command.
-# Protocol (DESIGN.md, measured on H100/H200): warm up >= 10 s, sustained trials >= 0.5 s on random data,
+# Protocol (README "Probes and the gate" and "Measured", on H100/H200): warm up >= 10 s, sustained trials >= 0.5 s on random data,
 # N samples per metric, each with the clocks, temperature, power and clock-event reasons seen right after it.
 from __future__ import absolute_import, division, print_function
 
@@ -59,7 +59,7 @@ class TorchGpu:
         self.device = torch.device("cuda", index)
         with torch.cuda.device(self.device):
             gen = torch.Generator(device=self.device).manual_seed(1234 + index)
-            # Random operands: all-zero inputs read ~22% high on an H100 (DESIGN.md).
+            # Random operands: all-zero inputs read ~22% high on an H100 (README "Measured").
             self.a = torch.randn(GEMM_N, GEMM_N, device=self.device, dtype=torch.bfloat16, generator=gen)
             self.b = torch.randn(GEMM_N, GEMM_N, device=self.device, dtype=torch.bfloat16, generator=gen)
             self.c = torch.empty(GEMM_N, GEMM_N, device=self.device, dtype=torch.bfloat16)

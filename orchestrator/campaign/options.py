@@ -1,0 +1,81 @@
+"""A campaign and its options, typed: what the engine, the steps and the soak read, instead of a bare id and the
+nested dict the history keeps (campaigns.options, JSON: the same keys as ever, read back by `from_dict` with the
+defaults a campaign recorded before a key existed)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_INTERVAL_S = 60.0  # a soak check every minute
+DEFAULT_GRACE_S = 300.0  # unreachable this long during a soak: a failure
+
+
+def soak_length(soak_s: float | list[float], gap: int) -> float:
+    """The soak after wave GAP: one length per gap between waves, the last repeated (a number: every gap)."""
+    if isinstance(soak_s, list):
+        return float(soak_s[min(gap, len(soak_s)) - 1]) if soak_s else 0.0
+    return float(soak_s)
+
+
+@dataclass(frozen=True)
+class HookOptions:
+    drain: str | None = None
+    undrain: str | None = None
+    timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class IdleOptions:
+    timeout_s: int = 300
+    poll_s: int = 10
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    samples: int = 10
+    warmup_s: float = 20.0
+    trial_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class CampaignOptions:
+    rollback_scope: str = "campaign"
+    forks: int | None = None
+    window_end: str | None = None
+    soak_s: float | list[float] = 0
+    soak_interval_s: float = DEFAULT_INTERVAL_S
+    soak_grace_s: float = DEFAULT_GRACE_S
+    canary: str | None = None
+    canary_max_failures: int = 0
+    hooks: HookOptions = field(default_factory=HookOptions)
+    idle: IdleOptions = field(default_factory=IdleOptions)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CampaignOptions:
+        flat = {k: v for k, v in d.items() if k not in ("hooks", "idle", "probe") and k in cls.__dataclass_fields__}
+        return cls(**flat, hooks=HookOptions(**d.get("hooks", {})), idle=IdleOptions(**d.get("idle", {})),
+                   probe=ProbeSettings(**d.get("probe", {})))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def soak_length(self, gap: int) -> float:
+        return soak_length(self.soak_s, gap)
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """One campaign of the history, as the engine drives it."""
+    id: int
+    target: str
+    options: CampaignOptions
+    plan: dict[str, Any]
+
+    @classmethod
+    def of(cls, row: Any) -> Campaign:
+        """From its campaigns row."""
+        return cls(row["id"], row["target"], CampaignOptions.from_dict(json.loads(row["options"])),
+                   json.loads(row["plan"]))
