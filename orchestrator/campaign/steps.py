@@ -8,12 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import audit, baseline as baseline_mod, gate, inventory, plan, policy, probe, runner
-<<<<<<< HEAD
 from .. import controls
-from . import hooks, packages
-=======
 from . import hooks, packages, transitions
->>>>>>> r22-campaign
 from .journal import Journal
 from .options import CampaignOptions
 
