@@ -17,6 +17,19 @@ if str(COLLECTIONS) not in sys.path:
     sys.path.append(str(COLLECTIONS))
 
 
+LAB_DIRS = ("lab", "lab_emu")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """pytest-xdist (`-n auto --dist loadgroup`, pyproject's addopts) runs one file per worker at a time, so a
+    module's fixtures are built once; every lab test shares one group, so one worker runs them all in order: two
+    labs never run at once (one bridge, one set of namespaces), while the other workers take the rest."""
+    for item in items:
+        lab = item.get_closest_marker("lab") or Path(item.path).parent.name in LAB_DIRS
+        item.add_marker(pytest.mark.xdist_group("lab" if lab else item.path.stem))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "lab: root-only lab tests (need root; build lab hosts in network namespaces)")
 
