@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import yaml
 
-from . import inputs, notify, schemas
+from . import inputs, notify, redact, schemas
 from .sanitize import clean_line
 from .baseline import non_string_key
 from .errors import InputError, yaml_error
@@ -164,17 +164,14 @@ COMMAND_KEYS = ("notify", "drain", "undrain", "canary")  # command lines whose a
 
 def program_only(command: Any) -> Any:
     """A command line as `config show` prints it: its program, and " [arguments not shown]" when it has more."""
-    if not isinstance(command, str):
-        return command
-    words = command.split()
-    return words[0] + " [arguments not shown]" if len(words) > 1 else command
+    return redact.program(command, redact.NOT_SHOWN) if isinstance(command, str) else command
 
 
 def shown(key: Key, value: Any) -> Any:
     """A webhook's path (Slack's secret) and the arguments of the notify, drain, undrain and canary commands
     (tokens) are never printed."""
     if key.name == "webhook" and value:
-        return [notify.redact_url(u) for u in value]
+        return [redact.url(u) for u in value]
     if key.name in COMMAND_KEYS and value:
         return [program_only(v) for v in value] if isinstance(value, list) else program_only(value)
     return value

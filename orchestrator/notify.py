@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, redact
 from .errors import InputError
 
 FORMATS = ("json", "slack", "teams")
@@ -73,20 +73,6 @@ def one_line(text: object, limit: int = 300) -> str:
 
 # ---- targets ------------------------------------------------------------------------------------------------
 
-def redact_url(url: str) -> str:
-    """scheme://host[:port] and '/…' for the rest: a webhook's path or query is often its secret (Slack's)."""
-    try:
-        p = urllib.parse.urlsplit(url)
-        host = p.hostname or ""
-        port = p.port
-    except ValueError:
-        return "(not a URL)"
-    if ":" in host:
-        host = f"[{host}]"
-    rest = "/…" if p.path not in ("", "/") or p.query or p.fragment else ""
-    return f"{p.scheme}://{host}{f':{port}' if port else ''}{rest}"
-
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -100,13 +86,13 @@ def check_url(url: str, with_headers: bool) -> None:
         p = urllib.parse.urlsplit(url)
         p.port  # noqa: B018 (raises on a bad port)
     except ValueError:
-        raise InputError(f"--webhook {redact_url(url)}: not a URL") from None
+        raise InputError(f"--webhook {redact.url(url)}: not a URL") from None
     if p.scheme not in ("http", "https") or not p.hostname:
-        raise InputError(f"--webhook {redact_url(url)}: not an http:// or https:// URL")
+        raise InputError(f"--webhook {redact.url(url)}: not an http:// or https:// URL")
     if p.username is not None or p.password is not None:
-        raise InputError(f"--webhook {redact_url(url)}: credentials in the URL: put them in --webhook-headers")
+        raise InputError(f"--webhook {redact.url(url)}: credentials in the URL: put them in --webhook-headers")
     if p.scheme == "http" and with_headers and not is_loopback(p.hostname):
-        raise InputError(f"--webhook {redact_url(url)}: plain http would send the webhook headers in clear text "
+        raise InputError(f"--webhook {redact.url(url)}: plain http would send the webhook headers in clear text "
                          "(use https)")
 
 
@@ -250,7 +236,7 @@ class Webhook:
         self.failing = False  # the last notification failed every try: one try each until one gets through
 
     def describe(self) -> str:
-        return f"webhook {redact_url(self.url)}"
+        return f"webhook {redact.url(self.url)}"
 
     def deliver(self, payload: dict[str, Any], body: bytes) -> str | None:
         data = json.dumps(shape(payload, self.fmt)).encode() if self.fmt != "json" else body
@@ -503,19 +489,3 @@ def build(commands: tuple[str, ...] | list[str], webhooks: tuple[str, ...] | lis
         secrets = [value for _, value, _ in headers] + list(webhooks)
         secrets += [urllib.parse.urlsplit(u).path for u in webhooks if len(urllib.parse.urlsplit(u).path) > 8]
     return Notifier(targets, secrets)
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """The command line as the history keeps it: a --notify command's program only, a --webhook's scheme://host."""
-    out = []
-    for i, arg in enumerate(argv):
-        previous = argv[i - 1] if i else ""
-        if previous == "--notify" or arg.startswith("--notify="):
-            prefix, value = ("--notify=", arg.split("=", 1)[1]) if arg.startswith("--notify=") else ("", arg)
-            words = value.split()
-            arg = prefix + (words[0] + " [arguments not recorded]" if len(words) > 1 else value)
-        elif previous == "--webhook" or arg.startswith("--webhook="):
-            prefix, value = ("--webhook=", arg.split("=", 1)[1]) if arg.startswith("--webhook=") else ("", arg)
-            arg = prefix + redact_url(value)
-        out.append(arg)
-    return out

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .. import redact
 from ..errors import InputError
 
 PRESETS = {
@@ -67,7 +68,7 @@ def run(template: str | None, hosts: dict[str, str], campaign: int, timeout_s: f
 
     def one(host: str) -> tuple[str, dict[str, Any]]:
         command = argv(template, {"host": host, "node": hosts[host], "campaign": str(campaign)})
-        shown = [command[0], "[arguments not recorded]"]  # the history keeps no token a template may carry
+        shown = [command[0], redact.NOT_RECORDED]  # the history keeps no token a template may carry
         started = time.monotonic()
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from .. import notify
+from .. import redact
 from ..errors import InputError
 from ..files import write_atomically
 from ..sanitize import clean
@@ -47,18 +47,8 @@ def run_notes():
 
 
 def stored_argv() -> list[str]:
-    """The command line as the history keeps it: a canary or drain/undrain command may carry tokens, so only its
-    program stays."""
-    argv = sys.argv[1:]
-    out = []
-    for i, arg in enumerate(argv):
-        if i and argv[i - 1] in ("--command", "--canary", "--drain", "--undrain"):
-            arg = arg.split()[0] + " [arguments not recorded]" if arg.split() else arg
-        elif arg.startswith(("--command=", "--canary=", "--drain=", "--undrain=")):
-            flag, value = arg.split("=", 1)
-            arg = flag + "=" + (value.split()[0] + " [arguments not recorded]" if value.split() else "")
-        out.append(arg)
-    return notify.redact_argv(out)  # a --notify command's arguments and a --webhook's path neither
+    """The command line as the history keeps it (orchestrator/redact.py: no token of a command, no webhook path)."""
+    return redact.argv(sys.argv[1:])
 
 
 def emit(text: str, output: str | None) -> None:

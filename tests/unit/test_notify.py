@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from orchestrator import notify, notify_events, schemas, upgrade
+from orchestrator import notify, notify_events, redact, schemas, upgrade
 from orchestrator.campaign import engine as engine_mod, progress
 from orchestrator.errors import InputError
 from orchestrator.store import Store
@@ -369,7 +369,7 @@ def test_bad_notification_settings_are_input_errors(tmp_path, commands, webhooks
 def test_history_keeps_no_notify_arguments_nor_webhook_paths():
     argv = ["upgrade", "--notify", "pager --token abc", "--webhook", "https://hooks.slack.com/services/T/B/XYZ",
             "--webhook=https://h.example:8443/x?k=1", "--notify=notify-send", "--yes"]
-    assert notify.redact_argv(argv) == ["upgrade", "--notify", "pager [arguments not recorded]", "--webhook",
+    assert redact.argv(argv) == ["upgrade", "--notify", "pager [arguments not recorded]", "--webhook",
                                         "https://hooks.slack.com/…", "--webhook=https://h.example:8443/…",
                                         "--notify=notify-send", "--yes"]
 
