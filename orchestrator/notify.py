@@ -42,6 +42,7 @@ from typing import Any
 
 from . import __version__, redact
 from .errors import InputError
+from .sanitize import one_line
 
 FORMATS = ("json", "slack", "teams")
 PLACEHOLDERS = ("event", "severity", "kind", "campaign", "host", "target", "state", "run")
@@ -63,12 +64,6 @@ def warn(line: str) -> None:
     with _STDERR, contextlib.suppress(Exception):
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-
-
-def one_line(text: object, limit: int = 300) -> str:
-    """Printable, one line, bounded: what a failure says about a server's or a command's words."""
-    s = "".join(c if c.isprintable() else " " for c in str(text)).strip()
-    return s[:limit] + ("..." if len(s) > limit else "")
 
 
 # ---- targets ------------------------------------------------------------------------------------------------

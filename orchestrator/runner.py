@@ -20,7 +20,7 @@ import psutil
 from . import interrupts, preflight, resources
 from .errors import InputError, OperationError
 from .inventory import Fleet
-from .text import one_line
+from .sanitize import one_line
 
 # One module call per host: no fact gathering, pipelining, and OpenSSH multiplexing; host keys are checked.
 ANSIBLE_ENV = {

@@ -19,5 +19,13 @@ def clean(value: object) -> str:
 
 
 def clean_line(value: object) -> str:
-    """clean(VALUE) on one line: a newline (which could forge a line of its own) shown as \\n, a tab as a space."""
-    return clean(value).replace("\n", "\\n").replace("\t", " ")
+    """clean(VALUE) on one line, every character kept in sight: a newline (which could forge a line of its own)
+    shown as \\n, a carriage return as \\r, a tab as a space. An error message, a table's caption."""
+    return clean(str(value).replace("\r", "\\r")).replace("\n", "\\n").replace("\t", " ")
+
+
+def one_line(text: object, limit: int | None = None) -> str:
+    """TEXT squeezed onto one line: every run of white space or unprintable characters one space, none at either
+    end; at most LIMIT characters, then "...". What a host, a server or a command said, inside a message."""
+    s = " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
+    return s[:limit] + "..." if limit is not None and len(s) > limit else s

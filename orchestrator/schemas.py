@@ -14,7 +14,7 @@ from referencing import Registry, Resource
 
 from . import inputs, resources
 from .errors import InputError
-from .text import one_line
+from .sanitize import one_line
 
 
 @cache

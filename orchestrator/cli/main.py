@@ -13,7 +13,7 @@ import click
 from .. import __version__, interrupts, logs
 from ..errors import InputError, OperationError
 from . import audit, campaign, completion, config, metrics, plan, plugins, probe, report, systemd
-from .output import one_line
+from ..sanitize import clean_line
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # a fleetctl bug: never confused with "findings" (1) by a script
@@ -49,10 +49,10 @@ def main() -> None:
         click.echo("fleetctl: aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:  # usage errors: one line, exit 2
-        click.echo(f"fleetctl: error: {one_line(e.format_message())}", err=True)
+        click.echo(f"fleetctl: error: {clean_line(e.format_message())}", err=True)
         sys.exit(EXIT_USAGE)
     except (InputError, OperationError) as e:
-        click.echo(f"fleetctl: error: {one_line(e)}", err=True)
+        click.echo(f"fleetctl: error: {clean_line(e)}", err=True)
         sys.exit(e.exit_code)
     except (KeyboardInterrupt, interrupts.Interrupted) as e:
         name = e.name if isinstance(e, interrupts.Interrupted) else "SIGINT"
@@ -62,6 +62,6 @@ def main() -> None:
     except Exception as e:  # a bug: one line for the operator, the traceback with FLEETCTL_DEBUG=1
         if os.environ.get("FLEETCTL_DEBUG"):
             raise
-        click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {one_line(e)}", err=True)
+        click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {clean_line(e)}", err=True)
         sys.exit(EXIT_INTERNAL)
 

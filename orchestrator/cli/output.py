@@ -19,11 +19,6 @@ from ..sanitize import clean
 from . import options
 
 
-def one_line(message: object) -> str:
-    """An error is one line (scripts and cron mail read it): a newline from a path or a value is shown escaped."""
-    return clean(str(message).replace("\r", "\\r").replace("\n", "\\n"))  # and no escape sequence
-
-
 def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
     """JSON, Prometheus metrics, or a table through PRINTER(report, console), to OUTPUT or stdout."""
     if fmt == "json":

@@ -9,7 +9,7 @@ from importlib import metadata
 
 import click
 
-from .output import one_line
+from ..sanitize import clean_line
 
 GROUP = "fleetctl.commands"
 
@@ -32,6 +32,6 @@ def add_to(root: click.Group) -> None:
                 raise TypeError(f"{type(command).__name__} is not a click command")
         except Exception as e:  # a broken plugin never stands in the way of fleetctl's own commands
             click.echo(f"fleetctl: warning: command {name} ({ep.value}) not loaded: {type(e).__name__}: "
-                       f"{one_line(e)}", err=True)
+                       f"{clean_line(e)}", err=True)
             continue
         root.add_command(command, name)
