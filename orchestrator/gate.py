@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-import numpy as np
 import yaml
 
 from . import resources
@@ -90,6 +89,7 @@ def exact_p_with_ties(x: np.ndarray, y: np.ndarray) -> float:
     ways to take j of a group's t members (comb(t, j)) by (how many taken, doubled rank sum; doubled midranks are
     integers).
     """
+    import numpy as np  # 0.2 s to import: only where samples are judged, not on every command
     m = len(x)
     values, counts = np.unique(np.concatenate([x, y]), return_counts=True)
     ends = np.cumsum(counts)
@@ -108,6 +108,7 @@ def exact_p_with_ties(x: np.ndarray, y: np.ndarray) -> float:
 
 def one_sided_p(x: np.ndarray, y: np.ndarray) -> tuple[float, str]:
     """(p, test) for 'x is stochastically greater than y': x = before for higher-is-better metrics, else after."""
+    import numpy as np  # 0.2 s to import: only where samples are judged, not on every command
     if len(np.unique(np.concatenate([x, y]))) == len(x) + len(y):
         from scipy.stats import mannwhitneyu  # 1.3 s to import: only where a gate is decided, not on every command
 
@@ -118,6 +119,7 @@ def one_sided_p(x: np.ndarray, y: np.ndarray) -> tuple[float, str]:
 # ---- throughput --------------------------------------------------------------------------------
 
 def _finite(values: list[Any]) -> np.ndarray:
+    import numpy as np  # 0.2 s to import: only where samples are judged, not on every command
     return np.array([float(v) for v in values if v is not None and math.isfinite(v)], dtype=float)
 
 
@@ -132,6 +134,7 @@ def _p_text(p: float) -> str:
 def judge_series(label: str, metric: str, before_values: list[Any], after_values: list[Any],
                  higher_is_better: bool, unit: str, pol: GatePolicy) -> tuple[str, str | None, dict[str, Any]]:
     """One (GPU, metric) series -> (status, reason or None for a plain pass, figures)."""
+    import numpy as np  # 0.2 s to import: only where samples are judged, not on every command
     b, a = _finite(before_values), _finite(after_values)
     fig: dict[str, Any] = {"n_before": len(b), "n_after": len(a), "dropped_before": len(before_values) - len(b),
                            "dropped_after": len(after_values) - len(a), "median_before": None, "median_after": None,

@@ -13,10 +13,12 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from .inventory import Host
+
+if TYPE_CHECKING:
+    import paramiko  # imported where a pre-flight runs (0.1 s): not for every command
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 _SSH_ARG_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args")
@@ -46,6 +48,7 @@ def known_hosts_files(host: Host) -> list[Path]:
 
 
 def load_known_hosts(files: list[Path]) -> paramiko.HostKeys:
+    import paramiko
     keys = paramiko.HostKeys()
     for path in files:
         if path.is_file():
@@ -65,6 +68,7 @@ def _key_types(known: paramiko.hostkeys.SubDict | None) -> list[str]:
 
 
 def check(host: Host, timeout: float = 5.0) -> Verdict:
+    import paramiko
     address, port = host.address, host.port
     lookup = address if port == 22 else f"[{address}]:{port}"
     files = known_hosts_files(host)
