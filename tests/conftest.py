@@ -17,17 +17,23 @@ if str(COLLECTIONS) not in sys.path:
     sys.path.append(str(COLLECTIONS))
 
 
-LAB_DIRS = ("lab", "lab_emu")
+LAB_DIRS = ("tests/lab/", "tests/lab_emu/")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """pytest-xdist (`-n auto --dist loadgroup`, pyproject's addopts) runs one file per worker at a time, so a
-    module's fixtures are built once; every lab test shares one group, so one worker runs them all in order: two
-    labs never run at once (one bridge, one set of namespaces), while the other workers take the rest."""
-    for item in items:
-        lab = item.get_closest_marker("lab") or Path(item.path).parent.name in LAB_DIRS
-        item.add_marker(pytest.mark.xdist_group("lab" if lab else item.path.stem))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist (`-n auto`, pyproject's addopts): one file per worker at a time, so a module's fixtures are built
+    once, and every lab test in one scope, so one worker runs them all in order: two labs never run at once (one
+    bridge, one set of namespaces) while the other workers take the rest. A scheduler, not `xdist_group` marks:
+    pytest 9.2 ignores the node-id suffix those marks become (pytest-dev/pytest-xdist#1386)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LabsApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "the lab" if path.startswith(LAB_DIRS) else path
+
+    return LabsApart(config, log)
 
 
 def pytest_configure(config):
