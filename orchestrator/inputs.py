@@ -16,6 +16,7 @@ import errno
 import os
 import re
 import stat
+from types import SimpleNamespace
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -207,8 +208,19 @@ def load_yaml(raw: bytes, path: object, max_items: int | None = MAX_ITEMS) -> An
         return loader.get_single_data()
     except (ValueError, OverflowError) as e:  # a value YAML reads but Python cannot hold: 2024-13-01
         raise ConstructorError(None, None, str(e).split(";")[0], None) from None
+    except yaml.YAMLError as e:
+        raise too_deep(e, loader.guard) or e
     finally:
         loader.dispose()
+
+
+def too_deep(error: yaml.YAMLError, guard: YamlGuard) -> InputError | None:
+    """PyYAML 6.0.4's own depth limit (its scanner reads ahead, so it may stop before the guard has seen MAX_DEPTH
+    levels): the guard's verdict, in the guard's words; None for any other YAML error."""
+    if "maximum nesting depth" not in str(error):
+        return None
+    return guard.refuse(SimpleNamespace(start_mark=getattr(error, "problem_mark", None)),
+                        f"YAML nested more than {MAX_DEPTH} levels deep")
 
 
 def check_yaml(raw: bytes, path: object) -> None:
@@ -219,8 +231,10 @@ def check_yaml(raw: bytes, path: object) -> None:
     try:
         for event in yaml.parse(raw, Loader=loader_class):
             guard.see(event)
-    except yaml.YAMLError:
-        pass
+    except yaml.YAMLError as e:
+        deep = too_deep(e, guard)
+        if deep:
+            raise deep from None
 
 
 # ---- inventories: every file Ansible will read ----------------------------------------------------------------------

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,8 +63,9 @@ def test_every_role_has_a_scenario_here():
 def test_molecule_scenario_against_the_lab(role, tmp_path):
     specs, setup, converge_changes = SCENARIOS[role]
     lab_dir = tmp_path / "lab"
-    control_dir = tmp_path / "cp"
-    control_dir.mkdir()
+    # OpenSSH's ControlPath is a unix socket (108 bytes at most): under xdist's popen-gwN/ a path in tmp_path is
+    # too long for Ansible's %h-%p-%r, so the sockets get a short directory of their own.
+    control_dir = Path(tempfile.mkdtemp(prefix="fl-cp-"))
     (tmp_path / "ansible-tmp").mkdir()
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
     base_env.update(FLEETCTL_LAB_DIR=str(lab_dir), PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -107,5 +110,6 @@ def test_molecule_scenario_against_the_lab(role, tmp_path):
         if (lab_dir / "hosts").exists() or (lab_dir / "lab.json").exists():
             down = _fleetctl(base_env, "lab", "down", timeout=DOWN_TIMEOUT_S)
         kill_processes_mentioning(str(control_dir))
+        shutil.rmtree(control_dir, ignore_errors=True)
         if down is not None:
             assert down.returncode == 0, f"fleetctl lab down: rc={down.returncode}\n{down.stdout}\n{down.stderr}"
