@@ -162,6 +162,10 @@ def operator() -> str:
     return f"{sudo} (as {user})" if sudo and sudo != user else user
 
 
+# Each host's latest finished run that audited it (audit, plan, a campaign's planning audit): `latest (host, run_id)`.
+LATEST_AUDITED = ("WITH latest AS (SELECT h.host, MAX(h.run_id) AS run_id FROM host_results h"
+                  " JOIN runs r ON r.id = h.run_id WHERE r.status = 'done' GROUP BY h.host)")
+
 class Store:
     def __init__(self, path: Path | None = None, readonly: bool = False):
         """READONLY (report, metrics, campaign show): an existing history is opened read-only and its bytes are
@@ -353,9 +357,7 @@ class Store:
     def latest_audits(self) -> list[sqlite3.Row]:
         """Each host's row of its latest finished run that audited it (audit, plan, a campaign's planning audit)."""
         return self.db.execute(
-            "WITH latest AS (SELECT h.host, MAX(h.run_id) AS run_id FROM host_results h JOIN runs r ON r.id = h.run_id"
-            " WHERE r.status = 'done' GROUP BY h.host)"
-            " SELECT h.host, h.run_id, h.reachable, h.facts, h.groups, r.started_at FROM latest l"
+            LATEST_AUDITED + " SELECT h.host, h.run_id, h.reachable, h.facts, h.groups, r.started_at FROM latest l"
             " JOIN host_results h ON h.run_id = l.run_id AND h.host = l.host JOIN runs r ON r.id = l.run_id"
             " ORDER BY h.host").fetchall()
 
@@ -364,9 +366,7 @@ class Store:
         status}]."""
         out: dict[str, list[dict[str, Any]]] = {}
         for f in self.db.execute(
-                "WITH latest AS (SELECT h.host, MAX(h.run_id) AS run_id FROM host_results h"
-                " JOIN runs r ON r.id = h.run_id WHERE r.status = 'done' GROUP BY h.host)"
-                " SELECT f.host, f.control, f.severity, f.status FROM latest l"
+                LATEST_AUDITED + " SELECT f.host, f.control, f.severity, f.status FROM latest l"
                 " JOIN findings f ON f.run_id = l.run_id AND f.host = l.host ORDER BY f.host, f.rowid"):
             out.setdefault(f["host"], []).append(dict(f))
         return out
