@@ -23,10 +23,14 @@ from .inventory import Fleet
 from .sanitize import one_line
 
 # One module call per host: no fact gathering, pipelining, and OpenSSH multiplexing; host keys are checked.
+# A multiplexing master whose host went away without closing the connection (a power cycle, a kernel panic, a host
+# torn down mid-reboot) would hold every later session on that host for the kernel's TCP timeout (~15 min):
+# ServerAlive* ends it after 60 s of silence, and the next connection attempt opens a fresh one.
 ANSIBLE_ENV = {
     "ANSIBLE_GATHERING": "explicit",
     "ANSIBLE_PIPELINING": "True",
-    "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=60s",
+    "ANSIBLE_SSH_ARGS": "-C -o ControlMaster=auto -o ControlPersist=60s -o ServerAliveInterval=15 "
+                        "-o ServerAliveCountMax=4",
     "ANSIBLE_HOST_KEY_CHECKING": "True",
     "ANSIBLE_SSH_HOST_KEY_CHECKING": "True",
     "ANSIBLE_RETRY_FILES_ENABLED": "False",

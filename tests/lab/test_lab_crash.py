@@ -67,6 +67,19 @@ def step_in_progress(lab, cid: int) -> str:
     return started[-1] if started else "planning"
 
 
+def finish(lab, args: list[str], cid: int) -> int:
+    """Run fleetctl ARGS to its end; a run that hangs fails with what the hosts and the campaign were doing."""
+    try:
+        return lab.fleetctl(*args, timeout=900).returncode
+    except subprocess.TimeoutExpired as e:
+        home, hosts_dir = Path(lab.env["FLEETCTL_HOME"]), Path(lab.env["FLEETCTL_LAB_DIR"]) / "hosts"
+        log = home / "campaigns" / f"{cid}.jsonl"
+        tails = {p.parent.name: p.read_text(errors="replace").splitlines()[-15:]
+                 for p in sorted(hosts_dir.glob("*/supervisor.log"))}
+        pytest.fail(f"{' '.join(args)} ran past 900 s\noutput: {e.stdout!r}\ncampaign log tail: "
+                    f"{log.read_text().splitlines()[-5:] if log.exists() else None}\nsupervisor logs: {tails}")
+
+
 def boots(lab) -> dict[str, int]:
     rows = json.loads(lab.fleetctl("lab", "status", "--format", "json").stdout)
     return {r["name"]: r["boots"] for r in rows}
@@ -130,7 +143,7 @@ def test_kill_9_at_20_random_points_then_resume(tmp_path):
             resume = ["campaign", "resume", str(cid)]
             while True:
                 delay = rng.uniform(*DELAY_S)
-                rc = run_until_killed(lab, args, delay) if kills < KILLS else lab.fleetctl(*args, timeout=900).returncode
+                rc = run_until_killed(lab, args, delay) if kills < KILLS else finish(lab, args, cid)
                 if rc == 5:        # halted for a person (an inconclusive gate): resuming is the person accepting
                     args = resume
                     continue
