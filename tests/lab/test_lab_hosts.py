@@ -134,9 +134,10 @@ def test_the_next_up_clears_the_remains_of_a_lab_killed_with_its_session(tmp_pat
                                                                          monkeypatch):
     """A test run killed with its machine's session leaves namespaces, veths, the bridge and its slot's claim but no
     process (its files may be gone with its tmp directory): the next `up` that takes that slot removes those remains
-    rather than refusing forever. (Pinned to the dead lab's slot: another lab, of another xdist worker, may hold a
-    lower one, and the lowest free slot may be another.)"""
+    rather than refusing forever. Both labs are pinned to the last slot: the lowest free slot may be another (a lab
+    of the other xdist worker may come and go), and a stale lowest slot would be that lab's to reclaim."""
     dead = tmp_path / "dead-lab"
+    monkeypatch.setenv("FLEETCTL_LAB_SLOT", str(network.SLOTS - 1))
     try:
         dead_lab = hosts.up([HostSpec("gpu-d1"), HostSpec("gpu-d2")], dead)
         names = network.names(dead_lab.slot)
@@ -147,7 +148,6 @@ def test_the_next_up_clears_the_remains_of_a_lab_killed_with_its_session(tmp_pat
             time.sleep(0.1)
         shutil.rmtree(dead)
         assert names.namespaces() == [names.netns("gpu-d1"), names.netns("gpu-d2")]
-        monkeypatch.setenv("FLEETCTL_LAB_SLOT", str(dead_lab.slot))
         lab = hosts.up([HostSpec("gpu-n1")])
         assert lab.slot == dead_lab.slot
         assert f"removed the remains of a dead lab ({names.netns('gpu-d1')}, {names.netns('gpu-d2')})" \
