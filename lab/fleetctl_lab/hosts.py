@@ -80,8 +80,9 @@ def build(lab: Lab, specs: list[HostSpec], timeout: float | None, claim: slots.C
     try:
         state.save(lab)  # first of all: the slot and names are recorded before anything of them exists
         prepare_files(lab)
-        network.create_bridge(lab.bridge, lab.bridge_address)
-        network.create_hosts(lab.bridge, [(h.netns, h.veth, h.address) for h in lab.hosts])
+        with slots.machine_wide():  # not the slot's lock: this process holds that one already
+            network.create_bridge(lab.bridge, lab.bridge_address)
+            network.create_hosts(lab.bridge, [(h.netns, h.veth, h.address) for h in lab.hosts])
         start_supervisors(lab)
         state.save(lab)
         wait_up(lab, timeout or (INSTALL_TIMEOUT_S if any(s.driver for s in specs) else UP_TIMEOUT_S))

@@ -9,7 +9,8 @@ A claimed slot stays taken while its lab lives (a supervisor of that lab directo
 namespaces); once nothing lives there and nobody holds the lock, its claim is stale and the next `up` that takes the
 slot removes its remains first (namespaces, veths and bridge of that slot only). Names of a slot that are on the
 machine without a claim (a lab from before slots, or one whose claim was lost) count the same way. RUN_DIR/slots.lock
-makes choosing a slot atomic; it is held while choosing, never while building.
+makes choosing a slot atomic; it is held while choosing (and while a lab's namespaces are made), never while a lab
+builds or waits for its hosts.
 
 Standard library only; what "lives" and how remains are removed come from the caller (hosts.py), so the choice is
 tested without root.
@@ -137,8 +138,10 @@ def _try_lock(handle: IO[str]) -> bool:
 
 
 @contextmanager
-def _choosing():
-    """RUN_DIR/slots.lock: one `up` at a time chooses (briefly; builds run side by side)."""
+def machine_wide():
+    """RUN_DIR/slots.lock, for what is done on the machine as a whole, briefly: choosing a slot, and making a
+    lab's namespaces (the first `ip netns add` after boot makes /run/netns a mount: two at once could stack two
+    mounts, hiding the namespaces of the first). Never held while a lab builds or waits."""
     run_dir().mkdir(parents=True, exist_ok=True)
     with open(run_dir() / "slots.lock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -151,7 +154,7 @@ def claim(directory: Path, alive: Alive, reclaim: Reclaim, pinned: int | None = 
     first. SlotError when DIRECTORY is already up (or being built or torn down), when PINNED is taken, or when
     every slot is."""
     directory = Path(directory)
-    with _choosing():
+    with machine_wide():
         own = _own_stale_slot(directory, alive)
         candidates = [pinned] if pinned is not None else ([own] if own is not None else []) + \
             [n for n in range(network.SLOTS) if n != own]
