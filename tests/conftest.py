@@ -66,6 +66,8 @@ def pytest_xdist_make_scheduler(config, log):
     suffix those marks become (pytest-dev/pytest-xdist#1386)."""
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # collection order (the lab scopes first, below), not scope sizes
+
     class TwoLabs(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return lab_scope(nodeid) or nodeid.split("::", 1)[0]
@@ -74,28 +76,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A lab test file missing from LAB_SCOPES fails collection, so no file lands in a scope by accident."""
+    """The lab files first, so the scheduler hands the two lab scopes out before anything else (they take longest);
+    a lab test file missing from LAB_SCOPES fails collection, so no file lands in a scope by accident."""
     for item in items:
-        rel = Path(item.path).relative_to(REPO).as_posix() if Path(item.path).is_relative_to(REPO) else ""
-        if rel.startswith(LAB_DIR) and item.path.stem not in LAB_SCOPES and item.path.name.startswith("test_"):
+        if lab_scope(item.nodeid) and item.path.stem not in LAB_SCOPES:
             raise pytest.UsageError(f"{item.path.name}: a lab test file without a scope: add it to LAB_SCOPES in "
                                     "tests/conftest.py")
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "lab: root-only lab tests (need root; build lab hosts in network namespaces)")
-
-
-@pytest.fixture(scope="session")
-def gpu_facts_module():
-    """collections/ansible_collections/fleetctl/gpu/plugins/modules/gpu_facts.py, imported as a Python module."""
-    spec = importlib.util.spec_from_file_location("fleetctl_test_gpu_facts", MODULES / "gpu_facts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="session")
-def testdata():
-    """Path of tests/testdata."""
-    return TESTDATA
+    items.sort(key=lambda item: lab_scope(item.nodeid) is None)  # stable: each file's order is kept
