@@ -78,7 +78,8 @@ def lab() -> None:
 @click.option("--spec", "specs", multiple=True, metavar="SPEC",
               help="COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm|+debian], repeatable, for a mixed fleet (overrides the above).")
 def up(count, sku, gpus, driver, drift, packaging, specs) -> None:
-    """Build the lab's package repo and bring the hosts up."""
+    """Build the lab's package repo and bring the hosts up (in the lowest free lab slot, or $FLEETCTL_LAB_SLOT's:
+    several labs, each in its own FLEETCTL_LAB_DIR, live side by side)."""
     from . import debian, hosts, packages
 
     specs_, extra = parse_specs(specs, count, sku, gpus, driver, drift, packaging)
@@ -103,7 +104,8 @@ def up(count, sku, gpus, driver, drift, packaging, specs) -> None:
         if "runtime" in drifts:
             faults.runtime_misconfigured(faults.Host(the_lab, name))
     inventory = hosts.write_inventory(the_lab)
-    click.echo(f"lab up: {len(specs_)} hosts in {time.monotonic() - started:.1f}s; inventory: {inventory}")
+    click.echo(f"lab up: {len(specs_)} hosts in {time.monotonic() - started:.1f}s (slot {the_lab.slot}: bridge "
+               f"{the_lab.bridge} {the_lab.bridge_address}); inventory: {inventory}")
 
 
 @lab.command()

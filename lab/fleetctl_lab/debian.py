@@ -72,7 +72,10 @@ def held(driver: str, installed: dict[str, str]) -> list[str]:
 
 def ensure_mirror() -> Path:
     """MIRROR holding every driver set of DRIVERS and what they need beyond this machine's packages; a no-op when
-    the last fetch was for the same sets and its files are all there."""
+    the last fetch was for the same sets and its files are all there. Shared by every lab on the machine: one fetch
+    at a time (MIRROR/.lock; a second lab waits, then finds it done), and the index and manifest are replaced
+    atomically, so a lab's hosts reading the mirror while another lab fetches never see half a file (apt moves
+    each .deb in whole from partial/; nothing is ever removed)."""
     mirror = mirror_dir()
     mirror.mkdir(parents=True, exist_ok=True)
     with open(mirror / ".lock", "w") as lock:
@@ -104,9 +107,15 @@ def ensure_mirror() -> Path:
         files = sorted(p.name for p in mirror.glob("*.deb"))
         scan = subprocess.run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"], cwd=mirror,
                               capture_output=True, check=True)
-        (mirror / "Packages").write_bytes(scan.stdout)
-        manifest.write_text(json.dumps({"wanted": wanted(), "files": files}, indent=1) + "\n")
+        _replace(mirror / "Packages", scan.stdout)
+        _replace(manifest, (json.dumps({"wanted": wanted(), "files": files}, indent=1) + "\n").encode())
         return mirror
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 def _check_machine() -> None:

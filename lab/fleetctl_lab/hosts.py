@@ -6,8 +6,12 @@
     down()                                                                   # idempotent; leaves nothing
 
 Each host is a supervisor process (lab/fleetctl_lab/supervisor.py) in the host's network namespace fl-<name>, with
-mount, UTS and PID namespaces of its own. The controller only writes the host's directory, builds the network,
-starts the supervisors (all at once) and waits for every host's sshd to answer on the bridge.
+mount, UTS and PID namespaces of its own. The controller only claims a slot, writes the host's directory, builds the
+network, starts the supervisors (all at once) and waits for every host's sshd to answer on the bridge.
+
+Several labs (each its own $LAB) live side by side, each in a slot of its own (slots.py): slot 0 has the names a
+single lab always had (flbr0, 10.213.0.0/16, fl-<name>, flv<i>), slot n flbr<n>, 10.<213+n>.0.0/16, fl<n>-<name>,
+fl<n>v<i>. lab.json records the slot and every name; everything after `up` uses the recorded names.
 
 Rebooting a host: `reboot`, `shutdown -r ...` inside it, or ansible.builtin.reboot with its defaults (no setting
 needed: it runs `shutdown -r 0 "Reboot initiated by Ansible"` and waits for /proc/sys/kernel/random/boot_id to
@@ -16,7 +20,6 @@ change). While down (1 s grace, then 2 s + faults.conf slow_reboot) the address 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shlex
@@ -27,24 +30,23 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fleetctl_lab
 import orchestrator
 from orchestrator.errors import OperationError
-from . import debian, network, state
+from . import debian, network, slots, state
 from .skus import SKUS
 from .state import HostRecord, HostSpec, Lab
 
 __all__ = ["HostSpec", "Lab", "LabError", "up", "down", "status", "write_inventory"]
 
 SUPERVISOR_MODULE = "fleetctl_lab.supervisor"
-MACHINE_LOCK = Path("/run/lock/fleetctl-lab.lock")
 UP_TIMEOUT_S = 90.0
 INSTALL_TIMEOUT_S = 600.0      # apt-get inside every host at once, on a small machine
 STOP_TIMEOUT_S = 5.0
+SLOT_LOCK_TIMEOUT_S = INSTALL_TIMEOUT_S + UP_TIMEOUT_S + 60.0  # a `down` waits for an `up` building in its slot
 DGX_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # where an HGX board's 8 GPUs sit
 
 
@@ -54,31 +56,40 @@ class LabError(OperationError):
 
 # -- up ------------------------------------------------------------------------------------------------------
 
-def up(specs: list[HostSpec], lab_dir: str | os.PathLike | None = None, timeout: float | None = None) -> Lab:
-    """Build and boot the hosts of SPECS; return the lab once every host's sshd answers. On failure, nothing stays
-    up (the apt repository is kept)."""
+def up(specs: list[HostSpec], lab_dir: str | os.PathLike | None = None, timeout: float | None = None,
+       slot: int | None = None) -> Lab:
+    """Build and boot the hosts of SPECS in a slot of their own (SLOT, else $FLEETCTL_LAB_SLOT, else the lowest free
+    one); return the lab once every host's sshd answers. On failure, nothing stays up (the apt repository is kept)."""
     directory = state.lab_dir(lab_dir)
     check_specs(specs)
-    with machine_lock():
-        refuse_second_lab(directory)
-        lab = plan(specs, directory)
-        return build(lab, specs, timeout)
+    refuse_directory_up(directory)
+    try:
+        claim = slots.claim(directory, lab_alive, reclaim_remains,
+                            pinned=slots.pinned_slot() if slot is None else slots.pinned_slot(slot))
+    except slots.SlotError as e:
+        raise LabError(str(e)) from None
+    try:
+        lab = plan(specs, directory, claim.names)
+        return build(lab, specs, timeout, claim)
+    finally:
+        claim.close()  # unlocked: from now on its supervisors keep the slot taken, until `down` releases it
 
 
-def build(lab: Lab, specs: list[HostSpec], timeout: float | None) -> Lab:
+def build(lab: Lab, specs: list[HostSpec], timeout: float | None, claim: slots.Claim) -> Lab:
     directory = lab.dir
     try:
+        state.save(lab)  # first of all: the slot and names are recorded before anything of them exists
         prepare_files(lab)
-        network.create_bridge()
-        network.create_hosts([(h.name, h.index, h.address) for h in lab.hosts])
-        state.save(lab)
+        with slots.machine_wide():  # not the slot's lock: this process holds that one already
+            network.create_bridge(lab.bridge, lab.bridge_address)
+            network.create_hosts(lab.bridge, [(h.netns, h.veth, h.address) for h in lab.hosts])
         start_supervisors(lab)
         state.save(lab)
         wait_up(lab, timeout or (INSTALL_TIMEOUT_S if any(s.driver for s in specs) else UP_TIMEOUT_S))
         state.save(lab)
         write_inventory(lab)
     except BaseException:
-        down(directory, keep_repo=True)
+        down(directory, keep_repo=True, claim=claim)
         raise
     return lab
 
@@ -99,50 +110,39 @@ def check_specs(specs: list[HostSpec]) -> None:
         raise LabError(f"duplicate host names: {', '.join(duplicates)}")
 
 
-@contextmanager
-def machine_lock():
-    """One `lab up` at a time on this machine: a lab being built has namespaces before it has processes, so only
-    the lock tells it apart from the remains of a dead one."""
-    MACHINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(MACHINE_LOCK, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LabError("another `fleetctl lab up` is running on this machine") from None
-        yield
-
-
-def refuse_second_lab(directory: Path) -> None:
-    """One lab per machine: the bridge and the fl- namespaces are machine-wide names. The remains of a lab whose
-    processes are all gone (its test run or its machine's session was killed) are removed instead."""
+def refuse_directory_up(directory: Path) -> None:
+    """One lab per lab directory (labs in other directories live beside it, each in its own slot). A second `up`
+    of the same directory while its first is being built is refused by its slot's claim (slots.claim)."""
     if (directory / "lab.json").exists():
-        raise LabError(f"a lab is already recorded in {directory}: run `fleetctl lab down` first")
-    if (network.link_exists(network.BRIDGE) or network.lab_netns()) and not lab_processes_alive():
-        reclaim_remains()
-    if network.link_exists(network.BRIDGE) or network.lab_netns():
-        raise LabError(f"another lab is up on this machine ({network.BRIDGE} or fl-* namespaces exist): "
-                       "run `fleetctl lab down` with its FLEETCTL_LAB_DIR first")
+        raise LabError(f"this lab directory is already up: {directory} (its lab.json is there): run `fleetctl lab "
+                       "down` first")
 
 
-def lab_processes_alive() -> bool:
-    """Any lab supervisor on this machine, or any process inside an fl- namespace."""
-    return any(is_supervisor(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()) or any(network.netns_pids(ns) for ns in network.lab_netns())
+def lab_alive(directory: Path | None, names: network.Names) -> bool:
+    """Anything of a lab still runs: a supervisor of the lab in DIRECTORY, or any process in a namespace of its
+    slot (NAMES). A lab that is neither (its test run or its machine's session was killed) is remains."""
+    hosts_dir = directory / "hosts" if directory is not None else None
+    if hosts_dir is not None and any(is_supervisor(int(e.name), hosts_dir) for e in Path("/proc").iterdir()
+                                     if e.name.isdigit()):
+        return True
+    return any(network.netns_pids(ns) for ns in names.namespaces())
 
 
-def reclaim_remains() -> None:
-    """Namespaces, veths and the bridge of a lab nothing runs in any more (their files are wherever that lab was)."""
-    namespaces = network.lab_netns()
+def reclaim_remains(names: network.Names) -> None:
+    """Namespaces, veths and the bridge of slot NAMES' dead lab (its files are wherever that lab was): only that
+    slot's, never another lab's."""
+    namespaces = names.namespaces()
     for ns in namespaces:
         remove_netns(ns)
-    remove_bridge_if_unused()
-    print(f"fleetctl lab: removed the remains of a dead lab ({', '.join(namespaces) or network.BRIDGE})",
+    remove_slot_links(names)
+    print(f"fleetctl lab: removed the remains of a dead lab ({', '.join(namespaces) or names.bridge})",
           file=sys.stderr)
 
 
-def plan(specs: list[HostSpec], directory: Path) -> Lab:
-    hosts = [HostRecord(spec, i, network.host_address(i), network.netns_name(spec.name), network.veth_name(i))
+def plan(specs: list[HostSpec], directory: Path, names: network.Names) -> Lab:
+    hosts = [HostRecord(spec, i, names.host_address(i), names.netns(spec.name), names.veth(i))
              for i, spec in enumerate(specs)]
-    return Lab(directory, network.BRIDGE, network.BRIDGE_ADDRESS, hosts)
+    return Lab(directory, names.bridge, names.bridge_address, hosts, names.slot)
 
 
 def prepare_files(lab: Lab) -> None:
@@ -344,22 +344,54 @@ def read_text(path: Path) -> str | None:
 
 # -- down ----------------------------------------------------------------------------------------------------
 
-def down(lab_dir: str | os.PathLike | None = None, keep_repo: bool = False) -> None:
-    """Remove everything the lab made: processes, namespaces, veths, the bridge, mounts, and $LAB (its apt
-    repository too, unless KEEP_REPO). Idempotent; also cleans up after dead supervisors and half-built labs."""
+def down(lab_dir: str | os.PathLike | None = None, keep_repo: bool = False, claim: slots.Claim | None = None) -> None:
+    """Remove everything the lab made: processes, namespaces, veths, the bridge, mounts, its slot's claim, and $LAB
+    (its apt repository too, unless KEEP_REPO). Idempotent; also cleans up after dead supervisors and half-built
+    labs. Only the names recorded in lab.json (or, for a lab that got no further than its claim, its slot's) are
+    touched, and only while its slot is this lab's: other labs on the machine are left alone. CLAIM: the slot,
+    already locked by this process (an `up` that failed)."""
     directory = state.lab_dir(lab_dir)
     lab = state.load(directory)
-    names = {h.name for h in lab.hosts} if lab else set()
-    if (directory / "hosts").is_dir():
-        names |= {p.name for p in (directory / "hosts").iterdir() if p.is_dir()}
-    stop_supervisors(directory, lab)
-    for name in sorted(names):
-        remove_netns(network.netns_name(name))
-    for veth in ([h.veth for h in lab.hosts] if lab else []):
-        network.delete_link(veth)
-    remove_bridge_if_unused()
+    slot = lab.slot if lab else (claim.slot if claim else slots.slot_of(directory))
+    if slot is not None and claim is None and slots.owner_of(slot) not in (directory, None):
+        slot = None  # reclaimed by another lab once ours was dead: our remains went then; its names are its own
+    held = claim or (lock_slot(slot) if slot is not None else None)  # waits while an `up` builds in the slot
+    try:
+        stop_supervisors(directory, lab)
+        if held is not None and held.owner in (directory, None):
+            remove_network(directory, lab, network.names(held.slot))
+            if held.owner == directory:
+                held.release()
+    finally:
+        if held is not None and held is not claim:
+            held.close()
     unmount_under(directory)
     remove_files(directory, keep_repo)
+
+
+def lock_slot(slot: int) -> slots.Claim:
+    try:
+        return slots.lock(slot, SLOT_LOCK_TIMEOUT_S)
+    except slots.SlotError as e:
+        raise LabError(str(e)) from None
+
+
+def remove_network(directory: Path, lab: Lab | None, names: network.Names) -> None:
+    """The lab's namespaces and veths (as recorded; else the slot's names of the hosts it has directories for),
+    then its slot's bridge once no namespace of the slot is left."""
+    if lab:
+        namespaces, veths = [h.netns for h in lab.hosts], [h.veth for h in lab.hosts]
+    else:
+        hosts_dir = directory / "hosts"
+        namespaces = [names.netns(p.name) for p in hosts_dir.iterdir() if p.is_dir()] if hosts_dir.is_dir() else []
+        veths = []
+    for ns in sorted(namespaces):
+        remove_netns(ns)
+    for veth in veths:
+        network.delete_link(veth)
+    bridge = lab.bridge if lab else names.bridge
+    if not names.namespaces():
+        remove_slot_links(names, bridge)
 
 
 def supervisor_pids(directory: Path, lab: Lab | None) -> list[int]:
@@ -410,12 +442,11 @@ def signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def remove_bridge_if_unused() -> None:
-    """The bridge (and any stray lab veth) is the lab's: gone with its last host namespace."""
-    if not network.lab_netns():
-        for veth in network.lab_veths():
-            network.delete_link(veth)
-        network.delete_bridge()
+def remove_slot_links(names: network.Names, bridge: str | None = None) -> None:
+    """The slot's bridge (BRIDGE: as recorded) and any stray veth of the slot: gone with its last host namespace."""
+    for veth in names.veths():
+        network.delete_link(veth)
+    network.delete_link(bridge or names.bridge)
 
 
 def remove_netns(ns: str) -> None:

@@ -1,4 +1,5 @@
-"""The lab's record on the controller: where it lives ($LAB) and lab.json (hosts, addresses, specs, pids)."""
+"""The lab's record on the controller: where it lives ($LAB) and lab.json (slot, bridge, hosts, addresses, specs,
+pids). `down`, `status`, `inject` and `reboot` use the names recorded here, never names computed again."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class Lab:
     bridge: str
     bridge_address: str
     hosts: list[HostRecord] = field(default_factory=list)
+    slot: int = 0                  # the lab's slot (slots.py): its bridge, subnet, namespace and veth names
 
     # paths (docs/lab.md)
     @property
@@ -93,7 +95,7 @@ class Lab:
 
 def save(lab: Lab) -> None:
     """Write lab.json atomically."""
-    data = {"bridge": lab.bridge, "bridge_address": lab.bridge_address,
+    data = {"slot": lab.slot, "bridge": lab.bridge, "bridge_address": lab.bridge_address,
             "hosts": [dict(asdict(h), spec=asdict(h.spec)) for h in lab.hosts]}
     lab.dir.mkdir(parents=True, exist_ok=True)
     tmp = lab.json_path.with_suffix(".json.tmp")
@@ -109,4 +111,7 @@ def load(path: str | os.PathLike | None = None) -> Lab | None:
     except (OSError, ValueError):
         return None
     hosts = [HostRecord(**dict(h, spec=HostSpec(**h["spec"]))) for h in data.get("hosts", [])]
-    return Lab(directory, data["bridge"], data["bridge_address"], hosts)
+    slot = data.get("slot")
+    if slot is None:  # a lab.json from before slots: its bridge says which (flbr0: slot 0)
+        slot = int(data["bridge"][4:]) if re.fullmatch(r"flbr\d+", data["bridge"]) else 0
+    return Lab(directory, data["bridge"], data["bridge_address"], hosts, int(slot))

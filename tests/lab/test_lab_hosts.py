@@ -87,15 +87,35 @@ class TestTwoHosts:
                                       "test -d /sys/module/nouveau && echo nouveau").stdout.split()
         assert out == ["kept", after["gpu-a"]["boot_id"], "nouveau"]
 
-    def test_a_second_lab_is_refused(self, two_hosts, lab_dir):
-        with pytest.raises(hosts.LabError, match="another lab is up"):
-            hosts.up([HostSpec("gpu-x")])
-        assert not lab_dir.exists()
+    def test_the_same_lab_directory_twice_is_refused(self, two_hosts, lab_dir):
+        before = {s["name"]: s["boot_id"] for s in hosts.status(two_hosts.lab.dir)}
+        with pytest.raises(hosts.LabError, match="this lab directory is already up"):
+            hosts.up([HostSpec("gpu-x")], two_hosts.lab.dir)
+        assert not (two_hosts.lab.dir / "hosts/gpu-x").exists() and not lab_dir.exists()
+        after = hosts.status(two_hosts.lab.dir)
+        assert {s["name"]: s["boot_id"] for s in after} == before and all(s["running"] for s in after)
+
+    def test_a_lab_in_another_directory_lives_beside_it(self, two_hosts, lab_dir, leftovers):
+        """Another slot: its own bridge, subnet, namespaces and veths; its `down` leaves the first lab running."""
+        try:
+            other = hosts.up([HostSpec("gpu-a")])  # the same host name as two_hosts' first host
+            assert other.slot != two_hosts.lab.slot and other.bridge != two_hosts.lab.bridge
+            assert other.hosts[0].address != two_hosts.lab.hosts[0].address
+            assert other.hosts[0].netns != two_hosts.lab.hosts[0].netns
+            assert other.hosts[0].veth != two_hosts.lab.hosts[0].veth
+            assert [s["running"] for s in hosts.status()] == [True]
+            assert two_hosts.ssh("gpu-a", "hostname").stdout.strip() == "gpu-a"
+        finally:
+            hosts.down()
+        assert leftovers(lab_dir, other) == []
+        assert all(s["running"] for s in hosts.status(two_hosts.lab.dir))
+        assert network.link_exists(two_hosts.lab.bridge)
+        assert two_hosts.ssh("gpu-b", "hostname").stdout.strip() == "gpu-b"
 
 
 def test_down_leaves_nothing_even_after_kill_9(lab_dir, leftovers):
     try:
-        hosts.up([HostSpec("gpu-k1"), HostSpec("gpu-k2", nouveau=False, persistence_off=True)])
+        lab = hosts.up([HostSpec("gpu-k1"), HostSpec("gpu-k2", nouveau=False, persistence_off=True)])
         status = {s["name"]: s for s in hosts.status()}
         assert all(s["running"] for s in status.values())
         assert not status["gpu-k2"]["nouveau_loaded"] and status["gpu-k1"]["nouveau_loaded"]
@@ -105,32 +125,39 @@ def test_down_leaves_nothing_even_after_kill_9(lab_dir, leftovers):
         assert {s["name"]: s["running"] for s in hosts.status()} == {"gpu-k1": False, "gpu-k2": True}
     finally:
         hosts.down()
-    assert leftovers(lab_dir) == []
+    assert leftovers(lab_dir, lab) == []
     hosts.down()  # idempotent
     assert hosts.status() == []
 
 
-def test_the_next_up_clears_the_remains_of_a_lab_killed_with_its_session(tmp_path, lab_dir, leftovers, capfd):
-    """A test run killed with its machine's session leaves namespaces, veths and the bridge but no process (its
-    files may be gone with its tmp directory): the next `up` removes those remains rather than refusing forever."""
+def test_the_next_up_clears_the_remains_of_a_lab_killed_with_its_session(tmp_path, lab_dir, leftovers, capfd,
+                                                                         monkeypatch):
+    """A test run killed with its machine's session leaves namespaces, veths, the bridge and its slot's claim but no
+    process (its files may be gone with its tmp directory): the next `up` that takes that slot removes those remains
+    rather than refusing forever. Both labs are pinned to the last slot: the lowest free slot may be another (a lab
+    of the other xdist worker may come and go), and a stale lowest slot would be that lab's to reclaim."""
     dead = tmp_path / "dead-lab"
+    monkeypatch.setenv("FLEETCTL_LAB_SLOT", str(network.SLOTS - 1))
     try:
-        hosts.up([HostSpec("gpu-d1"), HostSpec("gpu-d2")], dead)
+        dead_lab = hosts.up([HostSpec("gpu-d1"), HostSpec("gpu-d2")], dead)
+        names = network.names(dead_lab.slot)
         for pid in hosts.supervisor_pids(dead, None):
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while hosts.lab_processes_alive() and time.monotonic() < deadline:
+        while hosts.lab_alive(dead, names) and time.monotonic() < deadline:
             time.sleep(0.1)
         shutil.rmtree(dead)
-        assert sorted(network.lab_netns()) == ["fl-gpu-d1", "fl-gpu-d2"]
-        hosts.up([HostSpec("gpu-n1")])
-        assert "removed the remains of a dead lab (fl-gpu-d1, fl-gpu-d2)" in capfd.readouterr().err
-        assert network.lab_netns() == ["fl-gpu-n1"]
+        assert names.namespaces() == [names.netns("gpu-d1"), names.netns("gpu-d2")]
+        lab = hosts.up([HostSpec("gpu-n1")])
+        assert lab.slot == dead_lab.slot
+        assert f"removed the remains of a dead lab ({names.netns('gpu-d1')}, {names.netns('gpu-d2')})" \
+            in capfd.readouterr().err
+        assert names.namespaces() == [names.netns("gpu-n1")]
         assert [s["running"] for s in hosts.status()] == [True]
     finally:
         hosts.down()
         hosts.down(dead)
-    assert leftovers(lab_dir) == [] and leftovers(dead) == []
+    assert leftovers(lab_dir, lab) == [] and leftovers(dead, dead_lab) == []
 
 
 def test_driver_installed_before_first_boot(lab_dir, leftovers, stub_driver_repo):
@@ -146,4 +173,4 @@ def test_driver_installed_before_first_boot(lab_dir, leftovers, stub_driver_repo
             (kernel / "kmsg").read_text()
     finally:
         hosts.down()
-    assert leftovers(lab_dir) == []
+    assert leftovers(lab_dir, lab) == []
