@@ -84,4 +84,4 @@ def test_the_lab_distribution_registers_fleetctl_lab():
     from orchestrator import cli
 
     assert plugins.entry_points()["lab"].value == "fleetctl_lab.cli:lab"
-    assert cli.cli.commands["lab"].name == "lab"
+    assert cli.cli.get_command(None, "lab").name == "lab"
