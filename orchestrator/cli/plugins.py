@@ -5,7 +5,8 @@ command."""
 
 from __future__ import annotations
 
-from importlib import metadata
+
+from typing import Any
 
 import click
 
@@ -14,9 +15,10 @@ from ..sanitize import clean_line
 GROUP = "fleetctl.commands"
 
 
-def entry_points() -> dict[str, metadata.EntryPoint]:
-    """The installed plugins by name (a name twice: the first found)."""
-    found: dict[str, metadata.EntryPoint] = {}
+def entry_points() -> dict[str, Any]:
+    """The installed plugins by name (a name twice: the first found): importlib.metadata.EntryPoint each."""
+    from importlib import metadata  # here: a command of fleetctl's own never scans the installed distributions
+    found: dict[str, Any] = {}
     for ep in metadata.entry_points(group=GROUP):
         found.setdefault(ep.name, ep)
     return found
