@@ -28,7 +28,7 @@ def installed(monkeypatch):
     module.not_a_command = object()
     monkeypatch.setitem(sys.modules, module.__name__, module)
     eps = []
-    monkeypatch.setattr(plugins.metadata, "entry_points",
+    monkeypatch.setattr(metadata, "entry_points",
                         lambda group: [ep for ep in eps if ep.group == group])
     return eps
 
