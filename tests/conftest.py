@@ -83,3 +83,22 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.path.name}: a lab test file without a scope: add it to LAB_SCOPES in "
                                     "tests/conftest.py")
     items.sort(key=lambda item: lab_scope(item.nodeid) is None)  # stable: each file's order is kept
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "lab: root-only lab tests (need root; build lab hosts in network namespaces)")
+
+
+@pytest.fixture(scope="session")
+def gpu_facts_module():
+    """collections/ansible_collections/fleetctl/gpu/plugins/modules/gpu_facts.py, imported as a Python module."""
+    spec = importlib.util.spec_from_file_location("fleetctl_test_gpu_facts", MODULES / "gpu_facts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def testdata():
+    """Path of tests/testdata."""
+    return TESTDATA
