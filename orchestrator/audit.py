@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import baseline as baseline_mod, inputs, inventory, policy, runner, runs, schemas
+from . import baseline as baseline_mod, inputs, inventory, policy, schemas
 from .store import Store
+
+if TYPE_CHECKING:
+    from . import runner
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 3
 FAIL_ON_CHOICES = ("critical", "high", "medium", "low", "info", "never")
@@ -50,8 +53,14 @@ def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: basel
         message = f"fact collection failed: {outcome.message}"
         return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
     facts = outcome.results.get("fleetctl.gpu.gpu_facts", {}).get("facts")
-    problem = inputs.dropped_result(outcome.results, "fleetctl.gpu.gpu_facts") \
-        or schemas.host_result_problem("host-facts", facts)  # too large (or deep), or not valid: one line
+    return evaluate_facts(host, facts, base, reference, inputs.dropped_result(outcome.results, "fleetctl.gpu.gpu_facts"))
+
+
+def evaluate_facts(host: inventory.Host, facts: Any, base: baseline_mod.Baseline,
+                   reference: dict[str, dict[str, Any]] | None = None, problem: str | None = None) -> dict[str, Any]:
+    """The host's entry from the facts its gpu_facts returned (the audit's, or `fleetctl check`'s in-process):
+    facts too large, too deep or not valid are the one `facts.collected` error, else the controls' findings."""
+    problem = problem or schemas.host_result_problem("host-facts", facts)  # one line
     if problem is not None:
         message = f"the host returned facts fleetctl cannot trust: {problem}"
         return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
@@ -73,6 +82,7 @@ def collect(fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | No
     """Every host's facts (one gpu_facts call each) evaluated against the baseline: audit, plan, upgrade and the
     campaigns' precheck/verify. Controls that compare a host with itself get its last passing audit from HISTORY
     (the user's history when None)."""
+    from . import runner  # here: `fleetctl check` imports this module and never Ansible
     outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
                                    forks, preflight)
     refs = references(fleet, history)
@@ -100,6 +110,7 @@ def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
 def run(opts: AuditOptions, store: Store, argv: list[str], notifier=None) -> dict[str, Any]:
     """Audit the fleet and record it. Input errors (InputError) are raised before anything is recorded.
     NOTIFIER (notify.Notifier): told of findings before the run is sealed, what became of that in its summary."""
+    from . import runs
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "audit", argv, fleet, base, opts.limit) as run_:

@@ -19,3 +19,8 @@ def yaml_error(path: object, e: Exception) -> InputError:
     where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     return InputError(f"{path}:{where}: not valid YAML: {problem}")
+
+
+class SlurmError(OperationError):
+    """Slurm could not be asked or would not do it (scontrol/sinfo missing, timed out, refused, or answered what
+    fleetctl cannot read): one line, exit 1."""

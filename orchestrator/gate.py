@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-import yaml
 
 from . import resources
 from .controls import nvlink_errors, severity_rank
@@ -242,8 +241,7 @@ def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None
 @cache
 def xid_catalog() -> dict[int, dict[str, Any]]:
     """The Xid table the hosts classify with (collections/ansible_collections/fleetctl/gpu/roles/gpu_facts/defaults/main.yml), for NVML-delivered codes."""
-    doc = yaml.safe_load((resources.role_dir("gpu_facts") / "defaults" / "main.yml").read_text())
-    return {int(e["code"]): e for e in doc["gpu_facts_xid_catalog"]}
+    return {int(e["code"]): e for e in resources.xid_catalog()}
 
 
 def classify_override(event: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
-
-import yaml
 
 from . import baseline as baseline_mod, gate, inputs, inventory, resources, runner, runs, schemas
 from .audit import EXIT_OK, EXIT_UNREACHABLE, xid_overrides
@@ -31,17 +28,10 @@ class ProbeOptions:
     preflight: bool = True
 
 
-@cache
-def xid_catalog() -> list[dict[str, Any]]:
-    """The Xid table shipped with the gpu_facts role (one source of truth for both modules)."""
-    defaults = yaml.safe_load((resources.role_dir("gpu_facts") / "defaults" / "main.yml").read_text())
-    return defaults["gpu_facts_xid_catalog"]
-
-
 def extravars(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline,
               markers: dict[str, int] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "gpu_probe_xid_catalog": xid_catalog(),
+        "gpu_probe_xid_catalog": resources.xid_catalog(),
         "fleetctl_xid_overrides": xid_overrides(fleet, base),
         "fleetctl_kmsg_markers": markers or {},
         "gpu_probe_throughput": opts.throughput,

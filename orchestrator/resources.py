@@ -8,6 +8,7 @@ import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 _PACKAGE = Path(__file__).resolve().parent
 COLLECTION = ("fleetctl", "gpu")  # namespace, name: its roles and modules are used by FQCN (fleetctl.gpu.gpu_facts)
@@ -52,3 +53,28 @@ def module_utils(name: str) -> ModuleType:
     if path not in sys.path:
         sys.path.append(path)  # ansible_collections is a namespace package: this adds fleetctl.gpu to it
     return importlib.import_module(f"ansible_collections.{'.'.join(COLLECTION)}.plugins.module_utils.{name}")
+
+
+@cache
+def module(name: str) -> ModuleType:
+    """A module of the collection (plugins/modules/NAME.py) imported as a Python module on this machine, for
+    `fleetctl check` to run its code in-process (it imports Ansible only in its main())."""
+    import importlib.util
+    path = collection_dir() / "plugins" / "modules" / f"{name}.py"
+    module_utils("fleetctl_gpus")  # ansible_collections on sys.path, for the module's own imports
+    spec = importlib.util.spec_from_file_location(f"fleetctl_collection_{name}", path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+@cache
+def role_defaults(name: str) -> dict[str, Any]:
+    """The defaults of the collection's role NAME (roles/NAME/defaults/main.yml)."""
+    import yaml
+    return yaml.safe_load((role_dir(name) / "defaults" / "main.yml").read_text())
+
+
+def xid_catalog() -> list[dict[str, Any]]:
+    """The Xid table shipped with the gpu_facts role (one source of truth for both modules and `fleetctl check`)."""
+    return role_defaults("gpu_facts")["gpu_facts_xid_catalog"]

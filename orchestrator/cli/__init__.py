@@ -11,4 +11,11 @@ campaign_view.py a campaign live on a terminal, `campaign list` and `campaign sh
 """
 
 from .main import EXIT_INTERNAL, EXIT_USAGE, cli, main  # noqa: F401
-from .output import stored_argv  # noqa: F401
+
+
+def __getattr__(name: str):
+    """stored_argv on first use: output.py imports rich, which `fleetctl check` does without."""
+    if name == "stored_argv":
+        from .output import stored_argv
+        return stored_argv
+    raise AttributeError(name)

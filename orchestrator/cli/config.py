@@ -31,7 +31,7 @@ def builtin_default(root: click.Command, key: Key) -> Any:
     for path in key.commands:
         command = root
         for part in path:
-            command = command.commands.get(part) if isinstance(command, click.Group) else None
+            command = command.get_command(None, part) if isinstance(command, click.Group) else None
             if command is None:
                 break
         if command is None:

@@ -1,10 +1,12 @@
 """fleetctl's root command and its exit codes (the README: flags and exit codes are relied on by scripts and cron).
 
 Each command group is a module of this package; the services they call (orchestrator/*.py) return data and events
-and never import click or rich."""
+and never import click or rich. A command's module is imported when that command is used (BUILTIN), so `fleetctl
+check`, which Slurm runs on every node, imports neither Ansible nor rich nor the campaign engine."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -12,14 +14,39 @@ import click
 
 from .. import __version__, interrupts, logs
 from ..errors import InputError, OperationError
-from . import audit, campaign, completion, config, metrics, plan, plugins, probe, report, systemd
+from . import plugins
 from ..sanitize import clean_line
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # a fleetctl bug: never confused with "findings" (1) by a script
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# command name -> (module of this package, its attribute): fleetctl's own commands, imported on first use.
+BUILTIN = {"audit": ("audit", "audit"), "check": ("check", "check"), "probe": ("probe", "probe"),
+           "plan": ("plan", "plan"), "upgrade": ("campaign", "upgrade"), "campaign": ("campaign", "campaign"),
+           "rollback": ("campaign", "rollback"), "report": ("report", "report"), "metrics": ("metrics", "metrics"),
+           "config": ("config", "config_group"), "completion": ("completion", "completion"),
+           "systemd": ("systemd", "systemd_group")}
+
+
+class Root(click.Group):
+    """The root group: BUILTIN commands imported when asked for, then plugins (plugins.py) by name."""
+
+    def get_command(self, ctx, name):
+        if name not in self.commands:
+            if name in BUILTIN:
+                module, attr = BUILTIN[name]
+                command = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+                self.add_command(command(self) if name == "systemd" else command, name)  # install offers upgrade's
+            else:
+                plugins.add_one(self, name)
+        return self.commands.get(name)
+
+    def list_commands(self, ctx):
+        return sorted(set(self.commands) | set(BUILTIN) | set(plugins.entry_points()))
+
+
+@click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
 def cli(ctx) -> None:
@@ -28,14 +55,9 @@ def cli(ctx) -> None:
     Flags default to the config file's values ($FLEETCTL_CONFIG, ~/.config/fleetctl/config.yml or
     /etc/fleetctl/config.yml): `fleetctl config show`.
     """
-    config.apply(ctx)
-
-
-for command in (audit.audit, probe.probe, plan.plan, campaign.upgrade, campaign.campaign, campaign.rollback,
-                report.report, metrics.metrics, config.config_group, completion.completion):
-    cli.add_command(command)
-cli.add_command(systemd.systemd_group(cli))  # after `upgrade`: install offers its options
-plugins.add_to(cli)
+    if ctx.invoked_subcommand != "check":  # check reads no configuration file (it runs on the nodes)
+        from . import config
+        config.apply(ctx)
 
 
 def main() -> None:

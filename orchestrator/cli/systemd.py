@@ -21,10 +21,10 @@ def command_for(root: click.Group, words: list[str]) -> tuple[click.Command, lis
     """The (sub)command WORDS name, the rest of the words, and its name."""
     cmd, name = root, "fleetctl"
     while isinstance(cmd, click.Group):
-        if not words or words[0] not in cmd.commands:
+        sub = cmd.get_command(None, words[0]) if words else None  # the root's commands are imported when asked for
+        if sub is None:
             raise InputError(f"fleetctl {' '.join(words[:1])}: no such command")
-        name, words = words[0], words[1:]
-        cmd = cmd.commands[name]
+        name, words, cmd = words[0], words[1:], sub
     return cmd, words, name
 
 
@@ -160,7 +160,7 @@ def refuse_secret(ctx: click.Context, param: click.Parameter, value) -> None:
 
 def systemd_group(root: click.Group) -> click.Group:
     """`fleetctl systemd`; the options of ROOT's `upgrade` (bar OWN_UPGRADE_PARAMS) are offered by `install`."""
-    passthrough = [p for p in root.commands["upgrade"].params
+    passthrough = [p for p in root.get_command(None, "upgrade").params
                    if isinstance(p, click.Option) and p.name not in systemd.OWN_UPGRADE_PARAMS | systemd.SECRET_PARAMS]
 
     @click.group("systemd")

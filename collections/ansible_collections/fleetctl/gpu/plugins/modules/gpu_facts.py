@@ -597,7 +597,6 @@ import re
 import socket
 import time
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH,
@@ -1107,6 +1106,10 @@ class Collector:
 
 
 def main():
+    # Imported here: `fleetctl check` runs this module's Collector in-process with a module of its own
+    # (orchestrator/check.py) and must not pay for importing Ansible.
+    from ansible.module_utils.basic import AnsibleModule
+
     module = AnsibleModule(
         argument_spec=dict(
             xid_catalog=dict(type="list", elements="dict", default=[]),

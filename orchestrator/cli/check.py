@@ -1,0 +1,60 @@
+"""`fleetctl check`: kept light (no rich, no Ansible): Slurm runs it on every node, often."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .. import check as check_mod
+from ..policy import severity_rank
+from ..sanitize import clean_line
+from . import options
+
+STATUS_ORDER = {"error": 0, "fail": 1, "warn": 2}
+
+
+def text(report: dict) -> str:
+    """One line per control that did not pass, then the verdict (and what was done to the Slurm node)."""
+    lines = []
+    shown = sorted((f for f in report["findings"] if f["status"] in STATUS_ORDER),
+                   key=lambda f: (STATUS_ORDER[f["status"]], -severity_rank(f["severity"])))
+    for f in shown:
+        lines.append(clean_line(f"{f['status']:5} {f['severity']:8} {f['control']}: {f['message']}"))
+    s = report["summary"]
+    passed = sum(1 for f in report["findings"] if f["status"] == "pass")
+    verdict = "healthy" if s["healthy"] else f"drain: {', '.join(s['failing'])}"
+    lines.append(clean_line(f"{report['host']}: {verdict} ({passed} controls pass; baseline {report['baseline']['name']};"
+                            f" exit {s['exit_code']}; {s['duration_s']:.2f}s)"))
+    sl = report.get("slurm")
+    if sl:
+        lines.append(clean_line(f"slurm node {sl['node']}: " + (f"error: {sl['error']}" if sl["error"] else
+                                                                 f"{sl['action']}: {sl['detail']}")))
+    return "\n".join(lines) + "\n"
+
+
+@click.command()
+@options.baseline("Baseline YAML (blessed matrix). Default: the embedded one.")
+@click.option("-g", "--group", "groups", multiple=True, metavar="GROUP",
+              help="A baseline group this node belongs to (repeatable; 'all' always applies).")
+@click.option("--slurm", "use_slurm", is_flag=True,
+              help="Drain this Slurm node on a failing critical control (reason `fleetctl check: ...`); resume it "
+                   "when healthy, only if check drained it.")
+@click.option("--node", metavar="NAME", help="The Slurm node. Default: $SLURMD_NODENAME, else the short host name.")
+@click.option("--textfile", metavar="DIR",
+              help=f"Also write the results to DIR/{check_mod.TEXTFILE_NAME} (atomically), for node_exporter.")
+@options.fmt("table", "json")
+def check(baseline, groups, use_slurm, node, textfile, fmt) -> None:
+    """Evaluate the audit's controls on this machine itself (no SSH, no Ansible), e.g. as Slurm's
+    HealthCheckProgram or a job prolog.
+
+    Exit codes: 0 healthy, 1 a critical control failed or could not be verified (drain this node), 2 usage or
+    input error.
+    """
+    report = check_mod.run(check_mod.CheckOptions(baseline, tuple(groups), use_slurm, node, textfile))
+    click.echo(json.dumps(report, indent=2) if fmt == "json" else text(report), nl=fmt == "json")
+    sl = report.get("slurm")
+    if sl and sl["error"]:
+        click.echo(f"fleetctl: warning: slurm: {clean_line(sl['error'])}", err=True)
+    sys.exit(report["summary"]["exit_code"])

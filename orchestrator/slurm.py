@@ -1,0 +1,235 @@
+"""Slurm's view of its nodes, and the node-state changes fleetctl makes (issue 23).
+
+One `sinfo --json` call reads every node (Slurm 22.05 has no `scontrol show node --json`; `sinfo --json` is the
+machine-readable form its own REST API uses, where `scontrol -o show node` puts a Reason with spaces in free text).
+Changes go through `scontrol update`. Every command runs with a timeout and honours SLURM_CONF; whatever goes wrong
+(a command missing, a timeout, a refusal, output fleetctl cannot read) is one SlurmError line, never a traceback.
+
+fleetctl recognises its own drains by the reason it wrote: `fleetctl campaign N: A -> B` for a campaign's,
+`fleetctl check: CONTROL: DETAIL` for `fleetctl check --slurm`'s (LBNL NHC's rule: only a drain with your own
+prefix is yours to resume). A node Slurm shows as drained or down for any other reason belongs to someone else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import SlurmError
+from .sanitize import one_line
+
+TIMEOUT_S = 15.0  # each scontrol/sinfo call: slurmctld answers in milliseconds, or it is not answering
+MAX_OUTPUT_BYTES = 64 << 20  # `sinfo --json` is ~2 KiB a node: room for 30,000 nodes, and a bound
+REASON_MAX = 160  # characters of a reason fleetctl writes (Slurm keeps any length; sinfo shows the first ~20)
+CAMPAIGN_PREFIX = "fleetctl campaign "
+CHECK_PREFIX = "fleetctl check: "
+BUSY_STATES = ("ALLOCATED", "MIXED")  # base states with jobs on the node (COMPLETING is a flag)
+_WORD = re.compile(r"[A-Z][A-Z_]{0,39}")  # a state or flag as Slurm spells it (IDLE, NOT_RESPONDING, ...)
+_NAME = re.compile(r"[^\s=]{1,255}")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node as Slurm reports it: STATE is the full state as scontrol shows it ("IDLE+DRAIN", "MIXED",
+    "DOWN+NOT_RESPONDING"), BASE its first word, FLAGS the rest; REASON None when no reason is set."""
+
+    name: str
+    state: str
+    base: str
+    flags: frozenset[str]
+    reason: str | None
+
+    @property
+    def busy(self) -> bool:
+        """Jobs are allocated on the node (or still completing)."""
+        return self.base in BUSY_STATES or "COMPLETING" in self.flags
+
+    @property
+    def drained_or_draining(self) -> bool:
+        return "DRAIN" in self.flags
+
+    @property
+    def drained(self) -> bool:
+        """Slurm's DRAINED: drain set and no job left on the node (what a reboot may wait for)."""
+        return self.drained_or_draining and not self.busy
+
+    @property
+    def draining(self) -> bool:
+        """Slurm's DRAINING: drain set, jobs still running."""
+        return self.drained_or_draining and self.busy
+
+    @property
+    def down(self) -> bool:
+        return self.base == "DOWN"
+
+    @property
+    def maintenance(self) -> bool:
+        """In a reservation (a MAINT one, MAINTENANCE as 22.05 spells it, or any other): promised to someone."""
+        return bool(self.flags & {"MAINT", "MAINTENANCE", "RESERVED"})
+
+    @property
+    def taken_out(self) -> bool:
+        """Drained, draining, down or reserved: not a node to schedule work on or to change."""
+        return self.drained_or_draining or self.down or self.maintenance
+
+    def describe(self) -> str:
+        """'IDLE+DRAIN (RMA: GPU 3 ECC)': the state and reason as one line for a person."""
+        return self.state + (f" ({one_line(self.reason, REASON_MAX)})" if self.reason else "")
+
+
+# -- reasons ------------------------------------------------------------------------------------------------------
+
+def reason_text(text: str) -> str:
+    """TEXT as a reason fleetctl may write: one line, printable, at most REASON_MAX characters."""
+    return one_line(text, REASON_MAX - 3)
+
+
+def campaign_reason(campaign_id: int, from_version: str | None, to_version: str) -> str:
+    """`fleetctl campaign N: A -> B`, the reason a campaign drains with (A '?' when the host's version is unknown)."""
+    return reason_text(f"{CAMPAIGN_PREFIX}{campaign_id}: {from_version or '?'} -> {to_version}")
+
+
+def check_reason(control: str, detail: str) -> str:
+    """`fleetctl check: CONTROL: DETAIL`, the reason `fleetctl check --slurm` drains with."""
+    return reason_text(f"{CHECK_PREFIX}{control}: {detail}")
+
+
+def owned_by_campaign(node: Node, campaign_id: int) -> bool:
+    """The node is drained (or draining) with campaign CAMPAIGN_ID's own reason, still."""
+    return node.drained_or_draining and (node.reason or "").startswith(f"{CAMPAIGN_PREFIX}{campaign_id}: ")
+
+
+def owned_by_check(node: Node) -> bool:
+    """The node is drained (or draining) with `fleetctl check`'s reason: `fleetctl check` may resume it."""
+    return node.drained_or_draining and (node.reason or "").startswith(CHECK_PREFIX)
+
+
+# -- reading ------------------------------------------------------------------------------------------------------
+
+def _words(value: Any, what: str) -> list[str]:
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(w, str) and _WORD.fullmatch(w.upper()) for w in items):
+        raise SlurmError(f"sinfo --json: node {what}: unexpected state {one_line(json.dumps(value), 80)}")
+    return [w.upper() for w in items]
+
+
+def node_from_json(entry: Any) -> Node:
+    """One element of `sinfo --json`'s "nodes": 22.05 gives "state": "idle" and "state_flags": ["DRAIN"];
+    23.02 and later give "state": ["IDLE", "DRAIN"]."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not _NAME.fullmatch(entry["name"]):
+        raise SlurmError(f"sinfo --json: a node without a valid name: {one_line(json.dumps(entry)[:80], 80)}")
+    name = entry["name"]
+    state = _words(entry.get("state"), name)
+    if not state:
+        raise SlurmError(f"sinfo --json: node {name}: no state")
+    flags = state[1:] + _words(entry.get("state_flags") or [], name)
+    reason = entry.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise SlurmError(f"sinfo --json: node {name}: reason is not text")
+    return Node(name=name, state="+".join([state[0], *flags]), base=state[0], flags=frozenset(flags),
+                reason=reason or None)
+
+
+def parse_nodes(text: str) -> dict[str, Node]:
+    """`sinfo --json`'s output -> {name: Node}. Anything else (an error answer, not JSON, a shape Slurm never
+    printed) is one SlurmError."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise SlurmError(f"sinfo --json did not print JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise SlurmError("sinfo --json printed JSON that is not an object")
+    errors = doc.get("errors") or []
+    if errors:
+        first = errors[0]
+        said = first.get("description") or first.get("error") if isinstance(first, dict) else first
+        raise SlurmError(f"sinfo --json: {one_line(said, 200)}")
+    if not isinstance(doc.get("nodes"), list):
+        raise SlurmError("sinfo --json printed no list of nodes")
+    nodes = (node_from_json(e) for e in doc["nodes"])
+    return {n.name: n for n in nodes}
+
+
+def _run(argv: list[str], timeout: float = TIMEOUT_S) -> str:
+    """ARGV's stdout (at most MAX_OUTPUT_BYTES); SlurmError when it is missing, slow, fails or says too much."""
+    shown = " ".join(argv[:3])
+    with tempfile.TemporaryFile() as out:  # the size is known before the output is read into memory
+        try:
+            proc = subprocess.run(argv, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                  timeout=timeout, env={**os.environ, "LC_ALL": "C"})
+        except FileNotFoundError:
+            raise SlurmError(f"{argv[0]} is not installed (not on PATH): Slurm's client commands are needed") \
+                from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{shown} did not answer within {timeout:g}s (is slurmctld up?)") from None
+        except OSError as e:
+            raise SlurmError(f"{argv[0]}: cannot run: {e.strerror}") from None
+        if proc.returncode != 0:
+            said = one_line(proc.stderr.decode("utf-8", "replace")[-2000:], 300) or "no message"
+            raise SlurmError(f"{shown} exited {proc.returncode}: {said}")
+        size = os.fstat(out.fileno()).st_size
+        if size > MAX_OUTPUT_BYTES:
+            raise SlurmError(f"{shown} printed {size} bytes, more than fleetctl reads ({MAX_OUTPUT_BYTES})")
+        out.seek(0)
+        return out.read().decode("utf-8", "replace")
+
+
+def nodes(names: list[str] | None = None, timeout: float = TIMEOUT_S) -> dict[str, Node]:
+    """Every node Slurm knows (NAMES: only those; a name Slurm does not know is simply absent), from one
+    `sinfo --json` call."""
+    found = parse_nodes(_run(["sinfo", "--json"], timeout))
+    return found if names is None else {n: found[n] for n in names if n in found}
+
+
+def node(name: str, timeout: float = TIMEOUT_S) -> Node:
+    """NAME's state; SlurmError when Slurm has no such node."""
+    found = nodes([name], timeout)
+    if name not in found:
+        raise SlurmError(f"Slurm has no node {name}")
+    return found[name]
+
+
+# -- changing -----------------------------------------------------------------------------------------------------
+
+def _update(name: str, *settings: str, timeout: float = TIMEOUT_S) -> None:
+    if not _NAME.fullmatch(name):
+        raise SlurmError(f"not a Slurm node name: {one_line(name, 80)!r}")
+    _run(["scontrol", "update", f"nodename={name}", *settings], timeout)
+
+
+def drain(name: str, reason: str, timeout: float = TIMEOUT_S) -> None:
+    """Drain NAME with REASON (one line, bounded): running jobs finish, no new job starts."""
+    _update(name, "state=drain", f"reason={reason_text(reason) or 'fleetctl'}", timeout=timeout)
+
+
+def down(name: str, reason: str, timeout: float = TIMEOUT_S) -> None:
+    """Mark NAME down with REASON (Slurm requeues or kills what runs there: only restore() uses it)."""
+    _update(name, "state=down", f"reason={reason_text(reason) or 'fleetctl'}", timeout=timeout)
+
+
+def resume(name: str, timeout: float = TIMEOUT_S) -> None:
+    """Return NAME to service (Slurm refuses a node that is neither drained nor down: a SlurmError)."""
+    _update(name, "state=resume", timeout=timeout)
+
+
+def restore(name: str, prior: Node, timeout: float = TIMEOUT_S) -> None:
+    """Give NAME back the state PRIOR records, as far as `scontrol update` sets states: drained (or draining)
+    with PRIOR's reason, down with PRIOR's reason, down and drained, or in service. Flags Slurm sets itself
+    (NOT_RESPONDING, COMPLETING, reservations: MAINT, RESERVED) are not fleetctl's to set and are left as they are.
+    Nothing is done where the node is already so."""
+    now = node(name, timeout)
+    if (now.down, now.drained_or_draining, now.reason if now.down or now.drained_or_draining else None) == \
+            (prior.down, prior.drained_or_draining, prior.reason if prior.down or prior.drained_or_draining else None):
+        return
+    if now.down or now.drained_or_draining:
+        resume(name, timeout)  # from a clean slate: a drain flag left over would outlive a `state=down`
+    reason = prior.reason or "restored by fleetctl"
+    if prior.down:
+        down(name, reason, timeout)
+    if prior.drained_or_draining:
+        drain(name, reason, timeout)
