@@ -113,7 +113,7 @@ class CampaignNotes:
                    "rollback_finished": self.rolled_back, "host_held": self.halted,
                    "soak_check_failed": self.soak_failed, "soak_failed": self.wave_failed,
                    "window_closed": self.window_closed, "abort_requested": self.aborted,
-                   "last_wave_passed": self.done}.get(e)
+                   "last_wave_passed": self.done, "slurm_node_left": self.node_left}.get(e)
         return handler(r) if handler else None
 
     def campaign(self, r: dict[str, Any]) -> dict[str, Any]:
@@ -172,6 +172,16 @@ class CampaignNotes:
                   f"nothing was installed on {host}; its steps: {self.show()}")
         return self.event(r, "host_failed", "warning", f"{self.head()}: {host} failed {step}: {reason}", action,
                           host=host, reason=reason)
+
+    def node_left(self, r):
+        """fleetctl did not resume a node it had drained: someone changed its Slurm state or reason meanwhile."""
+        host, node = r["host"], r.get("node")
+        reason = f"Slurm node {node} is {r.get('state')}, reason {r.get('node_reason') or 'none'!r}"
+        return self.event(r, "node_left", "warning",
+                          f"{self.head()}: fleetctl left {host}'s Slurm node as it is: {reason}, not this "
+                          f"campaign's drain any more",
+                          f"whoever drained {node} resumes it when done (scontrol update nodename={node} "
+                          f"state=resume)", host=host, reason=reason)
 
     def wave_failed(self, r):
         back = sorted(h for h, s in (r.get("hosts") or {}).items() if s == transitions.ROLLBACK_START)

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from . import audit, baseline as baseline_mod, interrupts, inventory, notify, notify_events, plan, runs
-from .campaign import hooks, packages, progress, soak, steps, transitions
+from .campaign import hooks, packages, progress, scheduler, soak, steps, transitions
 from .campaign.engine import READ_ONLY_STEPS, Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .campaign.options import CampaignOptions, HookOptions, IdleOptions, ProbeSettings
@@ -84,20 +84,24 @@ def campaign_options(opts: UpgradeOptions) -> CampaignOptions:
         soak_grace_s=opts.soak_grace_s, canary=opts.canary, canary_max_failures=opts.canary_max_failures,
         rollback_scope=opts.rollback_scope,
         window_end=later(opts.window_s) if opts.window_s else None,
-        hooks=HookOptions(drain=h.drain, undrain=h.undrain, timeout_s=h.timeout_s),
+        hooks=HookOptions(drain=h.drain, undrain=h.undrain, timeout_s=h.timeout_s, slurm=h.slurm),
         idle=IdleOptions(timeout_s=opts.idle_timeout_s, poll_s=min(opts.idle_poll_s, max(1, opts.idle_timeout_s // 5))),
         probe=ProbeSettings(samples=opts.samples, warmup_s=opts.warmup_s, trial_s=opts.trial_s))
 
 
 def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline, ramp,
-              locks: dict[str, int]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The plan (as `fleetctl plan` makes it), hosts locked by another campaign excluded."""
+              locks: dict[str, int], options: CampaignOptions) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The plan (as `fleetctl plan` makes it), hosts locked by another campaign excluded, and with fleetctl's Slurm
+    drains the hosts whose node someone else took out of service (left as they are)."""
     entries = audit.collect(fleet, base, opts.forks, opts.preflight)
-    free = [e for e in entries if e["name"] not in locks]
-    made = plan.build(plan.parse_target(opts.target), ramp, free, base)
-    made["excluded"] += [{"name": e["name"], "groups": e["groups"], "code": "in_campaign",
-                          "reason": f"in campaign {locks[e['name']]} (host lock)"}
-                         for e in entries if e["name"] in locks]
+    groups = {e["name"]: e["groups"] for e in entries}
+    out = [{"name": e["name"], "code": "in_campaign", "reason": f"in campaign {locks[e['name']]} (host lock)"}
+           for e in entries if e["name"] in locks]
+    if options.hooks.slurm:
+        out += scheduler.left_out(fleet, [e["name"] for e in entries if e["name"] not in locks])
+    gone = {h["name"] for h in out}
+    made = plan.build(plan.parse_target(opts.target), ramp, [e for e in entries if e["name"] not in gone], base)
+    made["excluded"] += [{"name": h["name"], "groups": groups[h["name"]], **h} for h in out]
     return made, entries
 
 
@@ -186,7 +190,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     journal = Journal(store)
     with runs.recorded(store, "campaign" if not dry_run else "plan", argv, fleet, base, opts.limit) as run_:
-        made, entries = make_plan(opts, fleet, base, ramp, journal.locks())
+        made, entries = make_plan(opts, fleet, base, ramp, journal.locks(), options)
         hosts = sum(w["size"] for w in made["waves"])
         summary = {"hosts": len(entries), "eligible": hosts, "waves": len(made["waves"]), "dry_run": dry_run,
                    "exit_code": 0}

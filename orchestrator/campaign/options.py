@@ -24,6 +24,7 @@ class HookOptions:
     drain: str | None = None
     undrain: str | None = None
     timeout_s: float = 900.0
+    slurm: bool = False  # drains fleetctl owns (campaign/scheduler.py) instead of command templates
 
 
 @dataclass(frozen=True)

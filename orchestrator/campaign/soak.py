@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import gate, probe
-from ..timefmt import parse
+from .. import gate, probe, slurm
+from ..timefmt import parse, stamp
+from . import scheduler
 from .journal import Journal
 from .options import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, soak_length  # noqa: F401 (soak.DEFAULT_*)
 from .steps import Context
@@ -137,6 +138,7 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
     markers = {h: m for h in hosts if (m := marker(ctx, h, refs[h]))}
     # The end-of-soak gate measures with the engine probe_before used; a check runs the canary workload.
     collected = probe.collect(_probe_options(ctx, canary=not final), ctx.fleet.only(hosts), ctx.base, markers)
+    jobs_failed, jobs_unread = slurm_jobs_failed(ctx, hosts) if ctx.options.hooks.slurm and not final else ({}, None)
     out = {}
     for host in hosts:
         entry, ref = collected[host], refs[host]
@@ -153,15 +155,39 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
             fails += _final_throughput(ctx, host, result, detail, notes)
         else:
             run = detail["canary"] = _canary_run(result)
-            if not run["ok"]:
-                failed = 1 + sum(1 for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")
-                                 if not r["detail"].get("canary", {}).get("ok", True))
+            jobs = detail["failed_jobs"] = jobs_failed.get(host, [])
+            if jobs_unread:
+                notes.append(f"could not read Slurm's job completion log: {jobs_unread}")
+            if not run["ok"] or jobs:
+                failed = int(not run["ok"]) + len(jobs) + sum(
+                    1 for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")
+                    if not r["detail"].get("canary", {}).get("ok", True))
                 limit = int(ctx.options.canary_max_failures)
-                line = f"canary run failed ({failed} failed run(s), at most {limit} allowed): {run['error']}"
+                why = ([f"canary run: {run['error']}"] if not run["ok"] else []) + [
+                    f"Slurm job {j['id']} ({j['name']}) ended {j['state']}, exit {j['exit_code']}" for j in jobs[:5]]
+                line = (f"{failed} failed run(s) of the canary and Slurm jobs, at most {limit} allowed: "
+                        + "; ".join(why))
                 (fails if failed > limit else notes).append(line)
         detail["seen"] = fails + notes
         out[host] = Observation("fail", "soak: " + "; ".join(fails), detail) if fails else Observation("ok", None, detail)
     return out
+
+
+def slurm_jobs_failed(ctx: Context, hosts: list[str]) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
+    """(host -> the Slurm jobs that failed on its node since fleetctl resumed it (its undrain), each job once however
+    many checks see it; what kept the log from being read, if anything: the check notes it, the canary still runs)."""
+    names = scheduler.node_names(ctx.fleet, hosts)
+    since = {h: parse(t) for h in hosts
+             if (t := next((r["finished_at"] for r in ctx.journal.steps(ctx.campaign, h) if r["step"] == "undrain"),
+                           None))}
+    if not since:
+        return {}, None
+    try:
+        by_node = scheduler.failed_jobs(sorted({names[h] for h in since}), min(since.values()))
+    except slurm.SlurmError as e:
+        return {}, str(e)
+    return {h: [dict(j, end=stamp(j["end"])) for j in by_node.get(names[h], []) if j["end"] >= t]
+            for h, t in since.items()}, None
 
 
 def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: dict[str, Any],

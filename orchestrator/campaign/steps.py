@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from .. import audit, baseline as baseline_mod, gate, inventory, plan, policy, probe, runner
 from .. import controls
-from . import hooks, packages, transitions
+from . import hooks, packages, scheduler, transitions
 from .journal import Journal
 from .options import CampaignOptions
 
@@ -151,21 +151,32 @@ def probe_after(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
 
 
 def _hook(ctx: Context, hosts: list[str], template: str | None) -> dict[str, Outcome]:
-    nodes = {h: str(ctx.fleet.host(h).vars.get("fleetctl_node_name", h)) for h in hosts}
+    nodes = scheduler.node_names(ctx.fleet, hosts)
     results = hooks.run(template, nodes, ctx.campaign, ctx.options.hooks.timeout_s)
     return {h: Outcome("ok" if r["ok"] else "fail", r["reason"], r["detail"]) for h, r in results.items()}
 
 
 def drain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    if ctx.options.hooks.slurm:
+        return scheduler.drain(ctx, hosts, Outcome)
     return _hook(ctx, hosts, ctx.options.hooks.drain)
 
 
 def undrain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    if ctx.options.hooks.slurm:
+        return scheduler.undrain(ctx, hosts, Outcome)
     return _hook(ctx, hosts, ctx.options.hooks.undrain)
 
 
 def wait_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    """No process may hold a GPU before the driver is touched: wait, then fail the host cleanly."""
+    """No job (with Slurm) and no process may hold a GPU before the driver is touched: wait, then fail the host
+    cleanly."""
+    busy = scheduler.wait_drained(ctx, hosts, Outcome) if ctx.options.hooks.slurm else {}
+    rest = [h for h in hosts if h not in busy]
+    return {**busy, **(_wait_gpus_idle(ctx, rest) if rest else {})}
+
+
+def _wait_gpus_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     idle = ctx.options.idle
     outcomes = playbook(ctx, "gpu_idle.yml", hosts, {"fleetctl_idle_timeout_s": idle.timeout_s,
                                                      "fleetctl_idle_poll_s": idle.poll_s})
