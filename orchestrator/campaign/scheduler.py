@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 from .. import inventory, slurm
-
-if TYPE_CHECKING:
-    from .steps import Context, Outcome
+from .context import Context, Outcome
 
 ROLLBACK_STATES = ("rollback_drain", "rollback_wait_idle")
 FAILED_JOB_STATES = ("NODE_FAIL", "FAILED")
@@ -53,26 +51,26 @@ def _state_of(ctx: Context, host: str) -> str:
     return next((r["state"] for r in ctx.journal.hosts(ctx.campaign) if r["host"] == host), "")
 
 
-def drain(ctx: Context, hosts: list[str], outcome: Callable[..., Outcome]) -> dict[str, Outcome]:
+def drain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     names = node_names(ctx.fleet, hosts)
     nodes = slurm.nodes(sorted(set(names.values())))
     out = {}
     for host, name in names.items():
         node = nodes.get(name)
         if node is None:
-            out[host] = outcome("fail", f"Slurm has no node {name}")
+            out[host] = Outcome("fail", f"Slurm has no node {name}")
             continue
         before = {"state": node.state, "reason": node.reason}
         if slurm.owned_by_campaign(node, ctx.campaign):  # drained by this campaign already (a resumed run)
-            out[host] = outcome("ok", None, {"slurm": {"node": name, "before": None, "reason": node.reason}})
+            out[host] = Outcome("ok", None, {"slurm": {"node": name, "before": None, "reason": node.reason}})
             continue
         rollback = _state_of(ctx, host) in ROLLBACK_STATES
         if node.taken_out:
             # Someone took it out of service meanwhile: fleetctl neither drains nor (later) resumes it. A rollback
             # goes on (no job lands on it either way); a change does not start on it.
             detail = {"slurm": {"node": name, "before": before, "left": True}}
-            out[host] = (outcome("ok", None, detail) if rollback else
-                         outcome("fail", f"taken out of service in Slurm since the plan, left as it is: "
+            out[host] = (Outcome("ok", None, detail) if rollback else
+                         Outcome("fail", f"taken out of service in Slurm since the plan, left as it is: "
                                          f"{node.describe()}", detail))
             continue
         was = ctx.befores.get(host, {}).get("version")
@@ -81,13 +79,13 @@ def drain(ctx: Context, hosts: list[str], outcome: Callable[..., Outcome]) -> di
         try:
             slurm.drain(name, text)
         except slurm.SlurmError as e:
-            out[host] = outcome("fail", f"slurm: {e}", {"slurm": {"node": name, "before": before}})
+            out[host] = Outcome("fail", f"slurm: {e}", {"slurm": {"node": name, "before": before}})
             continue
-        out[host] = outcome("ok", None, {"slurm": {"node": name, "before": before, "reason": text}})
+        out[host] = Outcome("ok", None, {"slurm": {"node": name, "before": before, "reason": text}})
     return out
 
 
-def wait_drained(ctx: Context, hosts: list[str], outcome: Callable[..., Outcome]) -> dict[str, Outcome]:
+def wait_drained(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     """Hosts whose node still runs jobs after --idle-timeout, failed (the others are ready for the GPU check)."""
     names = node_names(ctx.fleet, hosts)
     idle = ctx.options.idle
@@ -98,29 +96,29 @@ def wait_drained(ctx: Context, hosts: list[str], outcome: Callable[..., Outcome]
         if not busy or time.monotonic() >= deadline:
             break
         time.sleep(max(0.5, min(float(idle.poll_s), deadline - time.monotonic())))
-    out = {h: outcome("fail", f"Slurm still has jobs on {names[h]} after {idle.timeout_s}s: {n.describe()}",
+    out = {h: Outcome("fail", f"Slurm still has jobs on {names[h]} after {idle.timeout_s}s: {n.describe()}",
                       {"slurm": {"node": names[h], "state": n.state}}) for h, n in busy.items()}
     for h, n in names.items():
         if n not in nodes:
-            out[h] = outcome("fail", f"Slurm has no node {n}")
+            out[h] = Outcome("fail", f"Slurm has no node {n}")
     return out
 
 
-def undrain(ctx: Context, hosts: list[str], outcome: Callable[..., Outcome]) -> dict[str, Outcome]:
+def undrain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     names = node_names(ctx.fleet, hosts)
     nodes = slurm.nodes(sorted(set(names.values())))
     out = {}
     for host, name in names.items():
         node = nodes.get(name)
         if node is None:
-            out[host] = outcome("fail", f"Slurm has no node {name}")
+            out[host] = Outcome("fail", f"Slurm has no node {name}")
         elif slurm.owned_by_campaign(node, ctx.campaign):
             try:
                 slurm.resume(name)
             except slurm.SlurmError as e:
-                out[host] = outcome("fail", f"slurm: {e}", {"slurm": {"node": name, "state": node.state}})
+                out[host] = Outcome("fail", f"slurm: {e}", {"slurm": {"node": name, "state": node.state}})
                 continue
-            out[host] = outcome("ok", None, {"slurm": {"node": name, "resumed": True, "was": node.state}})
+            out[host] = Outcome("ok", None, {"slurm": {"node": name, "resumed": True, "was": node.state}})
         else:
             # Not this campaign's drain (any more): someone changed the reason, drained it for their own cause, or
             # the drain never happened (a drain that failed). Leave the node; say so where it is drained.
@@ -128,7 +126,7 @@ def undrain(ctx: Context, hosts: list[str], outcome: Callable[..., Outcome]) -> 
             if node.taken_out:
                 ctx.journal.note(ctx.campaign, "slurm_node_left", host=host, node=name, state=node.state,
                                  node_reason=node.reason)
-            out[host] = outcome("ok", None, {"slurm": detail})
+            out[host] = Outcome("ok", None, {"slurm": detail})
     return out
 
 

@@ -28,7 +28,7 @@ from ..timefmt import parse, stamp
 from . import scheduler
 from .journal import Journal
 from .options import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, soak_length  # noqa: F401 (soak.DEFAULT_*)
-from .steps import Context
+from .context import Context
 
 DEFAULT_SOAK = "2h,30m"  # the canary soaks for hours, later waves less: see the README
 GATE_STEPS = ("probe_again", "probe_after")  # the gate probe a changed host passed last, newest first

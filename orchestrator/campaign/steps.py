@@ -4,14 +4,12 @@ returns every host's outcome: ok | fail | inconclusive | skip, a reason, and wha
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import audit, baseline as baseline_mod, gate, inventory, plan, policy, probe, runner
+from .. import audit, gate, plan, policy, probe, runner
 from .. import controls
 from . import hooks, packages, scheduler, transitions
-from .journal import Journal
-from .options import CampaignOptions
+from .context import Context, Outcome, activation
 
 
 FABRIC_WAIT_S, FABRIC_POLL_S = 120.0, 10.0  # verify waits this long for the fabric manager to register the GPUs
@@ -20,41 +18,6 @@ FABRIC_PENDING = ("not_started", "in_progress")
 # "restored_on_rollback" role) and its daemons.
 DAEMON_UNITS = {"nvidia-persistenced.service": ("persistence", "daemon_running"),
                 "nvidia-fabricmanager.service": ("fabric_manager", "running")}
-
-
-@dataclass
-class Outcome:
-    outcome: str  # ok | fail | inconclusive | skip
-    reason: str | None = None
-    detail: dict[str, Any] | None = None
-    before: dict[str, Any] | None = None  # precheck only: what the host was before the campaign touched it
-
-
-@dataclass
-class Context:
-    journal: Journal
-    campaign: int
-    target: str
-    fleet: inventory.Fleet
-    base: baseline_mod.Baseline
-    options: CampaignOptions
-    befores: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> recorded "before"
-
-    def probe_options(self, throughput: bool) -> probe.ProbeOptions:
-        o = self.options.probe
-        return probe.ProbeOptions(throughput=throughput, samples=o.samples, warmup_s=o.warmup_s,
-                                  trial_s=o.trial_s, forks=self.options.forks, preflight=False)
-
-    def policy(self, host: str) -> dict[str, Any]:
-        return self.base.policy_for(list(self.fleet.host(host).groups))
-
-    def activation(self, host: str) -> str:
-        return activation(self.policy(host))
-
-
-def activation(policy: dict[str, Any]) -> str:
-    """How a host's new driver is loaded: reboot (default) or reload (baseline campaign.activation)."""
-    return str(policy.get("campaign", {}).get("activation", "reboot"))
 
 
 def unreachable_or_failed(outcome: runner.HostOutcome) -> Outcome | None:
@@ -158,20 +121,20 @@ def _hook(ctx: Context, hosts: list[str], template: str | None) -> dict[str, Out
 
 def drain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     if ctx.options.hooks.slurm:
-        return scheduler.drain(ctx, hosts, Outcome)
+        return scheduler.drain(ctx, hosts)
     return _hook(ctx, hosts, ctx.options.hooks.drain)
 
 
 def undrain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     if ctx.options.hooks.slurm:
-        return scheduler.undrain(ctx, hosts, Outcome)
+        return scheduler.undrain(ctx, hosts)
     return _hook(ctx, hosts, ctx.options.hooks.undrain)
 
 
 def wait_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     """No job (with Slurm) and no process may hold a GPU before the driver is touched: wait, then fail the host
     cleanly."""
-    busy = scheduler.wait_drained(ctx, hosts, Outcome) if ctx.options.hooks.slurm else {}
+    busy = scheduler.wait_drained(ctx, hosts) if ctx.options.hooks.slurm else {}
     rest = [h for h in hosts if h not in busy]
     return {**busy, **(_wait_gpus_idle(ctx, rest) if rest else {})}
 

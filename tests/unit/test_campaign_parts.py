@@ -47,7 +47,11 @@ def test_upstream_version(version, up):
 
 
 def test_presets_and_placeholders_fill_words_never_shell():
-    h = hooks.resolve("slurm", None, None)
+    # the Slurm preset alone is fleetctl's own drains (campaign/scheduler.py), no template ...
+    assert hooks.resolve("slurm", None, None) == hooks.Hooks(None, None, 900.0, slurm=True)
+    # ... and with a template of the operator's, templates: the preset's scontrol commands fill the other side
+    h = hooks.resolve("slurm", None, "my-undrain {node}")
+    assert not h.slurm and h.undrain == "my-undrain {node}"
     assert hooks.argv(h.drain, {"host": "gpu-01", "node": "gpu01", "campaign": "7"}) == \
         ["scontrol", "update", "nodename=gpu01", "state=drain", "reason=fleetctl campaign 7"]
     k = hooks.resolve("kubernetes", None, "kubectl uncordon {host}")
