@@ -1,0 +1,164 @@
+"""The campaign's Slurm decisions (campaign/scheduler.py) on the real node states of tests/testdata/slurm: which
+node a campaign leaves out, drains, waits for and resumes. Slurm's answers come from the captures; what fleetctl
+asks of Slurm is recorded. The lab tests (tests/lab/test_lab_slurm.py) run the same against slurmctld and slurmd."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timezone
+
+import pytest
+
+from orchestrator import slurm
+from orchestrator.campaign import scheduler
+from orchestrator.campaign.context import Context
+from orchestrator.campaign.options import CampaignOptions, HookOptions, IdleOptions
+from orchestrator.errors import SlurmError
+from orchestrator.inventory import Fleet, Host
+
+
+def captured(testdata, state: str, name: str) -> slurm.Node:
+    """The captured node of STATE (tests/testdata/slurm/STATE.sinfo.json), as node NAME."""
+    (node,) = slurm.parse_nodes((testdata / "slurm" / f"{state}.sinfo.json").read_text()).values()
+    return dataclasses.replace(node, name=name)
+
+
+class FakeSlurm:
+    """Slurm's answers for a few nodes (captured states); drains and resumes recorded and applied."""
+
+    def __init__(self, testdata, **states: str):
+        self.testdata = testdata
+        self.state = {name: captured(testdata, s, name) for name, s in states.items()}
+        self.asked: list[tuple[str, ...]] = []
+
+    def nodes(self, names=None, timeout=0):
+        return {n: self.state[n] for n in (names or self.state) if n in self.state}
+
+    def drain(self, name, reason, timeout=0):
+        self.asked.append(("drain", name, reason))
+        base = self.state[name]
+        self.state[name] = dataclasses.replace(base, state=base.base + "+DRAIN", flags=base.flags | {"DRAIN"},
+                                               reason=reason)
+
+    def resume(self, name, timeout=0):
+        self.asked.append(("resume", name))
+        self.state[name] = captured(self.testdata, "idle", name)
+
+
+@pytest.fixture
+def fake(monkeypatch, testdata):
+    def install(**states):
+        f = FakeSlurm(testdata, **states)
+        for attr in ("nodes", "drain", "resume"):
+            monkeypatch.setattr(slurm, attr, getattr(f, attr))
+        return f
+    return install
+
+
+class Journal:
+    """What the Slurm side reads of the journal: host states, and the events it notes."""
+
+    def __init__(self, states: dict[str, str]):
+        self.states, self.notes = states, []
+
+    def hosts(self, cid):
+        return [{"host": h, "state": s} for h, s in self.states.items()]
+
+    def note(self, cid, event, **data):
+        self.notes.append((event, data))
+
+
+def context(states: dict[str, str], node_names: dict[str, str] | None = None, idle_s: int = 1) -> Context:
+    hosts = tuple(Host(h, ("all",), {"fleetctl_node_name": (node_names or {}).get(h, h)}) for h in states)
+    options = CampaignOptions(hooks=HookOptions(slurm=True), idle=IdleOptions(timeout_s=idle_s, poll_s=1))
+    ctx = Context(Journal(states), 7, "570.86.15", Fleet("inv", hosts, frozenset({"all"}), {}), None, options)
+    ctx.befores = {h: {"version": "550.163.01"} for h in states}
+    return ctx
+
+
+def test_the_plan_leaves_out_every_node_someone_took_out_of_service_with_its_state_and_reason(fake):
+    fake(n1="idle", n2="drained-admin", n3="down-admin", n4="maint", n5="allocated", n6="draining")
+    fleet = context({h: "precheck" for h in ("n1", "n2", "n3", "n4", "n5", "n6", "n7")}).fleet
+    out = {e["name"]: e for e in scheduler.left_out(fleet, [h.name for h in fleet.hosts])}
+    assert sorted(out) == ["n2", "n3", "n4", "n6", "n7"]  # n1 idle and n5 running jobs: in the campaign
+    assert out["n2"]["code"] == "drained_elsewhere"
+    assert out["n2"]["reason"] == "out of service in Slurm, left as it is: IDLE+DRAIN (RMA: GPU 3 ECC (ticket 4411))"
+    assert "DOWN (IB cable flapping)" in out["n3"]["reason"] and "MAINTENANCE" in out["n4"]["reason"]
+    assert out["n7"]["code"] == "not_in_slurm"  # a host Slurm does not know is never guessed at
+
+
+def test_drain_writes_the_campaigns_reason_and_a_rollback_says_so(fake):
+    f = fake(n1="allocated", n2="idle")
+    ctx = context({"n1": "drain", "n2": "rollback_drain"}, node_names={"n1": "n1", "n2": "n2"})
+    out = scheduler.drain(ctx, ["n1", "n2"])
+    assert f.asked == [("drain", "n1", "fleetctl campaign 7: 550.163.01 -> 570.86.15"),
+                       ("drain", "n2", "fleetctl campaign 7: 570.86.15 -> 550.163.01 (rollback)")]
+    assert out["n1"].outcome == "ok" and out["n1"].detail["slurm"]["before"] == {"state": "ALLOCATED", "reason": None}
+    # a resumed run finds its own drain: nothing asked twice
+    assert scheduler.drain(ctx, ["n1"])["n1"].outcome == "ok" and len(f.asked) == 2
+
+
+def test_a_node_an_admin_drained_since_the_plan_is_never_drained_by_the_change_and_the_rollback_goes_on(fake):
+    f = fake(n1="drained-admin", n2="drained-admin")
+    out = scheduler.drain(context({"n1": "drain", "n2": "rollback_drain"}), ["n1", "n2"])
+    assert out["n1"].outcome == "fail" and "RMA: GPU 3 ECC" in out["n1"].reason
+    assert out["n2"].outcome == "ok" and out["n2"].detail["slurm"]["left"]
+    assert f.asked == []
+
+
+def test_undrain_resumes_only_this_campaigns_own_drain_and_says_when_it_leaves_one(fake):
+    f = fake(n1="idle", n2="idle", n3="idle")
+    ctx = context({"n1": "undrain", "n2": "undrain", "n3": "release"})
+    scheduler.drain(ctx, ["n1", "n2"])
+    f.state["n2"] = dataclasses.replace(f.state["n2"], reason="IB cable flapping")  # an admin took it over
+    out = scheduler.undrain(ctx, ["n1", "n2", "n3"])
+    assert f.asked[-1] == ("resume", "n1") and ("resume", "n2") not in f.asked
+    assert out["n2"].detail["slurm"] == {"node": "n2", "resumed": False, "state": "IDLE+DRAIN",
+                                         "reason": "IB cable flapping"}
+    assert ctx.journal.notes == [("slurm_node_left", {"host": "n2", "node": "n2", "state": "IDLE+DRAIN",
+                                                      "node_reason": "IB cable flapping"})]
+    assert out["n3"].outcome == "ok" and not out["n3"].detail["slurm"]["resumed"]  # never drained: nothing to do
+    assert f.state["n3"].state == "IDLE"
+
+
+def test_the_wait_ends_when_slurm_reports_drained_and_fails_a_node_whose_jobs_outlive_the_timeout(fake):
+    f = fake(n1="draining", n2="drained-after-job")
+    out = scheduler.wait_drained(context({"n1": "wait_idle", "n2": "wait_idle"}, idle_s=1), ["n1", "n2"])
+    assert list(out) == ["n1"] and out["n1"].outcome == "fail"
+    assert out["n1"].reason.startswith("Slurm still has jobs on n1 after 1s: ALLOCATED+DRAIN")
+    f.state["n1"] = captured(f.testdata, "drained-after-job", "n1")
+    assert scheduler.wait_drained(context({"n1": "wait_idle"}), ["n1"]) == {}
+
+
+def test_slurm_unreachable_is_one_line_for_the_step(monkeypatch):
+    def refuse(*a, **k):
+        raise SlurmError("sinfo --json did not answer within 15s (is slurmctld up?)")
+    monkeypatch.setattr(slurm, "_run", refuse)
+    with pytest.raises(SlurmError, match="is slurmctld up"):
+        scheduler.drain(context({"n1": "drain"}), ["n1"])
+
+
+JOBCOMP = (
+    "JobId=41 UserId=root(0) GroupId=root(0) Name=train step 1 JobState=COMPLETED Partition=gpu TimeLimit=UNLIMITED "
+    "StartTime=2026-11-24T10:00:00 EndTime=2026-11-24T10:05:00 NodeList=h100-01 NodeCnt=1 ProcCnt=1 WorkDir=/ "
+    "ReservationName= Tres=cpu=1,node=1 Account= QOS= WcKey= Cluster=lab0 SubmitTime=2026-11-24T10:00:00 "
+    "EligibleTime=2026-11-24T10:00:00 DerivedExitCode=0:0 ExitCode=0:0\n"
+    "JobId=42 UserId=root(0) GroupId=root(0) Name=wrap JobState=FAILED Partition=gpu TimeLimit=UNLIMITED "
+    "StartTime=2026-11-24T10:06:00 EndTime=2026-11-24T10:06:01 NodeList=h100-[01-02] NodeCnt=2 ProcCnt=2 WorkDir=/ "
+    "ReservationName= Tres=cpu=2,node=2 Account= QOS= WcKey= Cluster=lab0 SubmitTime=2026-11-24T10:06:00 "
+    "EligibleTime=2026-11-24T10:06:00 DerivedExitCode=0:0 ExitCode=3:0\n"
+    "JobId=43 UserId=root(0) GroupId=root(0) Name=cut\n")
+
+
+def test_the_job_completion_log_gives_each_jobs_end_state_nodes_and_time(monkeypatch, tmp_path):
+    jobs = slurm.parse_jobcomp(JOBCOMP)
+    assert [(j["id"], j["name"], j["state"], j["exit_code"], j["nodelist"]) for j in jobs] == [
+        ("41", "train step 1", "COMPLETED", "0:0", "h100-01"), ("42", "wrap", "FAILED", "3:0", "h100-[01-02]")]
+    assert jobs[1]["end"] == datetime(2026, 11, 24, 10, 6, 1).astimezone(timezone.utc)  # the controller's local time
+    log = tmp_path / "jobcomp.log"
+    log.write_text(JOBCOMP)
+    monkeypatch.setattr(slurm, "jobcomp_path", lambda: log)
+    monkeypatch.setattr(slurm, "hostnames", lambda nodelist: {"h100-[01-02]": ["h100-01", "h100-02"]}[nodelist])
+    since = datetime(2026, 11, 24, 10, 1).astimezone(timezone.utc)
+    failed = scheduler.failed_jobs(["h100-02", "h100-03"], since)
+    assert [j["id"] for j in failed["h100-02"]] == ["42"] and failed["h100-03"] == []
