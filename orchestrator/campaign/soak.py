@@ -163,10 +163,10 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
                     1 for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")
                     if not r["detail"].get("canary", {}).get("ok", True))
                 limit = int(ctx.options.canary_max_failures)
-                why = ([f"canary run: {run['error']}"] if not run["ok"] else []) + [
+                what = "canary run failed" if not run["ok"] else "Slurm job failed"
+                why = ([run["error"]] if not run["ok"] else []) + [
                     f"Slurm job {j['id']} ({j['name']}) ended {j['state']}, exit {j['exit_code']}" for j in jobs[:5]]
-                line = (f"{failed} failed run(s) of the canary and Slurm jobs, at most {limit} allowed: "
-                        + "; ".join(why))
+                line = f"{what} ({failed} failed run(s), at most {limit} allowed): " + "; ".join(why)
                 (fails if failed > limit else notes).append(line)
         detail["seen"] = fails + notes
         out[host] = Observation("fail", "soak: " + "; ".join(fails), detail) if fails else Observation("ok", None, detail)
