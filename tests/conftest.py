@@ -18,12 +18,14 @@ if str(COLLECTIONS) not in sys.path:
     sys.path.append(str(COLLECTIONS))
 
 
-# The lab test files in two scopes, two labs at once (each lab in a slot of its own: lab/fleetctl_lab/slots.py).
-# A static table, balanced by hand on the per-file times of the last serial CI run on the 2-core machine (seconds): a
-# scope runs as a whole on one worker, so the sums must be near each other, and a table reads and reviews as what it
-# is, where an automatic split would move files between scopes with every timing. A lab test file missing here fails
-# collection (below): add it to the lighter scope. Nothing in the lab tests asserts machine-wide state (lab_leftovers,
-# test_lab_hosts and test_molecule look only at their own lab), so no file needs to run alone.
+# The lab test files run in order on one worker, a lab at a time, or, on a machine with cores to spare, in two scopes,
+# two labs at once (each lab in a slot of its own: lab/fleetctl_lab/slots.py). Two labs at once on the 2-core CI
+# machine took the suite from ~61 to ~45 minutes, but every lab step then ran on a contended machine and tests
+# whose faults must land inside a short soak or reboot window failed: below LAB_CORES cores, one lab.
+# LAB_SCOPES is a static table, balanced by hand on the per-file times of a serial CI run (seconds): a scope runs as
+# a whole on one worker, so the sums must be near each other, and a table reads and reviews as what it is. A lab
+# test file missing here fails collection (below): add it to the lighter scope. Nothing in the lab tests asserts
+# machine-wide state (lab_leftovers, test_lab_hosts and test_molecule look only at their own lab).
 LAB_SCOPES = {
     "test_lab_crash": "lab-a",          # 611
     "test_lab_soak": "lab-a",           # 445
@@ -41,6 +43,8 @@ LAB_SCOPES = {
     "test_lab_rpm_hosts": "lab-b",      # 90
 }
 LAB_DIR = "tests/lab/"
+LAB_CORES = 4  # two labs at once from this many cores up
+TWO_LABS = (os.cpu_count() or 1) >= LAB_CORES
 # tests/lab_emu (~60 s) builds packages and runs the emulated tools over a directory, no lab: a scope per file, like
 # the unit tests, for whichever worker is free.
 
@@ -48,35 +52,30 @@ LAB_DIR = "tests/lab/"
 def lab_scope(nodeid: str) -> str | None:
     """The lab scope of a test id, None for a test outside tests/lab/."""
     path = nodeid.split("::", 1)[0]
-    return LAB_SCOPES.get(Path(path).stem, "lab-a") if path.startswith(LAB_DIR) else None
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: a worker per core, and never fewer than 3, one per lab scope and one for the rest: a lab worker
-    spends most of its time waiting on hosts that reboot, install packages and answer over SSH."""
-    return max(3, os.cpu_count() or 1)
+    if not path.startswith(LAB_DIR):
+        return None
+    return LAB_SCOPES.get(Path(path).stem, "lab-a") if TWO_LABS else "the lab"
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist (`-n auto`, pyproject's addopts): one file per worker at a time, so a module's fixtures are built
-    once, and the lab files in two scopes (LAB_SCOPES), each run in order by one worker, so two labs run side by side
+    once, and the lab files in one scope (two on a machine with LAB_CORES cores), each run in order by one worker,
     while the other workers take the rest. A scheduler, not `xdist_group` marks: pytest 9.2 ignores the node-id
     suffix those marks become (pytest-dev/pytest-xdist#1386)."""
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False  # collection order (the lab scopes first, below), not scope sizes
 
-    class TwoLabs(LoadScopeScheduling):
+    class Labs(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return lab_scope(nodeid) or nodeid.split("::", 1)[0]
 
-    return TwoLabs(config, log)
+    return Labs(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """The lab files first, so the scheduler hands the two lab scopes out before anything else (they take longest);
+    """The lab files first, so the scheduler hands the lab scopes out before anything else (they take longest);
     a lab test file missing from LAB_SCOPES fails collection, so no file lands in a scope by accident."""
     for item in items:
         if lab_scope(item.nodeid) and item.path.stem not in LAB_SCOPES:
