@@ -138,7 +138,8 @@ def reclaim_remains(names: network.Names) -> None:
     for ns in namespaces:
         remove_netns(ns)
     remove_slot_links(names)
-    slurm.stop_controller(None, slurm_run_dir(names.slot))
+    owner = slots.owner_of(names.slot)  # the dead lab's directory, when its claim names one
+    slurm.stop_controller(owner / "slurm" if owner else None, slurm_run_dir(names.slot))
     print(f"fleetctl lab: removed the remains of a dead lab ({', '.join(namespaces) or names.bridge})",
           file=sys.stderr)
 

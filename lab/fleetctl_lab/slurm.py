@@ -9,7 +9,8 @@ munge, real daemons, run as root in the foreground.
 RUN is /run/fleetctl-lab/slurm-<n> (slot n): on the controller the machine's /run, inside a host the host's own fresh
 /run, so one slurm.conf (AuthInfo=socket=RUN/munge.socket) serves both and the machine's own /run/munge and
 /etc/munge are never touched. $LAB/slurm holds the key (munge.key, 0400), slurm.conf and gres.conf (copied into each
-host's /etc/slurm at every boot: identical text), slurmctld's state, logs and the job completion log.
+host's /etc/slurm at every boot: identical text), slurmctld's state, the controller daemons' logs and pid files, and
+the job completion log. A host keeps its daemons' pid files and slurmd's spool in its RUN.
 
 Lab GPUs have no /dev nodes and Slurm 22.05 drops a GPU without a File ("Removing file-less GPU"), so each host
 makes character devices with the NVIDIA driver's numbers (major 195, minor = index) in its /run at boot, and
@@ -110,7 +111,7 @@ class Cluster:
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={self.conf_dir}/state",
-            f"SlurmctldPidFile={run}/slurmctld.pid",
+            f"SlurmctldPidFile={self.conf_dir}/slurmctld.pid",
             f"SlurmdPidFile={run}/slurmd.pid",
             f"SlurmdSpoolDir={run}/slurmd",
             "MailProg=/bin/true",
@@ -160,7 +161,7 @@ class Cluster:
         """munged, then slurmctld, detached (like the hosts' supervisors); returns once slurmctld listens."""
         self.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.run_dir.chmod(0o755)
-        detach(munged_argv(self.run_dir, self.key), self.conf_dir / "munged.log")
+        detach(munged_argv(self.run_dir, self.key, self.conf_dir), self.conf_dir / "munged.log")
         wait_for(self.socket.exists, f"munged's socket {self.socket}", self.conf_dir / "munged.log")
         detach(["/usr/sbin/slurmctld", "-D", "-f", str(self.conf)], self.conf_dir / "slurmctld.log",
                env={"SLURM_CONF": str(self.conf)})
@@ -168,9 +169,10 @@ class Cluster:
                  f"slurmctld on {self.controller_address}:{self.port}", self.conf_dir / "slurmctld.log")
 
 
-def munged_argv(run_dir: Path | str, key: Path | str) -> list[str]:
+def munged_argv(run_dir: Path | str, key: Path | str, state_dir: Path | str) -> list[str]:
+    """munged with its socket in RUN_DIR, its pid and seed files in STATE_DIR."""
     return ["/usr/sbin/munged", "-F", f"--socket={run_dir}/munge.socket", f"--key-file={key}",
-            f"--pid-file={run_dir}/munged.pid", f"--seed-file={run_dir}/munged.seed"]
+            f"--pid-file={state_dir}/munged.pid", f"--seed-file={state_dir}/munged.seed"]
 
 
 def slurmd_argv(node: str) -> list[str]:
@@ -202,32 +204,27 @@ def wait_for(ready, what: str, log: Path, timeout: float = START_TIMEOUT_S) -> N
 
 # -- stopping: `lab down`, and the remains of a dead lab in a slot --------------------------------------------
 
-def controller_pids(conf_dir: Path | None, run_dir: Path | None) -> list[int]:
-    """The lab's slurmctld and munged on the controller: a process of those programs whose command line names
-    CONF_DIR ($LAB/slurm; None: the lab directory is unknown), or whose pid RUN_DIR's pid files give (None: the
-    slot is another lab's now)."""
-    found = set()
-    for name in CONTROLLER_DAEMONS if run_dir is not None else ():
-        pid = read_pid(run_dir / f"{name}.pid")
-        if pid is not None and program_of(pid) == name:
-            found.add(pid)
-    if conf_dir is not None:
-        needle = str(conf_dir).encode() + b"/"
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and program_of(int(entry.name)) in CONTROLLER_DAEMONS:
-                try:
-                    argv = (entry / "cmdline").read_bytes()
-                except OSError:
-                    continue
-                if needle in argv:
+def controller_pids(conf_dir: Path) -> list[int]:
+    """The lab's slurmctld and munged on the controller: the pids in CONF_DIR's ($LAB/slurm) pid files, and any
+    process of those programs whose command line names CONF_DIR (a pid file not written yet, or lost)."""
+    found = {pid for name in CONTROLLER_DAEMONS
+             if (pid := read_pid(conf_dir / f"{name}.pid")) is not None and program_of(pid) == name}
+    needle = str(conf_dir).encode() + b"/"
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and program_of(int(entry.name)) in CONTROLLER_DAEMONS:
+            try:
+                if needle in (entry / "cmdline").read_bytes():
                     found.add(int(entry.name))
+            except OSError:
+                continue
     return sorted(found)
 
 
 def stop_controller(conf_dir: Path | None, run_dir: Path | None) -> None:
-    """SIGTERM, then SIGKILL, the lab's controller daemons (controller_pids); remove RUN_DIR. Safe to repeat."""
+    """SIGTERM, then SIGKILL, the controller daemons of the lab whose files are in CONF_DIR (None: unknown); remove
+    the slot's RUN_DIR (None: the slot is another lab's now). Safe to repeat."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = controller_pids(conf_dir, run_dir)
+        pids = controller_pids(conf_dir) if conf_dir is not None else []
         for pid in pids:
             try:
                 os.kill(pid, sig)

@@ -32,6 +32,8 @@ def test_slurm_conf_for_slot_3(tmp_path):
     assert values["JobCompType"] == "jobcomp/filetxt"
     assert values["JobCompLoc"] == str(tmp_path / "lab/slurm/jobcomp.log")
     assert values["StateSaveLocation"] == str(tmp_path / "lab/slurm/state")
+    assert values["SlurmctldPidFile"] == str(tmp_path / "lab/slurm/slurmctld.pid")
+    assert values["SlurmdPidFile"] == "/run/fleetctl-lab/slurm-3/slurmd.pid"  # in the host's own /run
     assert (values["ProctrackType"], values["TaskPlugin"], values["SlurmUser"], values["ReturnToService"]) == \
         ("proctrack/linuxproc", "task/none", "root", "2")
     assert int(values["MinJobAge"]) >= 600 and int(values["SlurmdTimeout"]) <= 60
@@ -79,7 +81,7 @@ def test_lab_env_exports_slurm_conf_only_for_a_slurm_lab(tmp_path, monkeypatch):
 
 def test_daemons_command_lines():
     assert slurm.slurmd_argv("h100-01") == ["/usr/sbin/slurmd", "-D", "-N", "h100-01", "-f", "/etc/slurm/slurm.conf"]
-    assert slurm.munged_argv("/run/fleetctl-lab/slurm-0", "/etc/munge/munge.key") == [
+    assert slurm.munged_argv("/run/fleetctl-lab/slurm-0", "/etc/munge/munge.key", "/run/fleetctl-lab/slurm-0") == [
         "/usr/sbin/munged", "-F", "--socket=/run/fleetctl-lab/slurm-0/munge.socket",
         "--key-file=/etc/munge/munge.key", "--pid-file=/run/fleetctl-lab/slurm-0/munged.pid",
         "--seed-file=/run/fleetctl-lab/slurm-0/munged.seed"]

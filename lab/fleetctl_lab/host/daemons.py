@@ -101,7 +101,7 @@ class InitSystem:
         munged's socket is there, slurmd."""
         gpus = int(read_conf(self.hw / "gpus.conf").get("count", "0"))
         slurm.prepare_node(self.root, Path(conf_dir), run_dir, gpus)
-        self.spawn(*slurm.munged_argv(run_dir, slurm.HOST_KEY), name="munged")
+        self.spawn(*slurm.munged_argv(run_dir, slurm.HOST_KEY, run_dir), name="munged")
         socket_inside = self.root / run_dir.lstrip("/") / "munge.socket"
         deadline = time.monotonic() + slurm.START_TIMEOUT_S
         while not socket_inside.exists() and time.monotonic() < deadline:
