@@ -39,18 +39,19 @@ def nodes(cluster) -> dict[str, tuple[str, str]]:
     return {name: (node_state, gres) for name, node_state, gres in (line.split() for line in out.splitlines())}
 
 
-def wait_until(predicate, timeout: float, what: str):
+def wait_until(predicate, timeout: float, what: str, seen=None):
+    """PREDICATE's first true value within TIMEOUT s; else fail saying WHAT, and what SEEN() shows then."""
     deadline = time.monotonic() + timeout
     while not (value := predicate()):
-        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}" + (f" ({seen()})" if seen else "")
         time.sleep(0.5)
     return value
 
 
 def test_nodes_register_idle_with_their_gpus(cluster):
     assert cluster.env["SLURM_CONF"] == str(Path(cluster.env["FLEETCTL_LAB_DIR"]) / "slurm" / "slurm.conf")
-    wait_until(lambda: nodes(cluster) == {n: ("idle", "gpu:2") for n in NODES}, 60,
-               f"every node idle with gpu:2 (sinfo: {nodes(cluster)})")
+    wait_until(lambda: nodes(cluster) == {n: ("idle", "gpu:2") for n in NODES}, 60, "every node idle with gpu:2",
+               lambda: nodes(cluster))
     conf = Path(cluster.env["SLURM_CONF"]).read_text()
     assert cluster.ssh("h100-01", "cat /etc/slurm/slurm.conf").stdout == conf  # one text for all
 
@@ -58,8 +59,9 @@ def test_nodes_register_idle_with_their_gpus(cluster):
 def test_srun_runs_on_the_named_node(cluster):
     for node in NODES:
         assert slurm(cluster, "srun", "-N1", "-w", node, "hostname").stdout.strip() == node
-    gpus = slurm(cluster, "srun", "-w", "h100-02", "--gpus=2", "sh", "-c", "echo $SLURM_JOB_GPUS").stdout.split()
-    assert gpus == ["0,1"]
+    step = slurm(cluster, "srun", "-w", "h100-02", "--gpus=2", "sh", "-c",
+                 "echo $SLURM_STEP_GPUS $CUDA_VISIBLE_DEVICES; stat -c %t:%T /run/nvidia-lab/dev/nvidia1").stdout
+    assert step.split() == ["0,1", "0,1", "c3:1"]  # the GPUs Slurm hands out: char devices 195:<i>
 
 
 def test_a_batch_job_ends_completed_in_the_job_completion_log(cluster):
@@ -74,7 +76,8 @@ def test_a_rebooted_node_comes_back_idle(cluster):
     before = cluster.ssh("h100-02", "cat /proc/sys/kernel/random/boot_id").stdout
     cluster.reboot("h100-02")
     assert cluster.ssh("h100-02", "cat /proc/sys/kernel/random/boot_id").stdout != before
-    wait_until(lambda: nodes(cluster)["h100-02"] == ("idle", "gpu:2"), 60, "h100-02 idle again")
+    wait_until(lambda: nodes(cluster)["h100-02"] == ("idle", "gpu:2"), 60, "h100-02 idle again",
+               lambda: nodes(cluster))
     assert slurm(cluster, "srun", "-w", "h100-02", "hostname").stdout.strip() == "h100-02"
 
 

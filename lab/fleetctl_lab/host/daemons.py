@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import slurm
 from ..conf import read_conf
-from .base import HOST_ENV, log
+from .base import HOST_ENV, log, mount
 
 SSHD_START_TIMEOUT_S = 20.0
 PERSISTENCED = "usr/bin/nvidia-persistenced"
@@ -109,8 +109,21 @@ class InitSystem:
             time.sleep(0.05)
         if not socket_inside.exists():
             raise RuntimeError(f"munged did not start (see {self.dir / 'munged.log'})")
+        self.mount_cgroup_for_slurmd()
         pid = self.spawn(*slurm.slurmd_argv(self.name), name="slurmd")
         log(f"munged and slurmd started (slurmd pid {pid})")
+
+    def mount_cgroup_for_slurmd(self) -> None:
+        """slurmd 22.05 starts only where its cgroup plugin loads, even with cgroups unused (proctrack/linuxproc,
+        task/none): cgroup/v1 wants a cgroup filesystem at /sys/fs/cgroup/systemd, and the host's /sys (its network
+        namespace's sysfs) has none. A tmpfs there, with the named systemd hierarchy mounted read-only: slurmd
+        changes no cgroup. Once per supervisor: the mounts outlive reboots, as /sys does."""
+        cgroup = self.root / "sys/fs/cgroup"
+        if os.path.ismount(cgroup / "systemd"):
+            return
+        mount("-t", "tmpfs", "-o", "mode=0755", "fl-cgroup", str(cgroup))
+        (cgroup / "systemd").mkdir()
+        mount("-t", "cgroup", "-o", "ro,none,name=systemd", "cgroup", str(cgroup / "systemd"))
 
     def start_sshd(self) -> None:
         self.sshd_pid = self.spawn("/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config", name="sshd")
