@@ -39,7 +39,7 @@ LAB_SCOPES = {
     "test_lab_report": "lab-b",         # 160
     "test_lab_probe": "lab-b",          # 90
     "test_lab_rpm_hosts": "lab-b",      # 90
-    "test_lab_slurm": "lab-b",          # ~60
+    "test_lab_slurm": "lab-b",          # 25
 }
 LAB_DIR = "tests/lab/"
 # tests/lab_emu (~60 s) builds packages and runs the emulated tools over a directory, no lab: a scope per file, like
