@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import time
 
 import click
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.errors import InputError
-from . import faults, state
+from . import faults, slurm, state
 from .skus import DEFAULT_SKU, SKUS
 
 SPEC = re.compile(r"^(?P<count>\d+)x(?P<sku>[a-z0-9-]+)(?:/(?P<gpus>\d+))?(?:@(?P<driver>\d{3}\.\d+(?:\.\d+)?))?"
@@ -77,7 +78,10 @@ def lab() -> None:
                    "Debian's own packages (470.256.02, 535.216.03, 535.261.03).")
 @click.option("--spec", "specs", multiple=True, metavar="SPEC",
               help="COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm|+debian], repeatable, for a mixed fleet (overrides the above).")
-def up(count, sku, gpus, driver, drift, packaging, specs) -> None:
+@click.option("--slurm", "with_slurm", is_flag=True,
+              help="A Slurm cluster over the hosts: slurmctld and munged here, munged and slurmd in every host "
+                   "(eval \"$(fleetctl lab env)\" for srun, sbatch, sinfo, scontrol).")
+def up(count, sku, gpus, driver, drift, packaging, specs, with_slurm) -> None:
     """Build the lab's package repo and bring the hosts up (in the lowest free lab slot, or $FLEETCTL_LAB_SLOT's:
     several labs, each in its own FLEETCTL_LAB_DIR, live side by side)."""
     from . import debian, hosts, packages
@@ -99,13 +103,19 @@ def up(count, sku, gpus, driver, drift, packaging, specs) -> None:
             debian.ensure_mirror()
         except debian.MirrorError as e:
             raise InputError(str(e)) from None
-    the_lab = hosts.up(specs_, directory)
+    if with_slurm and (missing := [p for p in slurm.PROGRAMS if not os.path.exists(p)]):
+        raise InputError(f"--slurm needs Slurm and munge ({', '.join(missing)} missing): apt-get install "
+                         f"{' '.join(slurm.PACKAGES)}")
+    the_lab = hosts.up(specs_, directory, with_slurm=with_slurm)
     for name, drifts in extra.items():
         if "runtime" in drifts:
             faults.runtime_misconfigured(faults.Host(the_lab, name))
     inventory = hosts.write_inventory(the_lab)
     click.echo(f"lab up: {len(specs_)} hosts in {time.monotonic() - started:.1f}s (slot {the_lab.slot}: bridge "
                f"{the_lab.bridge} {the_lab.bridge_address}); inventory: {inventory}")
+    if the_lab.slurm:
+        click.echo(f"slurm: partition {slurm.PARTITION} of {len(specs_)} nodes; eval \"$(fleetctl lab env)\" "
+                   "for srun, sbatch, sinfo and scontrol")
 
 
 @lab.command()
@@ -137,6 +147,20 @@ def inventory() -> None:
     if the_lab is None or not the_lab.inventory.exists():
         raise InputError("no lab is up: run fleetctl lab up")
     click.echo(str(the_lab.inventory))
+
+
+@lab.command()
+def env() -> None:
+    """Shell lines for the lab (eval "$(fleetctl lab env)"): FLEETCTL_LAB_DIR, and in a Slurm lab SLURM_CONF, so
+    srun, sbatch, sinfo and scontrol talk to the lab's cluster."""
+    from . import hosts
+
+    the_lab = _lab()
+    values = {state.LAB_ENV: str(the_lab.dir)}
+    if the_lab.slurm:
+        values.update(hosts.slurm_cluster(the_lab).env())
+    for key, value in values.items():
+        click.echo(f"export {key}={shlex.quote(value)}")
 
 
 @lab.command()

@@ -36,7 +36,7 @@ from pathlib import Path
 import fleetctl_lab
 import orchestrator
 from orchestrator.errors import OperationError
-from . import debian, network, slots, state
+from . import debian, network, slots, slurm, state
 from .skus import SKUS
 from .state import HostRecord, HostSpec, Lab
 
@@ -57,9 +57,10 @@ class LabError(OperationError):
 # -- up ------------------------------------------------------------------------------------------------------
 
 def up(specs: list[HostSpec], lab_dir: str | os.PathLike | None = None, timeout: float | None = None,
-       slot: int | None = None) -> Lab:
+       slot: int | None = None, with_slurm: bool = False) -> Lab:
     """Build and boot the hosts of SPECS in a slot of their own (SLOT, else $FLEETCTL_LAB_SLOT, else the lowest free
-    one); return the lab once every host's sshd answers. On failure, nothing stays up (the apt repository is kept)."""
+    one); return the lab once every host's sshd answers. WITH_SLURM: a Slurm cluster over the hosts (slurm.py),
+    its controller started before the hosts boot. On failure, nothing stays up (the apt repository is kept)."""
     directory = state.lab_dir(lab_dir)
     check_specs(specs)
     refuse_directory_up(directory)
@@ -69,7 +70,7 @@ def up(specs: list[HostSpec], lab_dir: str | os.PathLike | None = None, timeout:
     except slots.SlotError as e:
         raise LabError(str(e)) from None
     try:
-        lab = plan(specs, directory, claim.names)
+        lab = plan(specs, directory, claim.names, with_slurm)
         return build(lab, specs, timeout, claim)
     finally:
         claim.close()  # unlocked: from now on its supervisors keep the slot taken, until `down` releases it
@@ -83,6 +84,8 @@ def build(lab: Lab, specs: list[HostSpec], timeout: float | None, claim: slots.C
         with slots.machine_wide():  # not the slot's lock: this process holds that one already
             network.create_bridge(lab.bridge, lab.bridge_address)
             network.create_hosts(lab.bridge, [(h.netns, h.veth, h.address) for h in lab.hosts])
+        if lab.slurm:
+            start_slurm(lab)
         start_supervisors(lab)
         state.save(lab)
         wait_up(lab, timeout or (INSTALL_TIMEOUT_S if any(s.driver for s in specs) else UP_TIMEOUT_S))
@@ -129,20 +132,44 @@ def lab_alive(directory: Path | None, names: network.Names) -> bool:
 
 
 def reclaim_remains(names: network.Names) -> None:
-    """Namespaces, veths and the bridge of slot NAMES' dead lab (its files are wherever that lab was): only that
-    slot's, never another lab's."""
+    """Namespaces, veths, the bridge and the Slurm controller of slot NAMES' dead lab (its files are wherever that
+    lab was): only that slot's, never another lab's."""
     namespaces = names.namespaces()
     for ns in namespaces:
         remove_netns(ns)
     remove_slot_links(names)
+    owner = slots.owner_of(names.slot)  # the dead lab's directory, when its claim names one
+    slurm.stop_controller(owner / "slurm" if owner else None, slurm_run_dir(names.slot))
     print(f"fleetctl lab: removed the remains of a dead lab ({', '.join(namespaces) or names.bridge})",
           file=sys.stderr)
 
 
-def plan(specs: list[HostSpec], directory: Path, names: network.Names) -> Lab:
+def plan(specs: list[HostSpec], directory: Path, names: network.Names, with_slurm: bool = False) -> Lab:
     hosts = [HostRecord(spec, i, names.host_address(i), names.netns(spec.name), names.veth(i))
              for i, spec in enumerate(specs)]
-    return Lab(directory, names.bridge, names.bridge_address, hosts, names.slot)
+    return Lab(directory, names.bridge, names.bridge_address, hosts, names.slot, with_slurm)
+
+
+# -- Slurm (slurm.py) ----------------------------------------------------------------------------------------
+
+def slurm_run_dir(slot: int) -> Path:
+    """Slot SLOT's Slurm runtime directory: the machine's on the controller, each host's own /run inside it."""
+    return slots.run_dir() / f"slurm-{slot}"
+
+
+def slurm_cluster(lab: Lab) -> slurm.Cluster:
+    """LAB's Slurm cluster: a node per host with the host's GPUs."""
+    return slurm.Cluster(lab.slurm_dir, slurm_run_dir(lab.slot), lab.slot, lab.bridge_address.split("/")[0],
+                         tuple(slurm.Node(h.name, h.address, gpu_count(h)) for h in lab.hosts))
+
+
+def start_slurm(lab: Lab) -> None:
+    cluster = slurm_cluster(lab)
+    cluster.write_files()
+    try:
+        cluster.start_controller()
+    except slurm.SlurmError as e:
+        raise LabError(str(e)) from None
 
 
 def prepare_files(lab: Lab) -> None:
@@ -189,6 +216,7 @@ def prepare_host_dir(lab: Lab, host: HostRecord) -> str:
         "client_pub": str(lab.client_key) + ".pub", "driver": host.spec.driver, "nouveau": host.spec.nouveau,
         "persistence_off": host.spec.persistence_off, "nvswitch": SKUS[host.spec.sku].nvswitch,
         "packaging": host.spec.packaging,
+        "slurm": {"conf_dir": str(lab.slurm_dir), "run_dir": str(slurm_run_dir(lab.slot))} if lab.slurm else None,
         "debian_mirror": str(debian.mirror_dir()) if host.spec.packaging == "debian" else None,
         "reboot_delay_s": 2.0}, indent=2) + "\n")
     return host_key
@@ -197,7 +225,7 @@ def prepare_host_dir(lab: Lab, host: HostRecord) -> str:
 def gpus_conf(host: HostRecord) -> str:
     """The host's GPUs (docs/lab.md: gpus.conf): the SKU's figures, unique UUIDs and serials, healthy."""
     sku = SKUS[host.spec.sku]
-    count = sku.gpus if host.spec.gpus is None else host.spec.gpus
+    count = gpu_count(host)
     lines = [f"# {host.name}: emulated hardware, written by `fleetctl lab up`", f"sku={sku.key}", f"count={count}"]
     for i in range(count):
         bus = DGX_BUS_IDS[i] if i < len(DGX_BUS_IDS) else f"{0xe0 + i - len(DGX_BUS_IDS):02x}"
@@ -212,6 +240,10 @@ def gpus_conf(host: HostRecord) -> str:
         }
         lines += [f"gpu.{i}.{key}={value}" for key, value in values.items()]
     return "\n".join(lines) + "\n"
+
+
+def gpu_count(host: HostRecord) -> int:
+    return SKUS[host.spec.sku].gpus if host.spec.gpus is None else host.spec.gpus
 
 
 def supervisor_command(host: HostRecord, hostdir: Path) -> list[str]:
@@ -358,7 +390,9 @@ def down(lab_dir: str | os.PathLike | None = None, keep_repo: bool = False, clai
     held = claim or (lock_slot(slot) if slot is not None else None)  # waits while an `up` builds in the slot
     try:
         stop_supervisors(directory, lab)
-        if held is not None and held.owner in (directory, None):
+        ours = held is not None and held.owner in (directory, None)
+        slurm.stop_controller(directory / "slurm", slurm_run_dir(held.slot) if ours else None)
+        if ours:
             remove_network(directory, lab, network.names(held.slot))
             if held.owner == directory:
                 held.release()

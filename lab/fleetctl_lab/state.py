@@ -57,6 +57,7 @@ class Lab:
     bridge_address: str
     hosts: list[HostRecord] = field(default_factory=list)
     slot: int = 0                  # the lab's slot (slots.py): its bridge, subnet, namespace and veth names
+    slurm: bool = False            # a Slurm cluster over the hosts (slurm.py): slurmctld here, slurmd in each host
 
     # paths (docs/lab.md)
     @property
@@ -80,6 +81,10 @@ class Lab:
         return self.ssh_dir / "known_hosts"
 
     @property
+    def slurm_dir(self) -> Path:
+        return self.dir / "slurm"
+
+    @property
     def inventory(self) -> Path:
         return self.dir / "inventory.ini"
 
@@ -95,7 +100,7 @@ class Lab:
 
 def save(lab: Lab) -> None:
     """Write lab.json atomically."""
-    data = {"slot": lab.slot, "bridge": lab.bridge, "bridge_address": lab.bridge_address,
+    data = {"slot": lab.slot, "slurm": lab.slurm, "bridge": lab.bridge, "bridge_address": lab.bridge_address,
             "hosts": [dict(asdict(h), spec=asdict(h.spec)) for h in lab.hosts]}
     lab.dir.mkdir(parents=True, exist_ok=True)
     tmp = lab.json_path.with_suffix(".json.tmp")
@@ -114,4 +119,4 @@ def load(path: str | os.PathLike | None = None) -> Lab | None:
     slot = data.get("slot")
     if slot is None:  # a lab.json from before slots: its bridge says which (flbr0: slot 0)
         slot = int(data["bridge"][4:]) if re.fullmatch(r"flbr\d+", data["bridge"]) else 0
-    return Lab(directory, data["bridge"], data["bridge_address"], hosts, int(slot))
+    return Lab(directory, data["bridge"], data["bridge_address"], hosts, int(slot), bool(data.get("slurm")))

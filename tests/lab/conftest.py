@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import re
 import hashlib
+import shlex
 import os
 import subprocess
 import sys
@@ -103,8 +104,9 @@ def stub_driver_repo():
 
 def lab_leftovers(directory: Path, lab: Lab | int | None = None) -> list[str]:
     """Everything of the lab in DIRECTORY that is still on the machine, and nothing of another lab (several labs run
-    at once, one per xdist worker and slot): its slot's namespaces, veths and bridge, mounts at or under DIRECTORY,
-    processes mentioning DIRECTORY or whose root is under it, DIRECTORY itself. LAB: the lab as `up` returned it
+    at once, one per xdist worker and slot): its slot's namespaces, veths, bridge and Slurm runtime directory, mounts
+    at or under DIRECTORY, processes mentioning DIRECTORY or whose root is under it (a Slurm lab's slurmctld and
+    munged name $LAB/slurm), DIRECTORY itself. LAB: the lab as `up` returned it
     (or its slot), taken before `down` (which removes lab.json and frees the slot); without it, lab.json's or the
     slot claim's, when still there."""
     directory = Path(directory)
@@ -140,6 +142,8 @@ def slot_leftovers(directory: Path, slot: int) -> list[str]:
             return []
         found = [f"netns {n}" for n in names.namespaces()]
         found += [f"link {name}" for name in [names.bridge, *names.veths()] if network.link_exists(name)]
+        if hosts.slurm_run_dir(slot).exists():  # the Slurm controller's socket and pid files
+            found.append(f"directory {hosts.slurm_run_dir(slot)}")
         return found
     finally:
         handle.close()
@@ -206,6 +210,12 @@ def make_stub_driver_repo(repo: Path, version: str) -> None:
 
 # -- a lab driven through the fleetctl CLI, as an operator would ---------------------------------------------
 
+def lab_env(text: str) -> dict[str, str]:
+    """The variables of `fleetctl lab env`'s `export K=V` lines."""
+    return dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in text.splitlines()
+                if line.startswith("export "))
+
+
 @dataclass
 class Fleet:
     env: dict[str, str]
@@ -259,16 +269,20 @@ class Fleet:
 
 
 @contextmanager
-def fleetctl_lab(workdir: Path, specs: tuple[str, ...]):
-    """`fleetctl lab up --spec ...` in WORKDIR (its own $LAB, history and SSH control dir); always torn down."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+def fleetctl_lab(workdir: Path, specs: tuple[str, ...], slurm: bool = False):
+    """`fleetctl lab up --spec ...` in WORKDIR (its own $LAB, history and SSH control dir); always torn down.
+    SLURM: `--slurm`, and the handle's env carries what `fleetctl lab env` exports (SLURM_CONF), so srun, sbatch,
+    sinfo and scontrol run with it talk to the lab's cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "SLURM_"))}
     env.update(FLEETCTL_LAB_DIR=str(workdir / "lab"), FLEETCTL_HOME=str(workdir / "home"), FLEETCTL_CONFIG=os.devnull,
                ANSIBLE_SSH_CONTROL_PATH_DIR=str(workdir / "cp"), ANSIBLE_LOCAL_TEMP=str(workdir / "tmp"))
     handle = Fleet(env, "", workdir)
     try:
-        up = handle.fleetctl("lab", "up", *[a for s in specs for a in ("--spec", s)], timeout=900)
+        up = handle.fleetctl("lab", "up", *[a for s in specs for a in ("--spec", s)], *(["--slurm"] if slurm else []),
+                             timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr
         handle.inventory = handle.fleetctl("lab", "inventory").stdout.strip()
+        handle.env.update(lab_env(handle.fleetctl("lab", "env").stdout))
         yield handle
     finally:
         handle.fleetctl("lab", "down")

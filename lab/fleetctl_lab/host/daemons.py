@@ -1,5 +1,6 @@
 """A lab host's init: its processes (the supervisor is PID 1 and reaps them), the driver's daemons started at boot
-when installed and enabled, sshd, and the host's systemctl for the driver's units."""
+when installed and enabled, munged and slurmd in a Slurm lab, sshd, and the host's systemctl for the driver's
+units."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
-from .base import HOST_ENV, log
+from .. import slurm
+from ..conf import read_conf
+from .base import HOST_ENV, log, mount
 
 SSHD_START_TIMEOUT_S = 20.0
 PERSISTENCED = "usr/bin/nvidia-persistenced"
@@ -89,6 +93,37 @@ class InitSystem:
         self.reset_driver_state(persistent)
         if self.booted_module is not None and self.config.get("nvswitch"):
             self.start_daemon(FABRICMANAGER, FABRICMANAGER_UNIT)
+        if self.config.get("slurm"):
+            self.start_slurmd(**self.config["slurm"])
+
+    def start_slurmd(self, conf_dir: str, run_dir: str) -> None:
+        """A Slurm lab's node (fleetctl_lab/slurm.py): its files from the controller's CONF_DIR, munged, and once
+        munged's socket is there, slurmd."""
+        gpus = int(read_conf(self.hw / "gpus.conf").get("count", "0"))
+        slurm.prepare_node(self.root, Path(conf_dir), run_dir, gpus)
+        self.spawn(*slurm.munged_argv(run_dir, slurm.HOST_KEY, run_dir), name="munged")
+        socket_inside = self.root / run_dir.lstrip("/") / "munge.socket"
+        deadline = time.monotonic() + slurm.START_TIMEOUT_S
+        while not socket_inside.exists() and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.05)
+        if not socket_inside.exists():
+            raise RuntimeError(f"munged did not start (see {self.dir / 'munged.log'})")
+        self.mount_cgroup_for_slurmd()
+        pid = self.spawn(*slurm.slurmd_argv(self.name), name="slurmd")
+        log(f"munged and slurmd started (slurmd pid {pid})")
+
+    def mount_cgroup_for_slurmd(self) -> None:
+        """slurmd 22.05 starts only where its cgroup plugin loads, even with cgroups unused (proctrack/linuxproc,
+        task/none): cgroup/v1 wants a cgroup filesystem at /sys/fs/cgroup/systemd, and the host's /sys (its network
+        namespace's sysfs) has none. A tmpfs there, with the named systemd hierarchy mounted read-only: slurmd
+        changes no cgroup. Once per supervisor: the mounts outlive reboots, as /sys does."""
+        cgroup = self.root / "sys/fs/cgroup"
+        if os.path.ismount(cgroup / "systemd"):
+            return
+        mount("-t", "tmpfs", "-o", "mode=0755", "fl-cgroup", str(cgroup))
+        (cgroup / "systemd").mkdir()
+        mount("-t", "cgroup", "-o", "ro,none,name=systemd", "cgroup", str(cgroup / "systemd"))
 
     def start_sshd(self) -> None:
         self.sshd_pid = self.spawn("/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config", name="sshd")
