@@ -73,6 +73,11 @@ class Node:
         return self.base == "DOWN"
 
     @property
+    def responding(self) -> bool:
+        """slurmctld hears from the node's slurmd (no NOT_RESPONDING flag)."""
+        return "NOT_RESPONDING" not in self.flags
+
+    @property
     def maintenance(self) -> bool:
         """In a reservation (a MAINT one, MAINTENANCE as 22.05 spells it, or any other): promised to someone."""
         return bool(self.flags & {"MAINT", "MAINTENANCE", "RESERVED"})

@@ -44,6 +44,8 @@ NVIDIA_MAJOR = 195             # /dev/nvidia<i> is char 195:<i> on a real host
 DEVICE_DIR = "/run/nvidia-lab/dev"   # inside a host: its GPUs' device nodes (gres.conf File=)
 HOST_CONF_DIR = "/etc/slurm"         # inside a host: slurm.conf and gres.conf
 HOST_KEY = "/etc/munge/munge.key"    # inside a host: the lab's munge key
+HEALTH_CHECK = "/etc/slurm/health-check"  # inside a host: slurmd's HealthCheckProgram (a no-op until replaced)
+HEALTH_CHECK_INTERVAL_S = 10         # how often slurmd runs it on every node
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
 CONTROLLER_DAEMONS = ("slurmctld", "munged")
@@ -129,6 +131,10 @@ class Cluster:
             "ReturnToService=2",
             f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
             f"MinJobAge={MIN_JOB_AGE_S}",
+            # every node runs its own health check (an admin's, or `fleetctl check --slurm`), as on a real cluster
+            f"HealthCheckProgram={HEALTH_CHECK}",
+            f"HealthCheckInterval={HEALTH_CHECK_INTERVAL_S}",
+            "HealthCheckNodeState=ANY",
             "",
         ]
         for node in self.nodes:
@@ -271,6 +277,11 @@ def prepare_node(root: Path, conf_dir: Path, run_dir: str, gpus: int) -> None:
     os.chown(key.parent, 0, 0)  # munged refuses a key in a directory another user owns (Debian's: munge)
     key.parent.chmod(0o700)
     copy(conf_dir / "munge.key", key, 0o400)
+    check = root / HEALTH_CHECK.lstrip("/")
+    if not check.exists():  # the node's own program, kept across boots once someone installed one
+        fd = os.open(check, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755)
+        with os.fdopen(fd, "w") as f:
+            f.write("#!/bin/sh\n# slurmd's HealthCheckProgram on this lab node: replace it with your own.\nexit 0\n")
     (root / run_dir.lstrip("/") / "slurmd").mkdir(mode=0o755, parents=True, exist_ok=True)
     devices = root / DEVICE_DIR.lstrip("/")
     devices.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,9 @@
 - wait_idle: until Slurm reports no job allocated on the node (DRAINED, not DRAINING), bounded by --idle-timeout; the
   GPU-process check runs after it as a second opinion.
 - undrain (also of a rollback, a release and an accepted held host): only a node whose reason is still this
-  campaign's own is resumed; one whose reason someone changed is left as it is, and the campaign says so (the
-  `slurm_node_left` event, a notification).
+  campaign's own is resumed, once its slurmd answers slurmctld again (after the activation's reboot; one that does
+  not within SLURMD_WAIT_S fails its host and stays drained); one whose reason someone changed is left as it is,
+  and the campaign says so (the `slurm_node_left` event, a notification).
 - soak: jobs that ended on a watched node since its change, as Slurm's job completion log records them: NODE_FAIL
   and FAILED count as failed canary runs.
 """
@@ -23,6 +24,7 @@ from .. import inventory, slurm
 from .context import Context, Outcome
 
 ROLLBACK_STATES = ("rollback_drain", "rollback_wait_idle")
+SLURMD_WAIT_S, RESPONDING_POLL_S = 120.0, 2.0  # before a resume: slurmd back in touch with slurmctld
 FAILED_JOB_STATES = ("NODE_FAIL", "FAILED")
 
 
@@ -104,15 +106,31 @@ def wait_drained(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     return out
 
 
+def _answering(names: dict[str, str], timeout_s: float) -> dict[str, slurm.Node]:
+    """The nodes of NAMES as Slurm reports them once each one's slurmd answers slurmctld again (no NOT_RESPONDING:
+    after the activation's reboot slurmctld hears from slurmd at its registration or next ping), or TIMEOUT_S."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nodes = slurm.nodes(sorted(set(names.values())))
+        if all(nodes[n].responding for n in names.values() if n in nodes) or time.monotonic() >= deadline:
+            return nodes
+        time.sleep(RESPONDING_POLL_S)
+
+
 def undrain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     names = node_names(ctx.fleet, hosts)
-    nodes = slurm.nodes(sorted(set(names.values())))
+    nodes = _answering(names, SLURMD_WAIT_S)
     out = {}
     for host, name in names.items():
         node = nodes.get(name)
         if node is None:
             out[host] = Outcome("fail", f"Slurm has no node {name}")
         elif slurm.owned_by_campaign(node, ctx.campaign):
+            if not node.responding:  # a slurmd that did not come back (its GRES refused by the new driver, ...)
+                out[host] = Outcome("fail", f"slurmd on {name} has not answered slurmctld for {SLURMD_WAIT_S:g}s "
+                                            f"after the change ({node.describe()}): the node stays drained",
+                                    {"slurm": {"node": name, "resumed": False, "state": node.state}})
+                continue
             try:
                 slurm.resume(name)
             except slurm.SlurmError as e:

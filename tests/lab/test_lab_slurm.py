@@ -1,22 +1,27 @@
 """The lab's Slurm cluster (`fleetctl lab up --slurm`): Debian's slurmctld and munged on the controller, munged and
-slurmd in every host, driven from the controller with srun, sbatch, sinfo and scontrol (root only). One lab for the
-module."""
+slurmd in every host, driven from the controller with srun, sbatch, sinfo and scontrol (root only); then fleetctl
+on it: campaigns with the drains fleetctl owns (--drain-preset slurm) and `fleetctl check --slurm` as every node's
+HealthCheckProgram. One lab for the module."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import fleetctl_lab
+from orchestrator import slurm as slurm_mod
+from tests.lab.conftest import REPO_ROOT, fleetctl_lab
+from tests.lab.test_lab_upgrade import FROM, TO, assert_on, driver_state, hosts_of, show, write_baseline
 from fleetctl_lab import state
 
 pytestmark = pytest.mark.lab
 
-SPECS = ("2xh100-sxm/2",)
-NODES = ("h100-01", "h100-02")
+SPECS = (f"3xh100-sxm/2@{FROM}",)
+NODES = ("h100-01", "h100-02", "h100-03")
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +84,126 @@ def test_a_rebooted_node_comes_back_idle(cluster):
     wait_until(lambda: nodes(cluster)["h100-02"] == ("idle", "gpu:2"), 60, "h100-02 idle again",
                lambda: nodes(cluster))
     assert slurm(cluster, "srun", "-w", "h100-02", "hostname").stdout.strip() == "h100-02"
+
+
+# ---- fleetctl on the cluster: drains fleetctl owns (--drain-preset slurm) --------------------------------------
+
+CAMPAIGN = ("--yes", "--warmup", "0", "--trial", "0.02", "--samples", "10", "--drain-preset", "slurm",
+            "--waves", "1,100%")
+
+
+def node_state(cluster, name: str) -> tuple[str, str | None]:
+    """(state as scontrol shows it, reason or None) of node NAME, read as fleetctl reads it."""
+    node = slurm_mod.parse_nodes(slurm(cluster, "sinfo", "--json").stdout)[name]
+    return node.state, node.reason
+
+
+def job_states(cluster) -> dict[str, str]:
+    """job id -> end state, from the job completion log."""
+    log = Path(cluster.env["FLEETCTL_LAB_DIR"]) / "slurm" / "jobcomp.log"
+    return {j["id"]: j["state"] for j in slurm_mod.parse_jobcomp(log.read_text() if log.exists() else "")}
+
+
+def submit(cluster, node: str, command: str) -> str:
+    return slurm(cluster, "sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", command).stdout.strip()
+
+
+def test_an_admins_drain_is_left_and_a_running_job_delays_the_install_until_it_completes(cluster, tmp_path):
+    baseline = write_baseline(tmp_path / "b.yml", 1)
+    slurm(cluster, "scontrol", "update", "nodename=h100-03", "state=drain", "reason=RMA: GPU 3 ECC (ticket 4411)")
+    job = submit(cluster, "h100-01", "sleep 20")
+    wait_until(lambda: node_state(cluster, "h100-01")[0] in ("ALLOCATED", "MIXED"), 60, "the job running on h100-01")
+    try:
+        proc = cluster.fleetctl("upgrade", "--to", TO, "-i", cluster.inventory, "-b", baseline, *CAMPAIGN,
+                                "--soak", "0", "--idle-timeout", "120", timeout=600)
+        doc = show(cluster, 1)
+        assert proc.returncode == 1, proc.stdout + proc.stderr  # done, and a host left out at plan: off the target
+        # left out at plan with the admin's state and reason, and left as it was
+        (excluded,) = doc["plan"]["excluded"]
+        assert (excluded["name"], excluded["code"]) == ("h100-03", "drained_elsewhere")
+        assert "IDLE+DRAIN (RMA: GPU 3 ECC (ticket 4411))" in excluded["reason"]
+        assert node_state(cluster, "h100-03") == ("IDLE+DRAIN", "RMA: GPU 3 ECC (ticket 4411)")
+        assert_on(cluster, "h100-03", FROM)
+        # the job ran to its end (COMPLETED, never killed by the reboot): the install waited for it
+        assert job_states(cluster)[job] == "COMPLETED"
+        steps = {s["step"]: s for s in hosts_of(doc)["h100-01"]["steps"]}
+        assert steps["drain"]["detail"]["slurm"]["reason"] == f"fleetctl campaign 1: {FROM} -> {TO}"
+        assert steps["drain"]["detail"]["slurm"]["before"]["state"] in ("ALLOCATED", "MIXED")
+        assert steps["wait_idle"]["seconds"] >= 5, steps["wait_idle"]
+        # every node fleetctl drained is in service again, on the target
+        for name in ("h100-01", "h100-02"):
+            assert node_state(cluster, name) == ("IDLE", None)
+            assert_on(cluster, name, TO)
+    finally:
+        slurm(cluster, "scontrol", "update", "nodename=h100-03", "state=resume")
+
+
+def test_a_job_failing_on_the_canary_during_the_soak_rolls_it_back_and_every_node_is_as_it_was(cluster, tmp_path):
+    baseline = write_baseline(tmp_path / "b.yml", 1)
+    before = {n: node_state(cluster, n) for n in NODES}
+    on = driver_state(cluster, "h100-01")["module"]
+    target = FROM if on == TO else TO
+    campaigns = len(json.loads(cluster.fleetctl("campaign", "list", "--format", "json").stdout))
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "upgrade", "--to", target, "-i",
+                             cluster.inventory, "-b", baseline, *CAMPAIGN, "--soak", "10m", "--soak-interval", "5",
+                             "--idle-timeout", "60"], env=cluster.env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    cid = campaigns + 1
+    try:
+        wait_until(lambda: cluster.fleetctl("campaign", "show", str(cid)).returncode == 0
+                   and show(cluster, cid)["campaign"]["state"] == "soaking", 300, "the soak after the canary wave")
+        job = submit(cluster, "h100-01", "exit 3")
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 4, out[-3000:]  # rolled back
+    assert job_states(cluster)[job] == "FAILED"
+    doc = show(cluster, cid)
+    hosts = hosts_of(doc)
+    assert hosts["h100-01"]["state"] == "rolled_back"
+    assert f"Slurm job {job} (wrap) ended FAILED, exit 3:0" in doc["campaign"]["reason"], doc["campaign"]["reason"]
+    assert hosts["h100-02"]["state"] == "not_started" and hosts["h100-02"]["steps"] == []
+    # the rollback drained and resumed the canary's node with the campaign's own reason; no node is changed
+    steps = {s["step"]: s for s in hosts["h100-01"]["steps"]}
+    assert steps["rollback_drain"]["detail"]["slurm"]["reason"] == \
+        f"fleetctl campaign {cid}: {target} -> {on} (rollback)"
+    assert steps["rollback_undrain"]["detail"]["slurm"]["resumed"] is True
+    assert {n: node_state(cluster, n) for n in NODES} == before
+    assert_on(cluster, "h100-01", on)
+
+
+# ---- Slurm runs fleetctl: `fleetctl check --slurm` as the HealthCheckProgram ------------------------------------
+
+def test_fleetctl_check_as_health_check_drains_a_faulty_node_resumes_it_fixed_and_leaves_an_admins_drain(cluster,
+                                                                                                          tmp_path):
+    write_baseline(tmp_path / "b.yml", 1)
+    program = ("#!/bin/sh\n# slurmd's HealthCheckProgram: fleetctl's controls on this node, NHC's drain rules\n"
+               f"exec env PYTHONPATH={REPO_ROOT} {sys.executable} -m orchestrator.cli check --slurm "
+               "-b /etc/fleetctl/baseline.yml >> /var/log/fleetctl-check.log 2>&1\n")
+    for node in ("h100-01", "h100-02"):
+        cluster.ssh(node, f"mkdir -p /etc/fleetctl && cat > /etc/fleetctl/baseline.yml <<'EOF'\n"
+                          f"{(tmp_path / 'b.yml').read_text()}EOF\ncat > /etc/slurm/health-check.new <<'EOF'\n"
+                          f"{program}EOF\nchmod 755 /etc/slurm/health-check.new && "
+                          "mv /etc/slurm/health-check.new /etc/slurm/health-check")
+    slurm(cluster, "scontrol", "update", "nodename=h100-01", "state=drain", "reason=IB cable flapping")
+    try:
+        cluster.inject("h100-02", "ecc", "--volatile", "2")
+        wait_until(lambda: (node_state(cluster, "h100-02")[1] or "").startswith("fleetctl check: gpu.ecc_errors: "),
+                   90, "h100-02 drained by its health check", lambda: node_state(cluster, "h100-02"))
+        assert node_state(cluster, "h100-02")[0] == "IDLE+DRAIN"
+        cluster.inject("h100-02", "ecc", "--volatile", "0", "--aggregate", "0")
+        wait_until(lambda: node_state(cluster, "h100-02") == ("IDLE", None), 90, "h100-02 resumed once healthy",
+                   lambda: node_state(cluster, "h100-02"))
+        # the admin's drain outlived every health check on its (healthy) node
+        ran = cluster.ssh("h100-01", "grep -c 'h100-01: healthy' /var/log/fleetctl-check.log").stdout.strip()
+        assert int(ran) >= 2, ran
+        assert node_state(cluster, "h100-01") == ("IDLE+DRAIN", "IB cable flapping")
+    finally:
+        for node in ("h100-01", "h100-02"):
+            cluster.ssh(node, "printf '#!/bin/sh\\nexit 0\\n' > /etc/slurm/health-check", check=False)
+        slurm(cluster, "scontrol", "update", "nodename=h100-01", "state=resume")
 
 
 def test_down_leaves_nothing(cluster, leftovers):

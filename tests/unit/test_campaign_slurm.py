@@ -162,3 +162,16 @@ def test_the_job_completion_log_gives_each_jobs_end_state_nodes_and_time(monkeyp
     since = datetime(2026, 11, 24, 10, 1).astimezone(timezone.utc)
     failed = scheduler.failed_jobs(["h100-02", "h100-03"], since)
     assert [j["id"] for j in failed["h100-02"]] == ["42"] and failed["h100-03"] == []
+
+
+def test_a_node_whose_slurmd_never_answers_after_the_change_stays_drained_and_fails_its_host(fake, monkeypatch):
+    f = fake(n1="idle", n2="idle")
+    ctx = context({"n1": "undrain", "n2": "undrain"})
+    scheduler.drain(ctx, ["n1", "n2"])
+    lost = f.state["n2"]
+    f.state["n2"] = dataclasses.replace(lost, state=lost.state + "+NOT_RESPONDING", flags=lost.flags | {"NOT_RESPONDING"})
+    monkeypatch.setattr(scheduler, "SLURMD_WAIT_S", 0.0)
+    out = scheduler.undrain(ctx, ["n1", "n2"])
+    assert out["n1"].outcome == "ok" and out["n2"].outcome == "fail"
+    assert "slurmd on n2 has not answered slurmctld" in out["n2"].reason and "stays drained" in out["n2"].reason
+    assert ("resume", "n2") not in f.asked and f.state["n2"].drained_or_draining
