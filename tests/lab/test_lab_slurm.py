@@ -5,7 +5,6 @@ HealthCheckProgram. One lab for the module."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -98,6 +97,13 @@ def node_state(cluster, name: str) -> tuple[str, str | None]:
     return node.state, node.reason
 
 
+def in_service(cluster, name: str) -> tuple[str, bool, str | None]:
+    """What an operator and fleetctl set of node NAME: (base state, drained or draining, reason); not the flags
+    Slurm sets on its own (NOT_RESPONDING between two pings of a busy controller)."""
+    node = slurm_mod.parse_nodes(slurm(cluster, "sinfo", "--json").stdout)[name]
+    return node.base, node.drained_or_draining, node.reason
+
+
 def job_states(cluster) -> dict[str, str]:
     """job id -> end state, from the job completion log."""
     log = Path(cluster.env["FLEETCTL_LAB_DIR"]) / "slurm" / "jobcomp.log"
@@ -140,15 +146,14 @@ def test_an_admins_drain_is_left_and_a_running_job_delays_the_install_until_it_c
 
 def test_a_job_failing_on_the_canary_during_the_soak_rolls_it_back_and_every_node_is_as_it_was(cluster, tmp_path):
     baseline = write_baseline(tmp_path / "b.yml", 1)
-    before = {n: node_state(cluster, n) for n in NODES}
+    before = {n: in_service(cluster, n) for n in NODES}
     on = driver_state(cluster, "h100-01")["module"]
     target = FROM if on == TO else TO
-    campaigns = len(json.loads(cluster.fleetctl("campaign", "list", "--format", "json").stdout))
+    cid = 1 + len(list((Path(cluster.env["FLEETCTL_HOME"]) / "campaigns").glob("*.jsonl")))  # the next campaign
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "upgrade", "--to", target, "-i",
                              cluster.inventory, "-b", baseline, *CAMPAIGN, "--soak", "10m", "--soak-interval", "5",
                              "--idle-timeout", "60"], env=cluster.env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
-    cid = campaigns + 1
     try:
         wait_until(lambda: cluster.fleetctl("campaign", "show", str(cid)).returncode == 0
                    and show(cluster, cid)["campaign"]["state"] == "soaking", 300, "the soak after the canary wave")
@@ -170,7 +175,7 @@ def test_a_job_failing_on_the_canary_during_the_soak_rolls_it_back_and_every_nod
     assert steps["rollback_drain"]["detail"]["slurm"]["reason"] == \
         f"fleetctl campaign {cid}: {target} -> {on} (rollback)"
     assert steps["rollback_undrain"]["detail"]["slurm"]["resumed"] is True
-    assert {n: node_state(cluster, n) for n in NODES} == before
+    assert {n: in_service(cluster, n) for n in NODES} == before
     assert_on(cluster, "h100-01", on)
 
 
@@ -178,6 +183,8 @@ def test_a_job_failing_on_the_canary_during_the_soak_rolls_it_back_and_every_nod
 
 def test_fleetctl_check_as_health_check_drains_a_faulty_node_resumes_it_fixed_and_leaves_an_admins_drain(cluster,
                                                                                                           tmp_path):
+    # slurmd runs the program inside the host, whose root is the machine's (an overlay) but for its own /tmp and /run
+    assert not REPO_ROOT.is_relative_to("/tmp"), f"the checkout {REPO_ROOT} must be outside /tmp for lab hosts to see it"
     write_baseline(tmp_path / "b.yml", 1)
     program = ("#!/bin/sh\n# slurmd's HealthCheckProgram: fleetctl's controls on this node, NHC's drain rules\n"
                f"exec env PYTHONPATH={REPO_ROOT} {sys.executable} -m orchestrator.cli check --slurm "
