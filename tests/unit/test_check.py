@@ -261,3 +261,18 @@ def test_check_imports_no_ansible_rich_or_numpy():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert result.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_the_real_h100_capture_is_judged_today_as_it_was_on_the_machine(testdata):
+    """tests/testdata/h100-check: `fleetctl check` on a real H100 (driver 580.159.04). Its facts, judged again by
+    today's controls and the embedded baseline, give the same findings and the same verdict: healthy, with the
+    container image's high and medium findings that do not drain a node."""
+    captured = json.loads((testdata / "h100-check" / "check.json").read_text())
+    host = inventory.Host(captured["host"], tuple(captured["groups"]))
+    entry = audit.evaluate_facts(host, captured["facts"], baseline.load(None))
+    assert {f["control"]: f["status"] for f in entry["findings"]} == \
+        {f["control"]: f["status"] for f in captured["findings"]}
+    assert check.critical_failures(entry["findings"]) == [] and captured["summary"]["exit_code"] == 0
+    assert captured["facts"]["driver"]["module_version"] == "580.159.04"
+    failing = {f["control"] for f in entry["findings"] if f["status"] == "fail"}
+    assert failing == {"nouveau.blacklisted", "persistence.daemon"}
