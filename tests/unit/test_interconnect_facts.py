@@ -989,3 +989,28 @@ def test_nvml_link_of_unknown_far_end_is_no_topology_guess():
         link["remote"] = None
     facts, errors = nvml_facts(FakeNvml([a, b]))
     assert facts["topology"] is None and "far end NVML does not name" in errors["interconnect.topology"]
+
+
+def test_a_single_gpu_without_nvlink_reads_the_same_through_nvidia_smi_as_through_nvml():
+    """A real single H100 (tests/testdata/h100-580.159.04-health): `nvidia-smi nvlink -s` and `-e` print nothing and
+    exit 0. Without pynvml that read as an unread NVLink ("does not list GPU 0": gpu.nvlink error, high), so such a
+    host could never pass an audit; it is a GPU without NVLink, as NVML says, and gpu.nvlink does not apply."""
+    from orchestrator.controls import interconnect as ic_controls
+    health = REPO / "tests" / "testdata" / "h100-580.159.04-health"
+    xml = (REPO / "tests" / "testdata" / "h100-580.159.04" / "nvidia-smi-q-x.xml").read_text()
+    errors = {}
+    _, gpus = gpus_utils.parse_smi_xml(xml)
+    facts = ic.from_smi(gpus, xml, ((health / "nvidia-smi-nvlink-s.txt").read_text(), None),
+                        ((health / "nvidia-smi-nvlink-e.txt").read_text(), None), None, errors,
+                        sys_module="/nonexistent")
+    check_schema(facts)
+    assert errors == {}
+    assert [g["nvlink"] for g in facts["gpus"]] == [{"supported": False, "up": 0, "total": 0, "links": []}]
+    verdict = ic_controls.gpu_nvlink({"interconnect": facts}, {}, None)
+    assert (verdict.status, verdict.message) == ("not_applicable", "no NVLink on this GPU")
+    # on a host whose nvidia-smi lists some GPUs, one left out is still a reading fleetctl cannot trust
+    two = [dict(gpus[0]), dict(gpus[0], index=1)]
+    errors = {}
+    ic.from_smi(two, xml, ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-x)\n\t Link 0: 26.562 GB/s\n", None), ("", None),
+                None, errors, sys_module="/nonexistent")
+    assert errors.get("interconnect.gpus[1].nvlink") == "nvidia-smi nvlink -s does not list GPU 1"

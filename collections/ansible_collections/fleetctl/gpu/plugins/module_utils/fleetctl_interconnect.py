@@ -620,12 +620,39 @@ def from_smi(gpus, xml_text, status, counters, topo, errors, sys_module="/sys/mo
         except SmiOutputError as e:
             count_problems = dict((g["index"], str(e)) for g in gpus)
 
+    topology = []
+    if topo is not None:
+        if topo[1] is not None:
+            topology = None
+            _add_error(errors, "interconnect.topology", topo[1])
+        else:
+            try:
+                topology = parse_topo_matrix(topo[0])
+            except SmiOutputError as e:
+                topology = None
+                _add_error(errors, "interconnect.topology", str(e))
+            if topology is not None and len(topology) != len(gpus) * (len(gpus) - 1) // 2:
+                _add_error(errors, "interconnect.topology", "nvidia-smi topo -m shows %d pairs for %d GPUs" % (
+                    len(topology), len(gpus)))
+                topology = None
+    elif len(gpus) >= 2:
+        topology = None
+        _add_error(errors, "interconnect.topology", "nvidia-smi topo -m was not run")
+
+    # `nvidia-smi nvlink -s` printing no GPU at all (exit 0) is a host whose GPUs have no NVLink: a single H100 or
+    # H200 in a VM prints nothing (tests/testdata/h100-580.159.04-health), as NVML says of it. Unless the topology
+    # matrix shows NVLinks (or could not be read): a GPU left out, or all of them, is then a reading fleetctl cannot
+    # trust.
+    topology_nvlinks = topology is None or any(pair.get("nvlinks") for pair in topology)
+    no_nvlink_here = status[1] is None and not links and not link_problems and not topology_nvlinks
     entries = []
     for position, gpu in enumerate(gpus):
         i = gpu["index"]
         nvlink = None
         if i in link_problems:
             _add_error(errors, _key(i, "nvlink"), link_problems[i])
+        elif no_nvlink_here:
+            nvlink = _nvlink_facts([])
         elif i not in links:
             _add_error(errors, _key(i, "nvlink"), "nvidia-smi nvlink -s does not list GPU %d" % i)
         else:
@@ -647,22 +674,4 @@ def from_smi(gpus, xml_text, status, counters, topo, errors, sys_module="/sys/mo
             _add_error(errors, _key(i, "fabric"), problem)
         entries.append({"index": i, "pci_bus_id": gpu.get("pci_bus_id"), "nvlink": nvlink, "fabric": fabric})
 
-    topology = []
-    if topo is not None:
-        if topo[1] is not None:
-            topology = None
-            _add_error(errors, "interconnect.topology", topo[1])
-        else:
-            try:
-                topology = parse_topo_matrix(topo[0])
-            except SmiOutputError as e:
-                topology = None
-                _add_error(errors, "interconnect.topology", str(e))
-            if topology is not None and len(topology) != len(gpus) * (len(gpus) - 1) // 2:
-                _add_error(errors, "interconnect.topology", "nvidia-smi topo -m shows %d pairs for %d GPUs" % (
-                    len(topology), len(gpus)))
-                topology = None
-    elif len(gpus) >= 2:
-        topology = None
-        _add_error(errors, "interconnect.topology", "nvidia-smi topo -m was not run")
     return {"gpus": entries, "topology": topology, "peermem_loaded": peermem_loaded(sys_module)}
