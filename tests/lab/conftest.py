@@ -247,14 +247,16 @@ class Fleet:
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
-    def ssh(self, host: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
+    def ssh(self, host: str, command: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+        """COMMAND on HOST over SSH (STDIN: what it reads, else nothing)."""
         address = next(line.split("ansible_host=")[1].split()[0] for line in Path(self.inventory).read_text().splitlines()
                        if line.startswith(host + " "))
         lab = Path(self.env["FLEETCTL_LAB_DIR"])
         proc = subprocess.run(["ssh", "-F", "/dev/null", "-i", str(lab / "ssh/id_ed25519"), "-o", "BatchMode=yes",
                                "-o", f"UserKnownHostsFile={lab / 'ssh/known_hosts'}", "-o", "StrictHostKeyChecking=yes",
                                "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5", f"root@{address}", command],
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                              capture_output=True, text=True, timeout=120, input=stdin,
+                              stdin=subprocess.DEVNULL if stdin is None else None)
         assert not check or proc.returncode == 0, proc.stdout + proc.stderr
         return proc
 

@@ -5,12 +5,16 @@ HealthCheckProgram. One lab for the module."""
 
 from __future__ import annotations
 
+import base64
+import io
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator import slurm as slurm_mod
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
@@ -181,15 +185,35 @@ def test_a_job_failing_on_the_canary_during_the_soak_rolls_it_back_and_every_nod
 
 # ---- Slurm runs fleetctl: `fleetctl check --slurm` as the HealthCheckProgram ------------------------------------
 
+CHECK_PACKAGES = ("attr", "attrs", "click", "idna", "jsonschema", "jsonschema_specifications", "pynvml.py",
+                  "referencing", "rpds", "typing_extensions.py", "yaml")  # what `fleetctl check` imports
+
+
+def install_check(cluster, node: str) -> None:
+    """fleetctl's code (orchestrator, schemas, the collection) and the packages `fleetctl check` imports, from this
+    checkout and its venv, into NODE's /opt/fleetctl, for the node's own python3: as a node carries fleetctl, and
+    whatever the lab host sees of the controller's disks (its root is an overlay of the machine's root filesystem
+    only, with its own /tmp)."""
+    site = Path(yaml.__file__).resolve().parents[1]
+    skip = lambda info: None if "__pycache__" in info.name or "/tests/output" in info.name else info  # noqa: E731
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        for name in ("orchestrator", "schemas", "collections"):
+            tar.add(REPO_ROOT / name, arcname=f"repo/{name}", filter=skip)
+        for name in CHECK_PACKAGES:
+            tar.add(site / name, arcname=f"site/{name}", filter=skip)
+    cluster.ssh(node, "rm -rf /opt/fleetctl && mkdir -p /opt/fleetctl && base64 -d | tar xz -C /opt/fleetctl",
+                stdin=base64.b64encode(data.getvalue()).decode())
+
+
 def test_fleetctl_check_as_health_check_drains_a_faulty_node_resumes_it_fixed_and_leaves_an_admins_drain(cluster,
                                                                                                           tmp_path):
-    # slurmd runs the program inside the host, whose root is the machine's (an overlay) but for its own /tmp and /run
-    assert not REPO_ROOT.is_relative_to("/tmp"), f"the checkout {REPO_ROOT} must be outside /tmp for lab hosts to see it"
     write_baseline(tmp_path / "b.yml", 1)
     program = ("#!/bin/sh\n# slurmd's HealthCheckProgram: fleetctl's controls on this node, NHC's drain rules\n"
-               f"exec env PYTHONPATH={REPO_ROOT} {sys.executable} -m orchestrator.cli check --slurm "
+               "exec env PYTHONPATH=/opt/fleetctl/repo:/opt/fleetctl/site python3 -m orchestrator.cli check --slurm "
                "-b /etc/fleetctl/baseline.yml >> /var/log/fleetctl-check.log 2>&1\n")
     for node in ("h100-01", "h100-02"):
+        install_check(cluster, node)
         cluster.ssh(node, f"mkdir -p /etc/fleetctl && cat > /etc/fleetctl/baseline.yml <<'EOF'\n"
                           f"{(tmp_path / 'b.yml').read_text()}EOF\ncat > /etc/slurm/health-check.new <<'EOF'\n"
                           f"{program}EOF\nchmod 755 /etc/slurm/health-check.new && "
