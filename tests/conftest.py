@@ -41,7 +41,7 @@ LAB_SCOPES = {
     "test_lab_report": "lab-b",         # 160
     "test_lab_probe": "lab-b",          # 90
     "test_lab_rpm_hosts": "lab-b",      # 90
-    "test_lab_slurm": "lab-b",          # 25
+    "test_lab_slurm": "lab-b",          # ~220
 }
 LAB_DIR = "tests/lab/"
 LAB_CORES = 4  # two labs at once from this many cores up
