@@ -21,9 +21,9 @@ from datetime import datetime
 from typing import Any
 
 from .. import inventory, slurm
+from . import transitions
 from .context import Context, Outcome
 
-ROLLBACK_STATES = ("rollback_drain", "rollback_wait_idle")
 SLURMD_WAIT_S, RESPONDING_POLL_S = 120.0, 2.0  # before a resume: slurmd back in touch with slurmctld
 FAILED_JOB_STATES = ("NODE_FAIL", "FAILED")
 
@@ -49,13 +49,10 @@ def left_out(fleet: inventory.Fleet, hosts: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _state_of(ctx: Context, host: str) -> str:
-    return next((r["state"] for r in ctx.journal.hosts(ctx.campaign) if r["host"] == host), "")
-
-
 def drain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     names = node_names(ctx.fleet, hosts)
     nodes = slurm.nodes(sorted(set(names.values())))
+    states = {r["host"]: r["state"] for r in ctx.journal.hosts(ctx.campaign)}
     out = {}
     for host, name in names.items():
         node = nodes.get(name)
@@ -66,7 +63,7 @@ def drain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
         if slurm.owned_by_campaign(node, ctx.campaign):  # drained by this campaign already (a resumed run)
             out[host] = Outcome("ok", None, {"slurm": {"node": name, "before": None, "reason": node.reason}})
             continue
-        rollback = _state_of(ctx, host) in ROLLBACK_STATES
+        rollback = states.get(host) == transitions.ROLLBACK_START  # the rollback's drain
         if node.taken_out:
             # Someone took it out of service meanwhile: fleetctl neither drains nor (later) resumes it. A rollback
             # goes on (no job lands on it either way); a change does not start on it.
