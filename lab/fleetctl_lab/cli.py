@@ -97,7 +97,7 @@ def up(count, sku, gpus, driver, drift, packaging, specs, with_slurm) -> None:
                          "(apt-get install rpm createrepo-c dnf dnf-plugins-core)")
     started = time.monotonic()
     directory = state.lab_dir()
-    packages.build_repo(directory / "repo")
+    packages.lab_repo(directory / "repo")
     if any(s.packaging == "debian" for s in specs_):
         try:
             debian.ensure_mirror()

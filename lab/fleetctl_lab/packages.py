@@ -25,7 +25,8 @@ branch in the name), nvidia-container-toolkit, containerd, python3-nvidia-ml-py.
 directory: the host underneath is Debian); the Debian maintainer scripts run as RPM scriptlets (RPM_SCRIPTLETS).
 A host's rpm database holds only these packages, so the RPMs require nothing but what fleetctl-lab-system (no
 files, installed first) provides: the shell and python3 the host root already has.
-A content hash of the sources and the package list makes a rebuild of an unchanged repository a no-op.
+A content hash of the sources and the package list makes a rebuild of an unchanged repository a no-op, and
+lab_repo(repo_dir) builds each content hash once per machine (in the user's cache directory) and copies it.
 """
 
 from __future__ import annotations
@@ -478,6 +479,30 @@ def build_repo(repo_dir: Path) -> list[dict]:
             _index_rpm(rpm_dir)
         manifest.write_text(json.dumps({"hash": digest, "packages": built, "rpms": built_rpm}, indent=1) + "\n")
         return built
+
+
+def cache_dir() -> Path:
+    """Where lab_repo keeps the repositories it built: $XDG_CACHE_HOME/fleetctl-lab (default ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fleetctl-lab"
+
+
+def lab_repo(repo_dir: Path) -> list[dict]:
+    """build_repo's packages in REPO_DIR, built once per content hash on this machine (every lab up otherwise
+    compiles and packs the same packages again): a build in cache_dir(), copied (a lab may change its copy) with
+    the manifest's paths moved to REPO_DIR."""
+    repo_dir = Path(repo_dir)
+    built = cache_dir() / ("repo-" + _content_hash(pynvml_source())[:16])
+    packages = build_repo(built)
+    rpms = built_rpms(built)
+    shutil.rmtree(repo_dir, ignore_errors=True)
+    shutil.copytree(built, repo_dir, ignore=shutil.ignore_patterns(".lab-packages.lock"))
+
+    def moved(entries: list[dict]) -> list[dict]:
+        return [dict(e, path=str(repo_dir / Path(e["path"]).relative_to(built))) for e in entries]
+    manifest = json.loads((built / MANIFEST).read_text())
+    manifest.update(packages=moved(packages), rpms=moved(rpms))
+    (repo_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest["packages"]
 
 
 def built_rpms(repo_dir: Path) -> list[dict]:

@@ -128,6 +128,7 @@ def main(argv: list[str]) -> int:
     try:
         host.mount_root()
         host.hide_lab()
+        host.own_home()
         host.mount_kernel()
         host.configure()
         host.mount_run()

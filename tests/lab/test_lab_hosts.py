@@ -50,6 +50,14 @@ class TestTwoHosts:
         assert two_hosts.ssh("gpu-b", f"test -e {probe}", check=False).returncode == 1
         assert not Path(probe).exists()
 
+    def test_root_has_its_own_home_not_the_machines(self, two_hosts):
+        """A fresh Debian root's dotfiles: the machine's /root (a developer's shell start-up) is not the host's."""
+        out = two_hosts.ssh("gpu-a", "ls -A /root; echo kept > /root/note").stdout.split()
+        assert {".bashrc", ".profile"} <= set(out) and not set(out) & set(os.listdir("/root")) - {".bashrc", ".profile",
+                                                                                              ".ansible", ".ssh"}
+        assert two_hosts.ssh("gpu-a", "cat /root/note").stdout == "kept\n" and not Path("/root/note").exists()
+        assert two_hosts.ssh("gpu-b", "test -e /root/note", check=False).returncode == 1
+
     def test_the_host_sees_only_its_own_processes_and_no_lab_secrets(self, two_hosts):
         out = two_hosts.ssh("gpu-a", "ls /proc | grep -c '^[0-9]'; "
                                       f"ls {two_hosts.lab.dir}; ls /etc/ssh/ | grep -c ssh_host_").stdout.split()

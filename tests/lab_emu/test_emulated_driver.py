@@ -711,3 +711,19 @@ def test_lab_gpu_without_a_real_driver_is_no_library_and_no_nvidia_smi(repo, tmp
     assert json.loads(run_shadowed(root, [sys.executable, "-c", textwrap.dedent(NVML_VERSION)]).stdout) == 12
     smi = run_shadowed(root, [str(root / "usr/local/bin/nvidia-smi")])
     assert (smi.returncode, smi.stderr) == (127, "nvidia-smi: command not found\n")
+
+
+def test_each_lab_gets_its_own_copy_of_one_build_per_machine(tmp_path, monkeypatch):
+    """lab_repo builds once per content hash (in $XDG_CACHE_HOME) and hands each lab a copy: a second lab up builds
+    nothing, its manifest names its own files, and what a lab does to its copy never reaches the next lab."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = packages.lab_repo(tmp_path / "a" / "repo")
+    assert first and all(Path(p["path"]).parent == tmp_path / "a" / "repo" for p in first)
+    (built,) = (tmp_path / "cache" / "fleetctl-lab").iterdir()
+    stamp = {p: p.stat().st_mtime_ns for p in built.iterdir() if p.name != ".lab-packages.lock"}
+    (tmp_path / "a" / "repo" / "Packages").write_text("")  # a lab's test emptying its index
+    second = packages.lab_repo(tmp_path / "b" / "repo")
+    assert [p["name"] for p in second] == [p["name"] for p in first]
+    assert all(Path(p["path"]).parent == tmp_path / "b" / "repo" and Path(p["path"]).exists() for p in second)
+    assert "Package: nvidia-driver-580-open" in (tmp_path / "b" / "repo" / "Packages").read_text()
+    assert {p: p.stat().st_mtime_ns for p in built.iterdir() if p.name != ".lab-packages.lock"} == stamp

@@ -103,6 +103,17 @@ class RootFilesystem:
         (inside / "repo").mkdir()
         mount("--bind", "-o", "ro", str(lab / "repo"), str(inside / "repo"))
 
+    def own_home(self) -> None:
+        """The host's own /root, kept on disk across its reboots, with the dotfiles a fresh Debian root has: not the
+        machine's (a developer's shell start-up, pyenv and the like, would otherwise run in every ssh session)."""
+        home = self.dir / "root-home"
+        if not home.exists():
+            home.mkdir(mode=0o700)
+            for name in ("profile", "bashrc"):
+                fresh = Path(f"/usr/share/base-files/dot.{name}")
+                replace_file(home / f".{name}", fresh.read_text() if fresh.exists() else "", 0o644)
+        mount("--bind", str(home), str(self.root / "root"))
+
     def mount_kernel(self) -> None:
         """proc, sys, dev and the emulated kernel files over them (docs/lab.md)."""
         r = self.root
