@@ -324,3 +324,134 @@ def gpudirect_peermem(facts, policy):
         return failed("nvidia_peermem is not loaded: no GPUDirect RDMA, so NCCL and MPI stage GPU buffers through "
                       "host memory for the network (unless they use DMA-BUF)")
     return passed("nvidia_peermem is loaded (GPUDirect RDMA)")
+
+
+def _nvswitch_host(facts: dict[str, Any]) -> bool:
+    """NVSwitches on this host: the nvswitch driver's devices, NVLinks to a switch, or SXids in its kernel log."""
+    ic = facts.get("interconnect") or {}
+    return bool((facts.get("fabric_manager") or {}).get("nvswitch_present")
+                or any(((link.get("remote") or {}).get("type") == "switch")
+                       for g in ic.get("gpus") or [] for link in ((g.get("nvlink") or {}).get("links") or []))
+                or ((facts.get("sxid") or {}).get("events")))
+
+
+def _sxid_summary(events: list[dict[str, Any]]) -> str:
+    """'20034 (LTSSM fault up: ...) on nvswitch0 links 62, 63, nvswitch1 link 48' per code."""
+    by_code: dict[int, dict[str, list[str]]] = {}
+    names = {}
+    for e in events:
+        names[e["code"]] = e["name"]
+        links = by_code.setdefault(e["code"], {}).setdefault(e["device"], [])
+        if e.get("link") is not None and str(e["link"]) not in links:
+            links.append(str(e["link"]))
+    parts = []
+    for code, devices in sorted(by_code.items()):
+        where = ", ".join(f"{d} link{'s' if len(ls) > 1 else ''} {', '.join(sorted(ls, key=int))}" if ls else d
+                          for d, ls in sorted(devices.items()))
+        parts.append(f"{code} ({names[code]}) on {where}")
+    return "; ".join(parts)
+
+
+@control("nvswitch.sxid", "No fatal NVSwitch SXid errors since boot", "critical", (),
+         "a fatal SXid stalls the NVLink traffic through that NVSwitch port: drain the host, then reset the GPUs and "
+         "NVSwitches (reboot); an always-fatal one or one that recurs after the reboot means a hardware case with "
+         "the vendor (nvidia-bug-report.sh)", roles=("health", "interconnect", "judged_by_verify"))
+def nvswitch_sxid(facts, policy):
+    # No `needs`: an unread kernel log matters only on an NVSwitch host.
+    if "sxid" not in facts:
+        return not_applicable("no SXid facts (collected by a fleetctl without them)")
+    nvswitch = _nvswitch_host(facts)
+    unread = next((f"{k}: {m}" for k, m in facts.get("errors", {}).items() if k == "sxid"), None)
+    if unread and nvswitch:
+        return Check("error", f"SXids unread on an NVSwitch host: {unread}")
+    events = facts["sxid"]["events"]
+    if not nvswitch:
+        return not_applicable("not an NVSwitch host: no NVSwitch device and no SXid in the kernel log")
+    if not events:
+        return passed("no NVSwitch SXid errors in the kernel log since boot")
+    evidence = {"events": [{k: e.get(k) for k in ("code", "device", "pci", "link", "name", "class", "fatal",
+                                                   "fatal_from", "source", "raw")} for e in events[-20:]],
+                "count": len(events)}
+    fatal = [e for e in events if e["fatal"]]
+    if fatal:
+        always = sorted({e["code"] for e in fatal if e["class"] == "always_fatal"})
+        return failed(f"{len(fatal)} fatal NVSwitch SXid error(s): {_sxid_summary(fatal)}"
+                      + (f"; always fatal to the whole fabric: {', '.join(map(str, always))}" if always else "")
+                      + (f"; {len(events) - len(fatal)} non-fatal besides" if len(events) > len(fatal) else ""),
+                      **evidence)
+    unknown = [e for e in events if e["fatal"] is None]
+    return warned(f"{len(events)} non-fatal NVSwitch SXid error(s): {_sxid_summary(events)}"
+                  + (f" ({len(unknown)} whose class neither the log nor fleetctl's table gives)" if unknown else ""),
+                  **evidence)
+
+
+def _ib_label(port: dict[str, Any]) -> str:
+    return f"{port['device']} port {port['port']}"
+
+
+def _ib_of(facts: dict[str, Any], wanted: str) -> tuple[list[dict[str, Any]] | None, Check | None]:
+    """facts.infiniband's ports, or why a control has nothing to judge."""
+    if "infiniband" not in facts:
+        return None, not_applicable("no InfiniBand facts (collected by a fleetctl without them)")
+    if facts["infiniband"] is None:
+        return None, failed(f"no InfiniBand / RoCE device in /sys/class/infiniband, while the baseline expects "
+                            f"{wanted}: is the HCA driver (mlx5_ib) loaded?")
+    return facts["infiniband"]["ports"], None
+
+
+def _ib_down(port: dict[str, Any]) -> str:
+    return f"{_ib_label(port)} {port['state'] or '?'} ({port['phys_state'] or '?'})"
+
+
+@control("ib.ports", "InfiniBand / RoCE ports active", "high", ("infiniband",),
+         "`ibstat` / `ibv_devinfo` show the ports: check the cable and the switch port, `ip link` for RoCE; a port "
+         "that stays down after reseating needs its HCA or cable replaced", roles=("health",))
+def ib_ports(facts, policy):
+    expected = policy.get("interconnect", {}).get("ib", {}).get("ports")
+    if expected is None:
+        return None
+    ports, skip = _ib_of(facts, f"{expected} active ports")
+    if skip:
+        return skip
+    active = [p for p in ports if p["state"] == "ACTIVE"]
+    down = [p for p in ports if p["state"] != "ACTIVE"]
+    evidence = {"active": len(active), "expected": expected, "ports": len(ports),
+                "not_active": [{"device": p["device"], "port": p["port"], "state": p["state"],
+                                "phys_state": p["phys_state"]} for p in down]}
+    if len(active) < expected:
+        return failed(f"{len(active)} of {len(ports)} InfiniBand/RoCE ports ACTIVE, the baseline expects {expected}"
+                      + (f"; not active: {', '.join(map(_ib_down, down))}" if down else ""), **evidence)
+    return passed(f"{len(active)} InfiniBand/RoCE ports ACTIVE (the baseline expects {expected})", **evidence)
+
+
+IB_ERROR_COUNTERS = ("link_downed", "symbol_error")
+
+
+@control("ib.rate", "InfiniBand / RoCE ports up at the baseline's rate", "high", ("infiniband",),
+         "a port below its rate trained down (fewer lanes or a lower speed): reseat or replace the cable or "
+         "transceiver; link_downed / symbol_error counting means a marginal link", roles=("health",))
+def ib_rate(facts, policy):
+    wanted = policy.get("interconnect", {}).get("ib", {}).get("rate")
+    if wanted is None:
+        return None
+    ports, skip = _ib_of(facts, f"ports at {wanted:g} Gb/s")
+    if skip:
+        return skip
+    down = [p for p in ports if p["state"] != "ACTIVE" or p["phys_state"] != "LinkUp"]
+    slow = [p for p in ports if p not in down and (p["rate_gbps"] or 0) < wanted]
+    noisy = {_ib_label(p): {c: p["counters"][c] for c in IB_ERROR_COUNTERS if p["counters"].get(c)}
+             for p in ports if any(p["counters"].get(c) for c in IB_ERROR_COUNTERS)}
+    counters = "; ".join(f"{label}: " + ", ".join(f"{c} {v}" for c, v in cs.items()) for label, cs in noisy.items())
+    evidence = {"rate": wanted, "ports": [{"device": p["device"], "port": p["port"], "state": p["state"],
+                                           "phys_state": p["phys_state"], "rate": p["rate"]} for p in ports],
+                "counters": noisy}
+    problems = ([f"down: {', '.join(map(_ib_down, down))}"] if down else []) + (
+        [f"below {wanted:g} Gb/s: " + ", ".join(f"{_ib_label(p)} {p['rate'] or 'rate unread'}" for p in slow)]
+        if slow else [])
+    if problems:
+        return failed("; ".join(problems) + (f"; error counters: {counters}" if counters else ""), **evidence)
+    if noisy:
+        return warned(f"all {len(ports)} ports up at {wanted:g} Gb/s or more, but error counters are not zero: "
+                      f"{counters}", **evidence)
+    return passed(f"all {len(ports)} ports ACTIVE, LinkUp, at {wanted:g} Gb/s or more; link_downed and "
+                  f"symbol_error zero", **evidence)

@@ -13,13 +13,14 @@ from orchestrator import controls, resources
 
 GPU = {"gpu.count", "gpu.ecc", "gpu.ecc_errors", "gpu.remapped_rows", "gpu.retired_pages", "gpu.mig", "gpu.pcie",
        "gpu.clocks", "gpu.xid", "gpu.recovery_action"}
-INTERCONNECT = {"gpu.fabric", "gpu.topology", "gpu.nvlink"}  # was steps.INTERCONNECT_CONTROLS
+INTERCONNECT = {"gpu.fabric", "gpu.topology", "gpu.nvlink", "nvswitch.sxid"}  # was steps.INTERCONNECT_CONTROLS
+IB = {"ib.ports", "ib.rate"}
 DRIVER = {"driver.installed", "driver.loaded", "driver.version_match", "driver.version_allowed", "driver.flavor",
           "driver.held", "driver.cuda_support", "driver.next_boot"}
 # Each role as it was before the registry (hard-coded here so that a role lost on the way shows).
 ROLES = {
     # plan.HEALTH_CONTROLS and "every gpu.* control"
-    "health": {"driver.loaded", "driver.version_match"} | GPU | INTERCONNECT,
+    "health": {"driver.loaded", "driver.version_match"} | GPU | INTERCONNECT | IB,
     # plan.BOOT_RISK_CONTROLS
     "boot_risk": {"nouveau.not_loaded", "nouveau.blacklisted", "driver.next_boot"},
     # policy's roles=("target",)
@@ -37,7 +38,7 @@ ROLES = {
 }
 FAMILIES = {"driver": "driver.", "nouveau": "nouveau.", "persistence": "persistence.", "runtime": "runtime.",
             "fabric": "fabricmanager.", "gpu": "gpu.", "interconnect": ("gpu.nvlink", "gpu.fabric", "gpu.topology",
-                                                                        "gpudirect.")}
+                                                                        "gpudirect.", "nvswitch.", "ib.")}
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))

@@ -185,3 +185,155 @@ def xid_events(records, index, since_seq=None):
     # The driver often writes both "Xid (...): 79, ..." and "GPU ...: GPU has fallen off the bus." for one loss.
     numbered_79 = set(e["pci_bus_id"] for e in events if e["code"] == 79 and "Xid" in e["raw"])
     return [e for e in events if not (e["code"] == 79 and "Xid" not in e["raw"] and e["pci_bus_id"] in numbered_79)]
+
+
+# ---- NVSwitch SXids ---------------------------------------------------------------------------------------------
+# The nvswitch driver prints every SXid as `nvidia-<dev>: SXid (PCI:<dddd:bb:dd.f>): <code %05d>, <text>`
+# (NVSWITCH_PRINT_SXID, open-gpu-kernel-modules src/common/nvswitch/kernel/inc/common_nvswitch.h). One error is a
+# headline whose text starts with its class - "Fatal, Link 48 LTSSM Fault Up", "Non-fatal, Link 00 Minion Link
+# DLREQ interrupt (First)", "Correctable, ..." (intr_nvswitch.h NVSWITCH_REPORT_FATAL/_NONFATAL/_CORRECTABLE) -
+# followed by "Severity N Engine instance NN Sub-engine instance NN" (N: NVSWITCH_ERROR_SEVERITY_NONFATAL 0,
+# _FATAL 1, ctrl_dev_nvswitch.h) and one or two "Data {0x..., ...}" lines (error_nvswitch.c).
+_SXID = re.compile(
+    r"nvidia-(?P<device>nvswitch\d{1,4}): SXid \(PCI:(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\):"
+    r"\s*(?P<code>\d{1,9}),\s*(?P<rest>.*)$")
+_SXID_HEADLINE = re.compile(r"^(?P<word>Fatal|Non-fatal|Correctable),\s*(?:Link (?P<link>\d{1,4})\s*)?(?P<text>.*)$")
+_SXID_SEVERITY = re.compile(r"^Severity (?P<severity>\d{1,3}) Engine instance (?P<engine>\d{1,4})")
+
+# Where the table's words come from:
+_FM = ("NVIDIA Fabric Manager User Guide DU-09883-001 v1.3 (Oct 2023), %s NVSwitch SXid Errors (as transcribed in "
+       "leptonai/gpud components/accelerator/nvidia/sxid/sxid.go)")
+FM_NON_FATAL = _FM % "Non-Fatal"
+FM_FATAL = _FM % "Fatal"
+FM_ALWAYS_FATAL = _FM % "Always Fatal"
+FM_NOTABLE = _FM % "Other Notable"
+# Mnemonics: enum nvswitch_err_type (NVSWITCH_ERR_HW_<mnemonic> = code) in open-gpu-kernel-modules
+# src/common/nvswitch/interface/ctrl_dev_nvswitch.h (595.45.04).
+# class: non_fatal (the error is contained; jobs may go on), fatal (fatal to the NVSwitch port and the GPUs' jobs
+# across it: reset the GPUs and NVSwitches, i.e. reboot a bare-metal host), always_fatal (fatal to the whole fabric:
+# reboot), notable (the guide lists it without a class: the log line's own word decides).
+SXID_TABLE = {
+    # code: (mnemonic, meaning, class, source)
+    10001: ("HOST_PRIV_ERROR", "host PRIV error", "notable", FM_NOTABLE),
+    10002: ("HOST_PRIV_TIMEOUT", "host PRIV timeout", "notable", FM_NOTABLE),
+    10003: ("HOST_UNHANDLED_INTERRUPT", "host unhandled interrupt", "always_fatal", FM_NOTABLE),
+    10004: ("HOST_THERMAL_EVENT_START", "NVSwitch thermal event start", "notable", FM_NOTABLE),
+    10005: ("HOST_THERMAL_EVENT_END", "NVSwitch thermal event end", "notable", FM_NOTABLE),
+    11001: ("NPORT_INGRESS_CMDDECODEERR", "ingress invalid command", "fatal", FM_FATAL),
+    11004: ("NPORT_INGRESS_ACLFAIL", "ingress invalid ACL (a fabric partition misconfiguration)", "non_fatal", FM_NON_FATAL),
+    11009: ("NPORT_INGRESS_INVALIDVCSET", "ingress invalid VCSet", "fatal", FM_FATAL),
+    11012: ("NPORT_INGRESS_NCISOC_HDR_ECC_LIMIT_ERR", "single-bit ECC errors (corrected)", "non_fatal", FM_NON_FATAL),
+    11013: ("NPORT_INGRESS_NCISOC_HDR_ECC_DBE_ERR", "ingress header double-bit ECC error", "fatal", FM_FATAL),
+    11018: ("NPORT_INGRESS_RIDTAB_ECC_DBE_ERR", "ingress RID table double-bit ECC error", "fatal", FM_FATAL),
+    11019: ("NPORT_INGRESS_RLANTAB_ECC_DBE_ERR", "ingress RLAN table double-bit ECC error", "fatal", FM_FATAL),
+    11020: ("NPORT_INGRESS_NCISOC_PARITY_ERR", "ingress control parity error", "fatal", FM_FATAL),
+    11021: ("NPORT_INGRESS_REMAPTAB_ECC_LIMIT_ERR", "single-bit ECC errors (corrected)", "non_fatal", FM_NON_FATAL),
+    11022: ("NPORT_INGRESS_RIDTAB_ECC_LIMIT_ERR", "single-bit ECC errors (corrected)", "non_fatal", FM_NON_FATAL),
+    11023: ("NPORT_INGRESS_RLANTAB_ECC_LIMIT_ERR", "single-bit ECC errors (corrected)", "non_fatal", FM_NON_FATAL),
+    12001: ("NPORT_EGRESS_EGRESSBUFERR", "egress crossbar overflow", "fatal", FM_FATAL),
+    12002: ("NPORT_EGRESS_PKTROUTEERR", "egress packet route error", "fatal", FM_FATAL),
+    12020: ("NPORT_EGRESS_SEQIDERR", "egress sequence ID error", "always_fatal", FM_ALWAYS_FATAL),
+    12021: ("NPORT_EGRESS_NXBAR_HDR_ECC_LIMIT_ERR", "single-bit ECC errors (corrected)", "non_fatal", FM_NON_FATAL),
+    12022: ("NPORT_EGRESS_NXBAR_HDR_ECC_DBE_ERR", "egress input double-bit ECC error", "fatal", FM_FATAL),
+    12023: ("NPORT_EGRESS_RAM_OUT_HDR_ECC_LIMIT_ERR", "single-bit ECC errors (corrected)", "non_fatal", FM_NON_FATAL),
+    12024: ("NPORT_EGRESS_RAM_OUT_HDR_ECC_DBE_ERR", "egress output double-bit ECC error", "fatal", FM_FATAL),
+    12025: ("NPORT_EGRESS_NCISOCCREDITOVFL", "egress credit overflow", "fatal", FM_FATAL),
+    12026: ("NPORT_EGRESS_REQTGTIDMISMATCHERR", "egress destination request ID error", "fatal", FM_FATAL),
+    12027: ("NPORT_EGRESS_RSPREQIDMISMATCHERR", "egress destination response ID error", "fatal", FM_FATAL),
+    12028: ("NPORT_EGRESS_PRIVRSPERR", "egress non-posted PRIV error", "non_fatal", FM_NON_FATAL),
+    12030: ("NPORT_EGRESS_NXBAR_HDR_PARITY_ERR", "egress control parity error", "fatal", FM_FATAL),
+    12031: ("NPORT_EGRESS_NCISOC_CREDIT_PARITY_ERR", "egress credit parity error", "fatal", FM_FATAL),
+    12032: ("NPORT_EGRESS_NXBAR_FLITTYPE_MISMATCH_ERR", "egress flit type mismatch", "fatal", FM_FATAL),
+    14017: ("NPORT_TSTATE_ATO_ERR", "TSTATE ATO timeout", "fatal", FM_FATAL),
+    15001: ("NPORT_ROUTE_ROUTEBUFERR", "route buffer over/underflow", "fatal", FM_FATAL),
+    15006: ("NPORT_ROUTE_TRANSDONERESVERR", "route transdone over/underflow", "fatal", FM_FATAL),
+    15008: ("NPORT_ROUTE_GLT_ECC_LIMIT_ERR", "single-bit ECC errors (corrected)", "non_fatal", FM_NON_FATAL),
+    15009: ("NPORT_ROUTE_GLT_ECC_DBE_ERR", "route GLT double-bit ECC error", "fatal", FM_FATAL),
+    15010: ("NPORT_ROUTE_PDCTRLPARERR", "route parity error", "fatal", FM_FATAL),
+    15011: ("NPORT_ROUTE_NVS_ECC_LIMIT_ERR", "single-bit ECC errors (corrected)", "non_fatal", FM_NON_FATAL),
+    15012: ("NPORT_ROUTE_NVS_ECC_DBE_ERR", "route incoming double-bit ECC error", "fatal", FM_FATAL),
+    15013: ("NPORT_ROUTE_CDTPARERR", "route credit parity error", "fatal", FM_FATAL),
+    19047: ("NVLTLC_TX_SYS_NCISOC_HDR_ECC_DBE_ERR", "NCISOC header double-bit ECC error", "fatal", FM_FATAL),
+    19048: ("NVLTLC_TX_SYS_NCISOC_DAT_ECC_DBE_ERR", "NCISOC data double-bit ECC error", "fatal", FM_FATAL),
+    19049: ("NVLTLC_TX_SYS_NCISOC_ECC_LIMIT_ERR", "single-bit ECC errors (corrected)", "non_fatal", FM_NON_FATAL),
+    19084: ("NVLTLC_RX_LNK_AN1_HEARTBEAT_TIMEOUT_ERR", "AN1 heartbeat timeout", "non_fatal", FM_NON_FATAL),
+    20001: ("DLPL_TX_REPLAY", "TX replay error", "non_fatal", FM_NON_FATAL),
+    20012: ("DLPL_RX_CRC_COUNTER", "broken or inconsistent connection (RX CRC counter)", "non_fatal", FM_NON_FATAL),
+    20034: ("DLPL_LTSSM_FAULT_UP", "LTSSM fault up: the link went down from active", "fatal", FM_FATAL),
+    22003: ("MINION_HALT", "MINION halt", "always_fatal", FM_ALWAYS_FATAL),
+    22011: ("MINION_EXTERR", "MINION external error", "always_fatal", FM_ALWAYS_FATAL),
+    22012: ("MINION_FATAL_LINK_INTR", "MINION link NA interrupt", "fatal", FM_FATAL),
+    22013: ("MINION_NONFATAL", "MINION link DLREQ interrupt", "non_fatal", FM_NON_FATAL),
+    23001: ("NXBAR_TILE_INGRESS_BUFFER_OVERFLOW", "NXBAR ingress SRC-VC buffer overflow", "always_fatal", FM_ALWAYS_FATAL),
+    23002: ("NXBAR_TILE_INGRESS_BUFFER_UNDERFLOW", "NXBAR ingress SRC-VC buffer underflow", "always_fatal", FM_ALWAYS_FATAL),
+    23003: ("NXBAR_TILE_EGRESS_CREDIT_OVERFLOW", "NXBAR egress DST-VC credit overflow", "always_fatal", FM_ALWAYS_FATAL),
+    23004: ("NXBAR_TILE_EGRESS_CREDIT_UNDERFLOW", "NXBAR egress DST-VC credit underflow", "always_fatal", FM_ALWAYS_FATAL),
+    23009: ("NXBAR_TILE_INGRESS_PKT_PARITY_ERROR", "NXBAR ingress packet parity error", "always_fatal", FM_ALWAYS_FATAL),
+    24004: ("NPORT_SOURCETRACK_CREQ_TCEN0_CRUMBSTORE_ECC_DBE_ERR", "sourcetrack TCEN0 crumbstore double-bit ECC error", "fatal", FM_FATAL),
+    24005: ("NPORT_SOURCETRACK_CREQ_TCEN0_TD_CRUMBSTORE_ECC_DBE_ERR", "sourcetrack TCEN0 TD crumbstore double-bit ECC error", "fatal", FM_FATAL),
+    24006: ("NPORT_SOURCETRACK_CREQ_TCEN1_CRUMBSTORE_ECC_DBE_ERR", "sourcetrack TCEN1 crumbstore double-bit ECC error", "fatal", FM_FATAL),
+    24007: ("NPORT_SOURCETRACK_SOURCETRACK_TIME_OUT_ERR", "sourcetrack timeout", "fatal", FM_FATAL),
+}
+# fleetctl's severity of an SXid by whether it is fatal (True / False / None: not said by the line nor the table).
+SXID_SEVERITY = {True: "critical", False: "medium", None: "high"}
+_SXID_WORD = {"Fatal": True, "Non-fatal": False, "Correctable": False}
+
+
+def _sxid_event(m, rec):
+    code = int(m.group("code"))
+    mnemonic, meaning, klass, source = SXID_TABLE.get(code, (None, None, "unknown", None))
+    return {"code": code, "device": m.group("device"), "pci": m.group("pci").lower(), "link": None,
+            "name": meaning or "unknown SXid %d" % code, "mnemonic": ("NVSWITCH_ERR_HW_" + mnemonic) if mnemonic else None,
+            "class": klass, "message": None, "fatal": None, "fatal_from": None, "severity": None,
+            "source": source or "not in fleetctl's SXid table", "seq": rec["seq"], "uptime_s": rec["uptime_s"],
+            "raw": rec["message"][:1024]}
+
+
+def _settle(event):
+    """The event's fatal flag and severity: the driver's own word, else the table's class."""
+    if event["fatal"] is None and event["class"] in ("fatal", "always_fatal", "non_fatal"):
+        event["fatal"], event["fatal_from"] = event["class"] != "non_fatal", "table"
+    event["severity"] = SXID_SEVERITY[event["fatal"]]
+    return event
+
+
+def sxid_events(records, since_seq=None):
+    """NVSwitch SXid errors among kernel log records, one event per error (its Severity and Data lines folded in)."""
+    events, last = [], {}  # (device, code) -> the latest event of that switch and code
+    for rec in records:
+        if since_seq is not None and rec["seq"] is not None and rec["seq"] <= since_seq:
+            continue
+        m = _SXID.search(rec["message"])
+        if not m:
+            continue
+        rest = m.group("rest").strip()
+        key = (m.group("device"), int(m.group("code")))
+        headline, severity = _SXID_HEADLINE.match(rest), _SXID_SEVERITY.match(rest)
+        open_event = last.get(key)
+        if headline:
+            event = _sxid_event(m, rec)
+            event["fatal"], event["fatal_from"] = _SXID_WORD[headline.group("word")], "log"
+            event["link"] = int(headline.group("link")) if headline.group("link") else None
+            text = headline.group("text").strip()
+            event["message"] = text[:-len("(First)")].strip() if text.endswith("(First)") else text
+        elif severity and open_event is not None and not open_event.get("_severity_seen"):
+            open_event["_severity_seen"] = True
+            if open_event["fatal"] is None and severity.group("severity") in ("0", "1"):
+                open_event["fatal"], open_event["fatal_from"] = severity.group("severity") == "1", "log"
+            continue
+        elif rest.startswith("Data {") and open_event is not None:
+            continue
+        else:  # a Severity or Data line of an error whose headline is not in the log (rotated out), or other text
+            event = _sxid_event(m, rec)
+            if severity:
+                event["_severity_seen"] = True
+                if severity.group("severity") in ("0", "1"):
+                    event["fatal"], event["fatal_from"] = severity.group("severity") == "1", "log"
+            elif not rest.startswith("Data {"):
+                event["message"] = rest[:512]
+        events.append(event)
+        last[key] = event
+    for event in events:
+        event.pop("_severity_seen", None)
+        _settle(event)
+    return events

@@ -574,6 +574,56 @@ facts:
           returned: always
           type: int
           sample: 1532
+    sxid:
+      description:
+        - NVSwitch SXid errors in the kernel log (the records C(xid) read, after I(kmsg_since_seq)); empty events and
+          C(errors.sxid) when the log was unreadable. Absent from facts of older collectors.
+      returned: always
+      type: dict
+      contains:
+        events:
+          description:
+            - One per error (module_utils/fleetctl_kernel_log.py sxid_events) - its headline with its Severity and
+              Data lines folded in - with the switch's C(device) and C(pci), the C(link) (NVSwitch port, null when not
+              named), C(message) (null when only Severity/Data lines were logged), the kernel log C(seq) (null from
+              journalctl/dmesg), C(uptime_s) and C(raw) line.
+            - Classified by SXID_TABLE (C(name), C(mnemonic) null for a code not in it, C(class) non_fatal, fatal,
+              always_fatal, notable or unknown, C(source)); C(fatal) is the driver's word (Fatal / Non-fatal /
+              Correctable, Severity 1 / 0) else the table's (C(fatal_from) log or table, null when neither says);
+              C(severity) critical when fatal, medium when not, high when unknown.
+          returned: always
+          type: list
+          elements: dict
+          sample: [{"code": 20034, "device": "nvswitch1", "pci": "0000:06:00.0", "link": 48,
+                    "name": "LTSSM fault up: the link went down from active", "mnemonic": "NVSWITCH_ERR_HW_DLPL_LTSSM_FAULT_UP",
+                    "class": "fatal", "message": "LTSSM Fault Up", "fatal": true, "fatal_from": "log",
+                    "severity": "critical", "source": "NVIDIA Fabric Manager User Guide DU-09883-001 v1.3",
+                    "seq": 2204, "uptime_s": 6781753.400584,
+                    "raw": "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"}]
+    infiniband:
+      description:
+        - InfiniBand / RoCE ports from /sys/class/infiniband (module_utils/fleetctl_infiniband.py); null when that
+          directory is absent or holds no device, or could not be listed (C(errors.infiniband)). Absent from facts of
+          older collectors.
+      returned: always
+      type: dict
+      contains:
+        ports:
+          description:
+            - Every port of every RDMA device (C(device), C(port)) with C(state) and C(state_code) (4 ACTIVE),
+              C(phys_state) and C(phys_state_code) (5 LinkUp, 3 Disabled), the C(rate) file, its C(rate_gbps),
+              C(width) (lanes) and C(speed) (NDR), C(link_layer) (InfiniBand, Ethernet for RoCE; null without the
+              file) and C(counters) (link_downed, symbol_error, link_error_recovery, port_rcv_errors; a counter
+              missing or unreadable is null).
+            - A port whose state, phys_state or rate could not be read keeps nulls, with C(errors)
+              C(infiniband.ports[I]); C(port) is null when a device's ports could not be listed.
+          returned: always
+          type: list
+          elements: dict
+          sample: [{"device": "mlx5_0", "port": 1, "state": "ACTIVE", "state_code": 4, "phys_state": "LinkUp",
+                    "phys_state_code": 5, "rate": "400 Gb/sec (4X NDR)", "rate_gbps": 400.0, "width": 4,
+                    "speed": "NDR", "link_layer": "InfiniBand",
+                    "counters": {"link_downed": 0, "symbol_error": 0, "link_error_recovery": 0, "port_rcv_errors": 0}}]
     sources:
       description:
         - Where facts came from (C(packages), C(driver.module_version), C(driver.module_flavor),
@@ -607,8 +657,10 @@ from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import 
 )
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_interconnect import NvmlInterconnect, from_smi
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_boot import boot_facts
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_infiniband import read_infiniband
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_packaging import moves_with_driver, role as packaging_role
-from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_kernel_log import KernelLogUnreadable, catalog_index, read_kernel_log, xid_events
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_kernel_log import (
+    KernelLogUnreadable, catalog_index, read_kernel_log, sxid_events, xid_events)
 
 FACTS_SCHEMA_VERSION = 1
 COLLECTOR_VERSION = "1.0.0"
@@ -1076,9 +1128,18 @@ class Collector:
             self.errors["xid"] = "kernel log unreadable: %s" % e
             return {"events": [], "last_seq": None}
         self.sources["xid"] = source
+        self.kernel_records = records  # read once: sxid() parses the same records
         events = xid_events(records, catalog_index(catalog, overrides), since_seq if since_seq >= 0 else None)
         seqs = [r["seq"] for r in records if r["seq"] is not None]
         return {"events": events, "last_seq": max(seqs) if seqs else None}
+
+    def sxid(self, since_seq):
+        """NVSwitch SXid errors from the records xid() read (module_utils/fleetctl_kernel_log.py)."""
+        records = getattr(self, "kernel_records", None)
+        if records is None:
+            self.errors["sxid"] = self.errors.get("xid", "kernel log not read")
+            return {"events": []}
+        return {"events": sxid_events(records, since_seq if since_seq >= 0 else None)}
 
     def collect(self, params):
         started = time.time()
@@ -1099,6 +1160,8 @@ class Collector:
             "interconnect": self.interconnect,
             "xid": self.xid(params["xid_catalog"], params["xid_overrides"], params["kmsg_since_seq"]),
         }
+        facts["sxid"] = self.sxid(params["kmsg_since_seq"])
+        facts["infiniband"] = self.guarded(lambda: read_infiniband(self.errors), "infiniband")
         facts["sources"] = self.sources
         facts["errors"] = self.errors
         facts["collect_seconds"] = round(time.time() - started, 3)
