@@ -239,6 +239,8 @@ def gpus_conf(host: HostRecord) -> str:
             "recovery_action": 0, "lost": 0,
         }
         lines += [f"gpu.{i}.{key}={value}" for key, value in values.items()]
+    if sku.ib_ports:  # the board's HCAs (docs/lab.md: /sys/class/infiniband)
+        lines += [f"ib.count={sku.ib_ports}", f"ib.width={sku.ib_width}", f"ib.speed={sku.ib_speed}"]
     return "\n".join(lines) + "\n"
 
 

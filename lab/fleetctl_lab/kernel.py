@@ -10,6 +10,7 @@ Standard library only: the supervisor uses it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -144,3 +145,90 @@ class Modules:
                 shutil.rmtree(self.proc_driver / entry, ignore_errors=True)
             append_kmsg(self.kernel, [(6, "nvidia-nvlink: Unregistered Nvlink Core, major device number 240")])
         return 0, ""
+
+
+# ---- InfiniBand (/sys/class/infiniband, docs/lab.md) --------------------------------------------------------------
+# The files and formats of the kernel's drivers/infiniband/core/sysfs.c (Documentation/ABI/stable/
+# sysfs-class-infiniband): <device>/ports/<n>/state "%d: %s", phys_state "%u: %s", rate "%d%s Gb/sec (%dX%s)" (from
+# the lanes' active width and speed), link_layer, lid "0x%x", counters/<name> "%llu". The hardware state is in
+# gpus.conf: ib.count (single-port HCAs mlx5_0.., one per GPU on an HGX board), ib.width and ib.speed (what every port
+# trains at), and per port ib.<i>.down=1, ib.<i>.width / ib.<i>.speed (trained below the board's rate),
+# ib.<i>.link_downed / ib.<i>.symbol_error (counted since boot: an HCA reset at boot restarts them).
+IB_LANE_DECI_GBPS = {"SDR": 25, "DDR": 50, "QDR": 100, "FDR10": 100, "FDR": 140, "EDR": 250, "HDR": 500, "NDR": 1000,
+                     "XDR": 2000}  # rate_show's per-lane rate in deci-Gb/s
+IB_WIDTHS = (1, 2, 4, 8, 12)
+IB_STATE = {"down": (1, "DOWN"), "active": (4, "ACTIVE")}  # enum ib_port_state; ib_port_state_to_str
+IB_PHYS_STATE = {"down": (3, "Disabled"), "active": (5, "LinkUp")}  # enum ib_port_phys_state; phys_state_to_str
+IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+               "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
+               "excessive_buffer_overrun_errors", "port_xmit_data", "port_rcv_data", "port_xmit_packets",
+               "port_rcv_packets")
+IB_VOLATILE = ("link_downed", "symbol_error")  # the counters gpus.conf may hold (lab inject ib-port-down)
+IB_HCA_TYPE, IB_FW = "MT4129", "28.39.2048"  # ConnectX-7 (PCI device 0x1021) and a firmware of its 28.x line
+
+
+def ib_rate_text(width: int, speed: str) -> str:
+    """The rate file: '400 Gb/sec (4X NDR)' for 4 lanes at NDR, '2.5 Gb/sec (1X SDR)'."""
+    deci = IB_LANE_DECI_GBPS[speed] * width
+    return f"{deci // 10}{'.5' if deci % 10 else ''} Gb/sec ({width}X {speed})"
+
+
+def ib_rate_gbps(width: int, speed: str) -> float:
+    return IB_LANE_DECI_GBPS[speed] * width / 10
+
+
+def ib_ports(hw: dict[str, str]) -> list[dict[str, object]]:
+    """Each port of HW (gpus.conf): device, state (down/active), width, speed and its volatile counters."""
+    try:
+        count = int(hw.get("ib.count", "0") or 0)
+    except ValueError:
+        count = 0
+    ports = []
+    for i in range(count):
+        width = int(hw.get(f"ib.{i}.width") or hw.get("ib.width") or 4)
+        speed = hw.get(f"ib.{i}.speed") or hw.get("ib.speed") or "NDR"
+        ports.append({"device": f"mlx5_{i}", "state": "down" if hw.get(f"ib.{i}.down") == "1" else "active",
+                      "width": width, "speed": speed,
+                      "counters": {c: int(hw.get(f"ib.{i}.{c}", "0") or 0) for c in IB_VOLATILE}})
+    return ports
+
+
+def ib_boot(hw: dict[str, str]) -> dict[str, str]:
+    """HW after a boot: the ports' counters restart at 0 (the HCA is reset); a port that is down stays down."""
+    return {k: v for k, v in hw.items() if not re.match(r"^ib\.\d+\.(%s)$" % "|".join(IB_VOLATILE), k)}
+
+
+def write_infiniband(directory: Path, hw: dict[str, str]) -> None:
+    """DIRECTORY (bind-mounted over /sys/class/infiniband) as the kernel shows HW's HCAs: emptied and rewritten,
+    the directory itself kept (it is a mount point)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for child in directory.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    for i, port in enumerate(ib_ports(hw)):
+        dev = directory / str(port["device"])
+        guid = f"b83f:d203:00{i:02x}:{0x1a2b + i:04x}"
+        for name, value in (("node_type", "1: CA"), ("node_guid", guid), ("sys_image_guid", guid),
+                            ("hca_type", IB_HCA_TYPE), ("fw_ver", IB_FW)):
+            _write(dev / name, value)
+        p = dev / "ports" / "1"
+        down = port["state"] == "down"
+        # A port that is down has no active lanes to report; mlx5 then reads as 4X SDR (ibstat: "Rate: 10").
+        width, speed = (4, "SDR") if down else (int(port["width"]), str(port["speed"]))
+        state, phys = IB_STATE[str(port["state"])], IB_PHYS_STATE[str(port["state"])]
+        for name, value in (("state", f"{state[0]}: {state[1]}"), ("phys_state", f"{phys[0]}: {phys[1]}"),
+                            ("rate", ib_rate_text(width, speed)), ("link_layer", "InfiniBand"),
+                            ("lid", "0x0" if down else f"0x{0x10 + i:x}"), ("sm_lid", "0x0" if down else "0x1"),
+                            ("sm_sl", "0"), ("lid_mask_count", "0"), ("cap_mask", "0xa651e848")):
+            _write(p / name, value)
+        counters = dict.fromkeys(IB_COUNTERS, 0)
+        counters.update(port["counters"])  # type: ignore[arg-type]
+        for name, value in counters.items():
+            _write(p / "counters" / name, str(value))
+
+
+def _write(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value + "\n")

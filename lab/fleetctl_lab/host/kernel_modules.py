@@ -11,7 +11,7 @@ import uuid
 
 from ..conf import read_conf
 from ..faults import apply_link_faults, xid_line
-from ..kernel import STACK, append_kmsg, load_messages
+from ..kernel import STACK, append_kmsg, ib_boot, load_messages, write_infiniband
 from .base import clear_dir, write_in_place
 from .daemons import UNITS
 
@@ -42,6 +42,10 @@ class KernelModules:
         extra = self.boot_faults(hw, module)
         self.write_modules(module, nouveau)
         self.write_pci(hw)
+        booted = ib_boot(hw)  # (hw as boot_faults left it)
+        if booted != hw:  # the HCAs' counters restart
+            write_in_place(self.hw / "gpus.conf", "".join(f"{k}={v}\n" for k, v in booted.items()))
+        write_infiniband(self.kernel / "class-infiniband", booted)
         write_in_place(self.kernel / "kmsg", "".join(
             f"{prio},{seq},{usec},-;{msg}\n"
             for seq, (prio, usec, msg) in enumerate(boot_log(hw, module, nouveau, self.release) + extra)))

@@ -10,6 +10,8 @@ import uuid
 from pathlib import Path
 
 from .. import debian
+from ..conf import read_conf
+from ..kernel import ib_ports
 from .base import log, mount, replace_file, run
 
 SHUTDOWN_SHIM = """#!/bin/sh
@@ -129,9 +131,31 @@ class RootFilesystem:
         mount("--bind", str(self.kernel / "proc-driver"), str(r / "proc/driver"))
         mount("--bind", str(self.kernel / "kmsg"), str(r / "dev/kmsg"))
         mount("--bind", str(self.kernel / "boot_id"), str(r / "proc/sys/kernel/random/boot_id"))
+        self.mount_infiniband()
         hw_inside = r / "var/lib/nvidia-lab/hw"
         hw_inside.mkdir(parents=True, exist_ok=True)
         mount("--bind", str(self.hw), str(hw_inside))
+
+    def mount_infiniband(self) -> None:
+        """kernel/class-infiniband over /sys/class/infiniband: the host sees its emulated HCAs, never the machine's.
+        Where the machine has no /sys/class/infiniband (no RDMA driver loaded) and the host has HCAs, /sys/class is
+        rebuilt on a tmpfs (sysfs takes no new directory): each of the machine's classes bound at its place, and
+        the emulated infiniband beside them."""
+        r, emulated = self.root, self.kernel / "class-infiniband"
+        emulated.mkdir(parents=True, exist_ok=True)
+        target = r / "sys/class/infiniband"
+        if target.is_dir():
+            mount("--bind", str(emulated), str(target))
+            return
+        if not ib_ports(read_conf(self.hw / "gpus.conf")):
+            return  # no HCA: no /sys/class/infiniband, as on a real host without one
+        classes = sorted(os.listdir("/sys/class"))
+        mount("-t", "tmpfs", "-o", "mode=0755,size=64k", "fl-sys-class", str(r / "sys/class"))
+        for name in classes:
+            (r / "sys/class" / name).mkdir()
+            mount("--rbind", f"/sys/class/{name}", str(r / "sys/class" / name))
+        target.mkdir()
+        mount("--bind", str(emulated), str(target))
 
     def mount_run(self) -> None:
         """A fresh /run each boot; the control directory at /run/nvidia-lab/control."""
