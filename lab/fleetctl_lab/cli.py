@@ -358,3 +358,25 @@ def inject_nvlink_errors(host, gpu, link, count, driver) -> None:
 def inject_fabric_stuck(host, driver) -> None:
     """The NVSwitch fabric stays in progress whatever the fabric manager does (CUDA: error 802)."""
     _report(host, faults.fabric_stuck(host, driver))
+
+
+@inject.command("sxid")
+@click.argument("code", type=click.IntRange(10000, 99999))
+@click.option("--switch", type=int, default=0, show_default=True, help="The NVSwitch (nvidia-nvswitchN, 0..3).")
+@click.option("--fatal/--non-fatal", default=None,
+              help="The error's class (Severity 1 / 0); default the class the code was logged with on real hosts, "
+                   "else fatal.")
+@click.pass_obj
+def inject_sxid(host, code, switch, fatal) -> None:
+    """An NVSwitch SXid error with CODE in the kernel log, as the nvswitch driver writes it."""
+    _report(host, faults.sxid(host, code, switch, fatal))
+
+
+@inject.command("ib-port-down")
+@click.option("--port", type=int, required=True, help="The InfiniBand port: N for mlx5_N port 1.")
+@click.option("--rate", type=click.FloatRange(0, min_open=True), metavar="GBPS",
+              help="Instead of staying down: the port comes back up trained at GBPS (e.g. 200).")
+@click.pass_obj
+def inject_ib_port_down(host, port, rate) -> None:
+    """An InfiniBand port loses its link (DOWN, Disabled; link_downed counts it), or retrains below its rate."""
+    _report(host, faults.ib_port_down(host, port, rate))

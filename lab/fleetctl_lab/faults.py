@@ -15,7 +15,7 @@ from pathlib import Path
 from orchestrator.errors import InputError
 from . import state
 from .conf import read_conf, write_conf
-from .kernel import append_kmsg
+from .kernel import IB_LANE_DECI_GBPS, IB_WIDTHS, NVSWITCHES, append_kmsg, ib_ports, ib_rate_gbps, write_infiniband
 from .skus import SKUS
 
 # Real driver wording for the Xids the lab plants (kernel logs in bug reports and NVIDIA's catalog).
@@ -290,6 +290,89 @@ def fabric_stuck(host: Host, driver: str | None = None) -> str:
     update_conf(host.faults_conf, **{f"fabric_stuck__{version}": 1})
     update_conf(host.gpus_conf, fabric_stuck=1)
     return f"the NVSwitch fabric stays in progress (driver {version})"
+
+
+# ---- NVSwitch SXids and InfiniBand ports (docs/lab.md) --------------------------------------------------------
+
+# The nvswitch driver's headlines for the SXids the lab plants, as real hosts logged them
+# (tests/testdata/kernel-log/sxid-forms.dmesg): code -> (link, text). The headline starts with the error's class
+# (Fatal / Non-fatal), then "Link NN" and the text; "Severity N Engine instance NN ..." (1: fatal, 0: not) and
+# "Data {...}" lines follow. A code without a headline here logs its Severity and Data lines only, as the driver
+# does for part of its errors (the same file: 10002, 12028).
+SXID_HEADLINES = {
+    20034: (48, "LTSSM Fault Up"),
+    22013: (44, "Minion Link DLREQ interrupt"),
+    19084: (29, "AN1 Heartbeat Timeout Error (First)"),
+}
+SXID_FATAL = {20034: True, 22013: False, 19084: False}  # the class these headlines were logged with
+
+
+def sxid_lines(code: int, switch: int = 0, fatal: bool | None = None) -> list[str]:
+    """The lines one SXid error logs on nvidia-nvswitchSWITCH (FATAL: the class; default the headline's, else
+    fatal)."""
+    fatal = SXID_FATAL.get(code, True) if fatal is None else fatal
+    head = f"nvidia-nvswitch{switch}: SXid (PCI:{NVSWITCHES[switch]}): {code:05d}, "
+    link, text = SXID_HEADLINES.get(code, (None, None))
+    engine = link or 0
+    lines = [head + f"{'Fatal' if fatal else 'Non-fatal'}, Link {link:02d} {text}"] if text else []
+    return lines + [head + f"Severity {int(fatal)} Engine instance {engine:02d} Sub-engine instance 00",
+                    head + "Data {" + ", ".join(f"0x{v:08x}" for v in (engine, engine, 0, engine) + (0,) * 5) + "}"]
+
+
+def sxid(host: Host, code: int, switch: int = 0, fatal: bool | None = None) -> str:
+    """An NVSwitch SXid error in the host's kernel log (a board with NVSwitches only)."""
+    conf = read_conf(host.gpus_conf)
+    sku = SKUS.get(conf.get("sku", ""))
+    if sku is None or not sku.nvswitch:
+        raise InputError(f"{host.record.name} ({sku.name if sku else conf.get('sku')}) has no NVSwitch")
+    if not 0 <= switch < len(NVSWITCHES):
+        raise InputError(f"{host.record.name} has NVSwitches 0..{len(NVSWITCHES) - 1}, not {switch}")
+    lines = sxid_lines(code, switch, fatal)
+    for line in lines:
+        host.kernel_log(line)
+    return lines[0]
+
+
+def ib_port_down(host: Host, port: int, rate: float | None = None) -> str:
+    """Port PORT (mlx5_PORT port 1) loses its link: state DOWN, physical state Disabled, link_downed counts it. With
+    RATE (Gb/s): it comes back trained below the board's rate (ACTIVE, LinkUp, RATE). It stays so across reboots
+    (a cable or transceiver fault); the counters restart at each boot."""
+    conf = read_conf(host.gpus_conf)
+    ports = ib_ports(conf)
+    if not ports:
+        raise InputError(f"{host.record.name} ({conf.get('sku')}) has no InfiniBand port")
+    if not 0 <= port < len(ports):
+        raise InputError(f"{host.record.name} has InfiniBand ports 0..{len(ports) - 1} (mlx5_N), not {port}")
+    this = ports[port]
+    changes = {f"ib.{port}.link_downed": this["counters"]["link_downed"] + 1}
+    if rate is None:
+        changes[f"ib.{port}.down"] = 1
+        what = f"{this['device']} port 1 DOWN (Disabled)"
+    else:
+        width, speed = int(conf.get("ib.width", "4")), conf.get("ib.speed", "NDR")
+        full = ib_rate_gbps(width, speed)
+        trained = ib_trained(rate, width, speed)
+        if not 0 < rate < full or trained is None:
+            raise InputError(f"--rate {rate:g}: not a rate below the port's {full:g} Gb/s that {width} lanes of "
+                             f"{speed} or fewer or slower ones train at")
+        changes.update({f"ib.{port}.down": 0, f"ib.{port}.width": trained[0], f"ib.{port}.speed": trained[1]})
+        what = f"{this['device']} port 1 went down and came back at {rate:g} Gb/s ({trained[0]}X {trained[1]})"
+    update_conf(host.gpus_conf, **{k.replace(".", "__"): v for k, v in changes.items()})
+    write_infiniband(host.dir / "kernel" / "class-infiniband", read_conf(host.gpus_conf))
+    return what
+
+
+def ib_trained(rate: float, width: int, speed: str) -> tuple[int, str] | None:
+    """How a port of WIDTH lanes at SPEED runs at RATE Gb/s: fewer lanes at its speed, else its lanes at a slower
+    speed; None when neither gives RATE."""
+    deci = round(rate * 10)
+    for w in IB_WIDTHS:
+        if w < width and IB_LANE_DECI_GBPS[speed] * w == deci:
+            return w, speed
+    for name, lane in IB_LANE_DECI_GBPS.items():
+        if lane < IB_LANE_DECI_GBPS[speed] and lane * width == deci:
+            return width, name
+    return None
 
 
 def gpu_in_use(host: Host, gpu: int) -> str:
