@@ -152,3 +152,54 @@ def test_a_non_fatal_sxid_and_one_without_a_headline(tmp_path):
     assert finding(host.facts(), "nvswitch.sxid")["status"] == "fail"
     with pytest.raises(InputError, match="NVSwitches 0..3, not 4"):
         faults.sxid(host.lab_host, 20034, switch=4)
+
+
+# ---- through the CLI: `fleetctl lab inject HOST ib-port-down|sxid` -------------------------------------------------
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    """One recorded 2x H100 SXM host, hgx-01, its hw/ and kernel/ as `lab up` and its first boot left them."""
+    from fleetctl_lab import state
+    monkeypatch.setenv("FLEETCTL_LAB_DIR", str(tmp_path))
+    monkeypatch.setattr("os.geteuid", lambda: 0)  # `fleetctl lab` insists on root
+    spec = state.HostSpec(name="hgx-01", sku="h100-sxm", gpus=2, driver="580.95.05")
+    record = state.HostRecord(spec, 0, "10.0.0.2", "fl-hgx-01", "vfl-0")
+    Host(tmp_path / "hosts/hgx-01")
+    state.save(state.Lab(tmp_path, "flbr0", "10.0.0.1", [record]))
+    return tmp_path / "hosts/hgx-01"
+
+
+def fleetctl(monkeypatch, capsys, *args):
+    from orchestrator import cli
+    monkeypatch.setattr("sys.argv", ["fleetctl", "lab", "inject", "hgx-01", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_cli_plants_both_faults(lab, monkeypatch, capsys):
+    assert fleetctl(monkeypatch, capsys, "ib-port-down", "--port", "2") == \
+        (0, "hgx-01: mlx5_2 port 1 DOWN (Disabled)\n", "")
+    assert (lab / "kernel/class-infiniband/mlx5_2/ports/1/state").read_text() == "1: DOWN\n"
+    code, out, _ = fleetctl(monkeypatch, capsys, "sxid", "20034", "--switch", "3")
+    assert code == 0 and out == "hgx-01: nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 20034, Fatal, Link 48 LTSSM Fault Up\n"
+    assert (lab / "kernel/kmsg").read_text().count("SXid (PCI:0000:08:00.0): 20034, ") == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (("ib-port-down",), "Missing option '--port'"),
+    (("ib-port-down", "--port", "8"), "hgx-01 has InfiniBand ports 0..7 (mlx5_N), not 8"),
+    (("ib-port-down", "--port", "0", "--rate", "0"), "--rate"),
+    (("ib-port-down", "--port", "0", "--rate", "450"), "--rate 450: not a rate below the port's 400 Gb/s"),
+    (("sxid", "79"), "79 is not in the range 10000<=x<=99999"),
+    (("sxid", "20034", "--switch", "9"), "hgx-01 has NVSwitches 0..3, not 9"),
+])
+def test_bad_input_is_one_line_exit_2(lab, monkeypatch, capsys, args, message):
+    before = (lab / "hw/gpus.conf").read_text(), (lab / "kernel/kmsg").read_text()
+    code, out, err = fleetctl(monkeypatch, capsys, *args)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1, err
+    assert ((lab / "hw/gpus.conf").read_text(), (lab / "kernel/kmsg").read_text()) == before
