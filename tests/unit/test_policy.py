@@ -62,11 +62,13 @@ def test_the_healthy_real_host_passes_every_control(healthy):
     got = statuses(healthy)
     assert {c for c, s in got.items() if s not in ("pass", "not_applicable")} == set()
     # not applicable on this host: no NVSwitch, and H100s use row remapping, not page retirement; the capture
-    # predates facts.interconnect and facts.boot, so the interconnect controls and driver.next_boot have nothing to
-    # judge (test_policy_interconnect.py, test_next_boot.py)
+    # predates facts.interconnect, facts.boot, facts.sxid and facts.infiniband, so the interconnect controls,
+    # driver.next_boot, nvswitch.sxid and the InfiniBand ones have nothing to judge (test_policy_interconnect.py,
+    # test_next_boot.py, test_fabric_health.py)
     assert {c for c, s in got.items() if s == "not_applicable"} == {"fabricmanager.version", "gpu.retired_pages",
                                                                    "gpu.nvlink", "gpu.fabric", "gpu.topology",
-                                                                   "gpudirect.peermem", "driver.next_boot"}
+                                                                   "gpudirect.peermem", "driver.next_boot",
+                                                                   "nvswitch.sxid", "ib.ports", "ib.rate"}
 
 
 def test_the_device_host_as_captured_shows_its_real_drift(device_facts):
