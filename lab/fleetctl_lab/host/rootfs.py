@@ -150,7 +150,7 @@ class RootFilesystem:
         if not ib_ports(read_conf(self.hw / "gpus.conf")):
             return  # no HCA: no /sys/class/infiniband, as on a real host without one
         classes = sorted(os.listdir("/sys/class"))
-        mount("-t", "tmpfs", "-o", "mode=0755,size=64k", "fl-sys-class", str(r / "sys/class"))
+        mount("-t", "tmpfs", "-o", "mode=0755,size=1m", "fl-sys-class", str(r / "sys/class"))
         for name in classes:
             (r / "sys/class" / name).mkdir()
             mount("--rbind", f"/sys/class/{name}", str(r / "sys/class" / name))
