@@ -146,11 +146,16 @@ def _wait_gpus_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     out = {}
     for name, o in outcomes.items():
         if o.status == "failed":
-            users = (o.results.get("fleetctl.gpu.gpu_users") or {}).get("users") or []
-            if users:
-                shown = ", ".join(f"{u['name']} (pid {u['pid']})" for u in users[:5])
-                out[name] = Outcome("fail", f"the driver is in use after {idle.timeout_s}s: {shown}",
-                                    {"users": users})
+            result = o.results.get("fleetctl.gpu.gpu_users") or {}
+            users, leaked = result.get("users") or [], result.get("leaked") or []
+            if users or leaked:
+                said = []
+                if users:
+                    said.append(f"the driver is in use after {idle.timeout_s}s: "
+                                + ", ".join(f"{u['name']} (pid {u['pid']})" for u in users[:5]))
+                said += [f"GPU {g['index']} holds {g['used_mib']} MiB with no process after {idle.timeout_s}s: a leaked "
+                         "context, reset the GPU" for g in leaked[:8]]
+                out[name] = Outcome("fail", "; ".join(said), {"users": users, "leaked": leaked})
                 continue
         out[name] = unreachable_or_failed(o) or Outcome("ok", None, {"users": []})
     return out
