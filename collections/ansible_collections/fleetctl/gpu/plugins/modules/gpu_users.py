@@ -1,8 +1,9 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 """Which processes still hold a GPU: open /dev/nvidia* handles (every process, /proc/PID/fd) and NVML's
-compute and graphics process lists; and which GPUs hold memory with no process listed (a leaked context). Read-only; the caller waits and retries (the GPU Operator's most common
-stuck state is "driver is in use": a driver must never be swapped under a running job)."""
+compute and graphics process lists; and which GPUs hold memory with no process listed (a leaked context).
+Read-only; the caller waits and retries (the GPU Operator's most common stuck state is "driver is in use": a
+driver must never be swapped under a running job)."""
 
 from __future__ import absolute_import, division, print_function
 
