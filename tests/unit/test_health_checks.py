@@ -338,3 +338,14 @@ def test_the_baseline_pins_vbios(h100):
     assert got["status"] == "fail"
     assert got["message"] == "GPU 0: VBIOS 96.00.DA.00.0C is not one the baseline allows (96.00.DA.00.0D)"
     assert findings(h100, {"gpus": {"vbios": ["96.00.DA.00.0C"]}})["gpu.firmware_uniform"]["status"] == "pass"
+
+
+def test_the_verify_leaves_the_group_comparison_to_the_audit():
+    """Which hosts reach the verify (the wave, less those that failed) is no property of the change: a firmware
+    finding that appears because fewer hosts were collected together does not fail the host."""
+    from orchestrator.campaign import steps
+    entry = {"findings": [{"control": "gpu.firmware_uniform", "status": "fail", "message": "GPU 0: VBIOS ..."},
+                          {"control": "gpu.memory_leak", "status": "fail", "message": "GPU 0 holds 2048 MiB ..."}]}
+    before = {"findings": {"gpu.firmware_uniform": "pass", "gpu.memory_leak": "pass"}}
+    assert steps.changed_controls(entry, before) == ["gpu.memory_leak: GPU 0 holds 2048 MiB ... (it was pass at the "
+                                                     "pre-check)"]
