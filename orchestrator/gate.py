@@ -1,7 +1,8 @@
 """The health gate: is this host healthy on its new driver? Two probe results of the SAME host, before and after.
 
 Health (judge_health) fails on anything a person would drain the host for: a GPU gone, a new Xid at or above the
-baseline's `xid.fail_on`, new uncorrectable ECC errors, a row remap pending or failed, a recovery action asked for.
+baseline's `xid.fail_on`, new uncorrectable ECC errors, a row remap pending or failed, a recovery action asked for,
+new fatal or non-fatal PCIe AER errors, more new PCIe replays than the baseline's `gpus.max_pcie_replays`.
 
 Throughput (judge_throughput) compares each (GPU, metric) series with itself, never with other hosts (same-SKU
 hosts differ by 8-22%). With drop = relative loss of the median in the metric's good direction:
@@ -44,6 +45,7 @@ class GatePolicy:
     xid_fail_on: str = "high"
     xid_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     nvlink_errors_fail: int | None = None  # the baseline's interconnect.nvlink.errors_fail: errors counted since
+    pcie_replays_fail: int | None = None  # the baseline's gpus.max_pcie_replays: new replays a GPU may count
 
     def max_drop_for(self, metric: str) -> float:
         return self.max_drop.get(metric, self.default_max_drop)
@@ -60,7 +62,8 @@ def gate_policy(policy: dict[str, Any]) -> GatePolicy:
     return GatePolicy(alpha=gate.get("alpha", DEFAULTS.alpha), min_samples=gate.get("min_samples", DEFAULTS.min_samples),
                       floor=gate.get("floor", DEFAULTS.floor), max_drop=drops, default_max_drop=default_drop,
                       xid_fail_on=xid.get("fail_on", DEFAULTS.xid_fail_on), xid_overrides=xid.get("overrides", {}),
-                      nvlink_errors_fail=policy.get("interconnect", {}).get("nvlink", {}).get("errors_fail"))
+                      nvlink_errors_fail=policy.get("interconnect", {}).get("nvlink", {}).get("errors_fail"),
+                      pcie_replays_fail=policy.get("gpus", {}).get("max_pcie_replays"))
 
 
 @dataclass
@@ -316,6 +319,26 @@ def interconnect_lines(before: dict[str, Any] | None, after: dict[str, Any] | No
     return fails
 
 
+def pcie_lines(prev: dict[str, Any] | None, g: dict[str, Any], same_boot: bool, same_driver_load: bool,
+               replays_fail: int | None) -> tuple[list[str], list[str]]:
+    """(failing, warning) lines for the PCIe errors a GPU counted across the change: the kernel's AER counters run
+    since boot, NVML's replay counter since the GPU's last reset (a driver load); counted since then otherwise."""
+    fails, notes = [], []
+    now_pcie, was_pcie = g.get("pcie") or {}, ((prev or {}).get("pcie") or {})
+    for kind, label in (("fatal", "fatal"), ("nonfatal", "non-fatal"), ("correctable", "correctable")):
+        now = ((now_pcie.get("aer") or {}).get(kind) or {}).get("total") or 0
+        was = ((was_pcie.get("aer") or {}).get(kind) or {}).get("total") or 0 if same_boot else 0
+        if now > was:
+            (notes if kind == "correctable" else fails).append(
+                f"GPU {g['index']}: {label} PCIe AER errors {was} -> {now}" + (" (warning)" if kind == "correctable" else ""))
+    now, was = now_pcie.get("replay_count"), was_pcie.get("replay_count") if same_driver_load else 0
+    if replays_fail is not None and now is not None and now - (was or 0) > replays_fail:
+        fails.append(f"GPU {g['index']}: {now - (was or 0)} PCIe replays since "
+                     + ("the previous probe" if same_driver_load else "the driver loaded")
+                     + f", over the baseline's {replays_fail}")
+    return fails, notes
+
+
 def judge_health(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAULTS,
                  expected_gpus: int | None = None) -> Verdict:
     """Probe results (whole documents) -> Verdict on their "health"; Xid events after are already new."""
@@ -336,8 +359,8 @@ def judge_health(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy 
     fails += bad
     notes += low
 
-    same_driver_load = (after["host"]["boot_id"] is not None and before["host"]["boot_id"] == after["host"]["boot_id"]
-                        and before["driver"]["module_version"] == after["driver"]["module_version"])
+    same_boot = after["host"]["boot_id"] is not None and before["host"]["boot_id"] == after["host"]["boot_id"]
+    same_driver_load = same_boot and before["driver"]["module_version"] == after["driver"]["module_version"]
     old = {g.get("uuid") or g["index"]: g for g in hb["gpus"] if not g.get("lost")}
     for g in (g for g in ha["gpus"] if not g.get("lost")):
         prev = old.get(g.get("uuid") or g["index"])
@@ -353,6 +376,9 @@ def judge_health(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy 
                     f"GPU {g['index']}: {what}" + (" - already before the change" if prev_rows.get(flag) else ""))
         if g.get("recovery_action") not in (None, "None"):
             fails.append(f"GPU {g['index']}: the driver asks for recovery action '{g['recovery_action']}'")
+        bad, low = pcie_lines(prev, g, same_boot, same_driver_load, pol.pcie_replays_fail)
+        fails += bad
+        notes += low
     fails += interconnect_lines(hb.get("interconnect"), ha.get("interconnect"), same_driver_load, pol.nvlink_errors_fail)
     return Verdict("fail" if fails else "pass", fails + notes if fails or notes else ["GPU health unchanged: no new faults"])
 

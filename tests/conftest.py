@@ -34,6 +34,7 @@ LAB_SCOPES = {
     "test_lab_unattended": "lab-a",     # 150
     "test_lab_matrix": "lab-a",         # 110
     "test_lab_hosts": "lab-a",          # 60
+    "test_lab_health_checks": "lab-a",  # 20
     "test_lab_upgrade": "lab-b",        # ~600
     "test_lab_interconnect": "lab-b",   # 470
     "test_lab_fleet": "lab-b",          # 340

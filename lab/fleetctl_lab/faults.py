@@ -15,7 +15,7 @@ from pathlib import Path
 from orchestrator.errors import InputError
 from . import state
 from .conf import read_conf, write_conf
-from .kernel import append_kmsg
+from .kernel import append_kmsg, sysfs_pci_name, write_aer
 from .skus import SKUS
 
 # Real driver wording for the Xids the lab plants (kernel logs in bug reports and NVIDIA's catalog).
@@ -290,6 +290,49 @@ def fabric_stuck(host: Host, driver: str | None = None) -> str:
     update_conf(host.faults_conf, **{f"fabric_stuck__{version}": 1})
     update_conf(host.gpus_conf, fabric_stuck=1)
     return f"the NVSwitch fabric stays in progress (driver {version})"
+
+
+# ---- PCIe errors, leaked memory, firmware (issue 24) ---------------------------------------------------------
+
+def pcie_errors(host: Host, gpu: int, replays: int = 0, fatal: int = 0, nonfatal: int = 0, correctable: int = 0) -> str:
+    """GPU's link misbehaves: NVML's PCIe replay counter reads REPLAYS (until the next driver load) and the kernel's
+    AER counters of its PCI device (/sys/bus/pci/devices/DEV/aer_dev_*) count the errors (until the next boot), with
+    the AER line the kernel logs for the worst of them."""
+    if min(replays, fatal, nonfatal, correctable) < 0:
+        raise InputError("PCIe error counts are 0 or more")
+    pci = host.pci(gpu)
+    host.set_gpu(gpu, pcie_replays=replays)
+    dev = host.dir / "kernel" / "pci-devices" / sysfs_pci_name(pci)
+    if dev.is_dir():
+        write_aer(dev, correctable=correctable, nonfatal=nonfatal, fatal=fatal)
+    worst = ("Uncorrected (Fatal)" if fatal else "Uncorrected (Non-Fatal)" if nonfatal else
+             "Corrected" if correctable else None)
+    if worst:
+        host.kernel_log(f"pcieport 0000:00:01.0: AER: {worst} error message received from {sysfs_pci_name(pci)}")
+    return (f"GPU {gpu} ({pci}): {replays} PCIe replays, AER fatal {fatal}, non-fatal {nonfatal}, "
+            f"correctable {correctable}")
+
+
+def leaked_memory(host: Host, gpu: int, mib: int) -> str:
+    """A context leaked on GPU: NVML (and nvidia-smi) show MIB in use beyond the reserved memory with no process
+    listed, until a reboot (or a driver load) frees it."""
+    if mib < 0:
+        raise InputError(f"--mib must be 0 or more, not {mib}")
+    host.set_gpu(gpu, mem_used_mib=mib)
+    return f"GPU {gpu} holds {mib} MiB with no process"
+
+
+def vbios(host: Host, version: str, gpu: int | None = None, inforom: str | None = None) -> str:
+    """The GPU's firmware was flashed to VERSION (every GPU of the host without --gpu), and its InfoROM image to
+    INFOROM when given: what NVML and nvidia-smi report from now on."""
+    for text in (version, inforom or "0"):
+        if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z._-]{0,30}", text):
+            raise InputError(f"{text!r} is not a firmware version (like 96.00.99.00.01)")
+    count = int(read_conf(host.gpus_conf).get("count", "0"))
+    for index in [gpu] if gpu is not None else range(count):
+        host.set_gpu(index, vbios=version, **({"inforom": inforom} if inforom else {}))
+    return ("VBIOS " + version + (f", InfoROM {inforom}" if inforom else "")
+            + (f" on GPU {gpu}" if gpu is not None else " on every GPU"))
 
 
 def gpu_in_use(host: Host, gpu: int) -> str:

@@ -28,6 +28,7 @@ class Sku:
     # (NVLS off) with 2 GPUs and with 8 (interpolated linearly between), and one GPU -> GPU copy.
     allreduce_busbw_gbs: tuple[float, float] = (0.0, 0.0)
     p2p_gbs: float = 0.0
+    inforom: str = ""  # InfoROM image (the real H100 and H200 of tests/testdata); none: NVML says NOT_SUPPORTED
 
 
 # PCIe-only GPU pairs (L40S, or NVLink pairs with every link down): a host with 3+ GPUs has two CPU sockets; GPUs
@@ -44,10 +45,10 @@ def socket_of(index: int, count: int) -> int:
 SKUS = {s.key: s for s in (
     Sku("h100-sxm", "NVIDIA H100 80GB HBM3", 8, "96.00.99.00.01", 5, 16, 71000, 700000, 680.0, 3000.0, True,
         nvlinks=18, nvlink_version=6, nvlink_gbs=26.562, nvswitch_links=(5, 4, 4, 5),
-        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0),
+        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0, inforom="G520.0200.00.05"),
     Sku("h200-sxm", "NVIDIA H200", 8, "96.00.A5.00.01", 5, 16, 76000, 700000, 700.0, 4245.0, True,
         nvlinks=18, nvlink_version=6, nvlink_gbs=26.562, nvswitch_links=(5, 4, 4, 5),
-        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0),
+        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0, inforom="G520.0282.02.02"),
     Sku("a100-sxm", "NVIDIA A100-SXM4-80GB", 8, "92.00.45.00.06", 4, 16, 60000, 400000, 280.0, 1700.0, True,
         nvlinks=12, nvlink_version=4, nvlink_gbs=25.0, nvswitch_links=(2, 2, 2, 2, 2, 2),
         allreduce_busbw_gbs=(155.0, 230.0), p2p_gbs=230.0),

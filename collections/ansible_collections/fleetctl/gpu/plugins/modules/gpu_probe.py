@@ -299,7 +299,8 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import NVML_ERROR_LIB_RM_VERSION_MISMATCH, NVML_ERROR_LIBRARY_NOT_FOUND, NvmlReader
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import (
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH, NVML_ERROR_LIBRARY_NOT_FOUND, NvmlReader, add_aer)
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_interconnect import NvmlInterconnect
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_kernel_log import KernelLogUnreadable, catalog_index, read_kernel_log, xid_events
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_throughput import EngineError, measure
@@ -385,7 +386,7 @@ def probe(params):
                 errors["throughput"] = str(e)
         if pynvml is not None:
             reader = NvmlReader(pynvml, errors)
-            health["gpus"] = reader.gpus()
+            health["gpus"] = add_aer(reader.gpus(), errors)  # PCIe replays and AER counts: the gate compares them
             health["gpu_count"] = sum(1 for g in health["gpus"] if not g.get("lost"))
             # After the load: a link that dropped or a fabric that fell apart under it shows here.
             try:
