@@ -1,8 +1,8 @@
 """`fleetctl lab inject HOST FAULT ...`: faults planted at the interfaces a real GPU host shows them.
 
 Hardware faults (ECC, row remaps, a GPU off the bus, throughput, a PCIe link downgrade, persistence) go into the
-host's emulated hardware (hw/gpus.conf, hw/faults.conf) and survive reboots as real ones would; kernel-log lines go into the host's
-/dev/kmsg (kernel/kmsg) and are gone after a reboot, like a real ring buffer.
+host's emulated hardware (hw/gpus.conf, hw/faults.conf) and survive reboots as real ones would; kernel-log lines go
+into the host's /dev/kmsg (kernel/kmsg) and are gone after a reboot, like a real ring buffer.
 """
 
 from __future__ import annotations
