@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -198,3 +199,40 @@ def test_a_gpu_that_fails_does_not_hold_the_others_at_the_copies():
     together.leave()  # GPU 1's thread failed before its first copy
     t.join(5)
     assert done == [18]
+
+
+def load_script(path, name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[2] / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_device_series_capture_runs_the_probes_code_and_gate_replay_reads_it(tmp_path, monkeypatch):
+    """scripts/device-probe-series.py with a 1-GPU fake torch (2+ would add the NCCL interconnect) and no pynvml: its JSON is what bench/gate_replay.py
+    reads, every probe a run of its own with every metric, the 'alone' copies a reference series."""
+    fake = FakeTorch()
+    fake.__version__ = "2.11.0+fake"
+    fake.cuda.is_available = lambda: True
+    fake.cuda.device_count = lambda: 1
+    fake.cuda.get_device_name = lambda i: "NVIDIA H100 80GB HBM3"
+    fake.cuda.empty_cache = lambda: None
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    out = tmp_path / "h100-probe-series.json"
+    capture = load_script("scripts/device-probe-series.py", "device_probe_series")
+    monkeypatch.setattr(sys, "argv", ["x", str(out), "--probes", "2", "--samples", "3", "--warmup", "0",
+                                      "--trial", "0.05"])
+    capture.main()
+    doc = json.loads(out.read_text())
+    assert doc["device"] == "torch 2.11.0+fake on NVIDIA H100 80GB HBM3" and set(doc["metrics"]) == set(tp.METRICS)
+    assert [len(p["samples"]) for p in doc["probes"]] == [3 * len(tp.METRICS)] * 2
+    replay = load_script("bench/gate_replay.py", "gate_replay")
+    runs = replay.load_docs([out], None)
+    assert sorted(runs) == [f"{out.name}#{family}{k}" for family in ("alone", "probes") for k in (0, 1)]
+    series = replay.load_series(runs)
+    h2d = [s for s in series if s["metric"] == "h2d_gbs"]
+    assert len(h2d) == 4 and all(statistics.median(s["values"]) == pytest.approx(H2D_GBS, rel=0.02) for s in h2d)
+    assert [s["counted"] for s in h2d] == [True, True, False, False]  # the probes, then alone: a reference
+    assert not any(s["counted"] for s in series if s["metric"] == "gemm_p99_ms")  # not gated (yet)
