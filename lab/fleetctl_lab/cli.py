@@ -299,6 +299,16 @@ def inject_throughput(host, factor, driver) -> None:
     _report(host, faults.throughput(host, factor, driver))
 
 
+@inject.command("pcie-downgrade")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--width", type=int, default=8, show_default=True, help="Lanes the link trains at.")
+@click.option("--gen", type=int, help="PCIe generation it trains at (default: the GPU's own).")
+@click.pass_obj
+def inject_pcie_downgrade(host, gpu, width, gen) -> None:
+    """GPU's PCIe link trains narrower or slower: NVML reports it, host<->device copies fall with it."""
+    _report(host, faults.pcie_downgrade(host, gpu, width, gen))
+
+
 @inject.command("unreachable")
 @click.option("--mode", type=click.Choice(["link", "sshd"]), default="link", show_default=True)
 @click.option("--restore", is_flag=True, help="Bring the link back up.")

@@ -1,8 +1,8 @@
 """`fleetctl lab inject HOST FAULT ...`: faults planted at the interfaces a real GPU host shows them.
 
-Hardware faults (ECC, row remaps, a GPU off the bus, throughput, persistence) go into the host's emulated hardware
-(hw/gpus.conf, hw/faults.conf) and survive reboots as real ones would; kernel-log lines go into the host's
-/dev/kmsg (kernel/kmsg) and are gone after a reboot, like a real ring buffer.
+Hardware faults (ECC, row remaps, a GPU off the bus, throughput, a PCIe link downgrade, persistence) go into the
+host's emulated hardware (hw/gpus.conf, hw/faults.conf) and survive reboots as real ones would; kernel-log lines go
+into the host's /dev/kmsg (kernel/kmsg) and are gone after a reboot, like a real ring buffer.
 """
 
 from __future__ import annotations
@@ -143,6 +143,24 @@ def throughput(host: Host, factor: float, driver: str | None = None) -> str:
         raise InputError(f"throughput factor must be in (0, 2], not {factor}")
     update_conf(host.faults_conf, **{f"throughput__{check_version(driver) if driver else 'any'}": factor})
     return f"throughput x{factor} on driver {driver or 'any'}"
+
+
+def pcie_downgrade(host: Host, gpu: int, width: int | None = 8, gen: int | None = None) -> str:
+    """GPU's PCIe link trains narrower (WIDTH lanes) and/or slower (Gen GEN) than it can (a bad riser or slot): NVML
+    and nvidia-smi report the current link, and the benchmark's host<->device copies fall with it (skus.py). The
+    hardware stays so across reboots."""
+    conf = read_conf(host.gpus_conf)
+    sku = SKUS.get(conf.get("sku", ""))
+    width_max = int(conf.get(host.gpu_key(gpu, "pcie_width_max")) or (sku.pcie_width if sku else 16))
+    gen_max = int(conf.get(host.gpu_key(gpu, "pcie_gen_max")) or (sku.pcie_gen if sku else 5))
+    width = width_max if width is None else width
+    gen = gen_max if gen is None else gen
+    if width not in (1, 2, 4, 8, 16) or width > width_max:
+        raise InputError(f"--width must be 1, 2, 4, 8 or 16 lanes, at most GPU {gpu}'s x{width_max}, not {width}")
+    if not 1 <= gen <= gen_max:
+        raise InputError(f"--gen must be 1..{gen_max} (GPU {gpu}'s Gen{gen_max}), not {gen}")
+    host.set_gpu(gpu, pcie_width=width, pcie_gen=gen)
+    return f"GPU {gpu}: PCIe link Gen{gen} x{width} (of Gen{gen_max} x{width_max})"
 
 
 def at_boot(host: Host, driver: str, kind: str, code: int, gpu: int) -> str:

@@ -31,6 +31,20 @@ class Sku:
     inforom: str = ""  # InfoROM image (the real H100 and H200 of tests/testdata); none: NVML says NOT_SUPPORTED
 
 
+# Host<->device copies (the benchmark's h2d_gbs / d2h_gbs) follow each GPU's CURRENT PCIe link (gpus.conf
+# gpu.N.pcie_gen / pcie_width, which NVML and nvidia-smi report too): the link's bandwidth per direction, lanes x the
+# per-lane figure of its generation (PCI-SIG: 2.5, 5, 8, 16, 32 GT/s; 8b/10b coding to Gen2, 128b/130b from Gen3),
+# x what pinned 1 GiB copies reach of it on a real H100 at Gen5 x16 (63.0 GB/s): H2D 54.8 GB/s, D2H 55.1 GB/s
+# (tests/testdata/h100-580.159.04-health/bench.json). A link trained at x8, or at Gen4, halves them.
+PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
+PCIE_COPY_EFFICIENCY = {"h2d_gbs": 54.8 / (16 * PCIE_LANE_GBS[5]), "d2h_gbs": 55.1 / (16 * PCIE_LANE_GBS[5])}
+
+
+def host_copy_gbs(metric: str, gen: int, width: int) -> float:
+    """The benchmark's centre for METRIC (h2d_gbs or d2h_gbs) over a PCIe link of generation GEN and WIDTH lanes."""
+    return PCIE_LANE_GBS[gen] * width * PCIE_COPY_EFFICIENCY[metric]
+
+
 # PCIe-only GPU pairs (L40S, or NVLink pairs with every link down): a host with 3+ GPUs has two CPU sockets; GPUs
 # 0..n/2-1 hang off socket 0, the rest off socket 1, each GPU under its own PCIe host bridge. Same socket: NODE;
 # across: SYS. A host with 1 or 2 GPUs has them on socket 0 (as the real 2x H200 host: CPU affinity 0-31, NUMA 0).

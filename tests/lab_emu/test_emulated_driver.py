@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_gpus
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import parse_smi_xml
 from fleetctl_lab import packages
-from fleetctl_lab.skus import SKUS
+from fleetctl_lab.skus import SKUS, host_copy_gbs
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE_UTILS = REPO / "collections/ansible_collections/fleetctl/gpu/plugins/module_utils"
@@ -486,6 +486,29 @@ def test_bench_follows_the_sku_and_faults(make_host, sku):
     assert slow["factor"] == 0.9 and ratio == pytest.approx(0.9, abs=0.006)
     faults.write_text("throughput.any=0.8\n")
     assert bench(root)["factor"] == 0.8
+
+
+def test_bench_host_copies_follow_the_current_pcie_link(make_host):
+    """GPU 0 of the test host trained at Gen4 x8 (a quarter of Gen5 x16), GPU 1 at the SKU's Gen5 x16: the real
+    H100's 54.8 / 55.1 GB/s; a downgrade of GPU 1 to x8 (what lab inject pcie-downgrade writes) halves its copies."""
+    root = make_host("570.86.15")
+
+    def medians(out, gpu):
+        return [statistics.median(s[m] for s in out["samples"] if s["gpu"] == gpu and m in s)
+                for m in ("h2d_gbs", "d2h_gbs")]
+    base = bench(root, "--seed", "4")
+    assert base["metrics"]["h2d_gbs"] == {"unit": "GB/s", "higher_is_better": True}
+    full = [host_copy_gbs("h2d_gbs", 5, 16), host_copy_gbs("d2h_gbs", 5, 16)]
+    assert medians(base, 1) == pytest.approx(full, rel=0.015)
+    assert medians(base, 1) == pytest.approx([54.8, 55.1], rel=0.015)
+    assert [g["pcie"] for g in base["gpus"]] == ["Gen4 x8", "Gen5 x16"]
+    assert [a / b for a, b in zip(medians(base, 0), medians(base, 1))] == pytest.approx([0.25, 0.25], rel=0.02)
+    conf = root / "var/lib/nvidia-lab/hw/gpus.conf"
+    conf.write_text(conf.read_text() + "gpu.1.pcie_width=8\n")
+    narrow = bench(root, "--seed", "4")
+    assert [a / b for a, b in zip(medians(narrow, 1), medians(base, 1))] == pytest.approx([0.5, 0.5], abs=0.005)
+    assert narrow["gpus"][1]["pcie"] == "Gen5 x8"
+    assert py(root, NVML_READ)["gpus"][1]["pcie"]["width"] == 8  # what the probe's health and the audit read
 
 
 def test_bench_skips_lost_gpus_and_needs_the_driver(make_host):
