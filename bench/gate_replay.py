@@ -2,8 +2,27 @@
 """Replay the throughput gate on REAL samples: how often does it roll back a healthy host, and catch a regression?
 
 Usage: .venv/bin/python bench/gate_replay.py [PROBE_RESULT.json ...] [--samples 10] [--trials 2000] [--seed 0]
-Without paths it reads tests/testdata/probe/*.json (probe results captured on real GPUs, and *-series.json: repeated
-interconnect runs of one host, each run read as a probe result of its own) and exits 2 when there are none. For every (file, GPU, metric) series it draws, with replacement, two sides of --samples values:
+Without paths it reads tests/testdata/probe/*.json (probe results captured on real GPUs, *-series.json: repeated
+interconnect runs of one host, and *-probe-series.json, below: each run read as a probe result of its own) and
+tests/testdata/*-health/bench.json (below), and exits 2 when there are none. Inputs:
+
+  probe result          schemas/probe-result.schema.json (fleetctl probe --format json's hosts[].probe, or the module's)
+  *-series.json         scripts/device-nvlink-capture.py: {"allreduce"|"p2p": [{"repeat": k, "samples": [...]}]}
+  *-probe-series.json   scripts/device-probe-series.py, K builtin probes back to back on one host:
+                          {"format": "fleetctl-probe-series/1", "device": "torch 2.x on NVIDIA H100 ...",
+                           "trial_s": 0.5, "warmup_s": 10, "metrics": {NAME: {"unit", "higher_is_better"}},
+                           "probes": [{"probe": k, "samples": [{"gpu": 0, "metric": NAME, "value": v}, ...]}, ...],
+                           "alone":  [{"probe": k, "samples": [...]}]}   (optional: copies of each GPU alone)
+                        every probe is a run of its own; "alone" runs are reference series, not gated
+  bench.json            scripts/device-health-capture.py (tests/testdata/h100-580.159.04-health): pinned 1 GiB
+                        copies, 15 samples, all GPUs at once (h2d_gbs, d2h_gbs: gated) and each GPU alone from cold
+                        (reference), and 300 GEMM iteration times, from which gemm_p99_ms samples are drawn: each the
+                        p99 of 300 iterations resampled from the real ones (one run's spread, not run-to-run: the
+                        probe-series capture gives that)
+
+Series of a metric the gate does not gate (orchestrator/gate.py METRICS, e.g. gemm_p99_ms) and reference series are
+replayed and listed, but left out of the targets below: their rows say what gating them would do.
+For every (file, GPU, metric) series it draws, with replacement, two sides of --samples values:
   no regression   both sides from the real series                    -> false-rollback rate (fail)
   3% / 5% drop    the 'after' side worse by 3% / 5% (x0.97 / x0.95;  -> detection rate (fail)
                   x1.03 / x1.05 for a lower-is-better metric)
@@ -37,7 +56,11 @@ from rich.table import Table
 from orchestrator import gate, schemas
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO / "collections"))  # the probe's own percentile, from the collection's module_utils
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_throughput import P99, percentile  # noqa: E402
 DEFAULT_GLOB = "tests/testdata/probe/*.json"
+HEALTH_GLOB = "tests/testdata/*-health/bench.json"
+P99_DRAWS = 10  # gemm_p99_ms samples drawn from a bench.json's GEMM iteration times
 CASES = (("no regression", 0.0), ("3% drop", 0.03), ("5% drop", 0.05))
 MAX_FALSE_ROLLBACK, MIN_DETECTION = 0.01, 0.95
 
@@ -62,13 +85,54 @@ def series_runs(name: str, doc: dict) -> dict[str, dict]:
     return runs
 
 
-def load_docs(paths: list[Path]) -> dict[str, dict]:
+def probe_series_runs(name: str, doc: dict) -> dict[str, dict]:
+    """A *-probe-series.json of scripts/device-probe-series.py: every probe (and every 'alone' run) -> a throughput."""
+    runs = {}
+    for family, device in (("probes", doc["device"]), ("alone", f"{doc['device']}, each GPU alone")):
+        for run in doc.get(family, []):
+            runs[f"{name}#{family}{run['probe']}"] = {"reference": family == "alone", "throughput": {
+                "engine": "builtin", "trial_s": doc["trial_s"], "device": device, "metrics": doc["metrics"],
+                "samples": run["samples"]}}
+    return runs
+
+
+def health_bench_runs(name: str, doc: dict, rng: np.random.Generator) -> dict[str, dict]:
+    """A bench.json of scripts/device-health-capture.py -> the copies at once (gated), alone (reference) and
+    gemm_p99_ms samples drawn from the GEMM iteration times."""
+    gbs = {"unit": "GB/s", "higher_is_better": True}
+    runs = {}
+    for family, run, device in (("copy_all_at_once", "at-once", "all GPUs at once, warm"),
+                                ("copy_alone", "alone", "each GPU alone, cold")):
+        samples = [{"gpu": int(g), "metric": f"{side}_gbs", "value": v} for g, sides in doc[family].items()
+                   for side in ("h2d", "d2h") for v in sides[side]["samples_gbps"]]
+        runs[f"{name}#{run}"] = {"reference": run == "alone", "throughput": {
+            "engine": "builtin", "trial_s": 0.0, "device": f"torch {doc['torch']}, pinned 1 GiB copies, {device}",
+            "metrics": {"h2d_gbs": gbs, "d2h_gbs": gbs}, "samples": samples}}
+    samples = [{"gpu": int(g), "metric": "gemm_p99_ms",
+                "value": float(percentile(rng.choice(np.array(gemm["ms"]), len(gemm["ms"])).tolist(), P99))}
+               for g, gemm in doc["gemm"].items() for _ in range(P99_DRAWS)]
+    runs[f"{name}#gemm"] = {"throughput": {
+        "engine": "builtin", "trial_s": 0.0, "device": f"torch {doc['torch']}, bf16 GEMM, p99 of 300 iterations resampled",
+        "metrics": {"gemm_p99_ms": {"unit": "ms", "higher_is_better": False}}, "samples": samples}}
+    return runs
+
+
+def load_docs(paths: list[Path], rng: np.random.Generator) -> dict[str, dict]:
     docs = {}
     for path in paths:
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             fail(f"{path}: cannot read a probe result: {e}")
+        try:
+            if doc.get("format") == "fleetctl-probe-series/1":
+                docs.update(probe_series_runs(path.name, doc))
+                continue
+            if "copy_all_at_once" in doc:
+                docs.update(health_bench_runs(f"{path.parent.name}/{path.name}", doc, rng))
+                continue
+        except (KeyError, TypeError, ValueError) as e:
+            fail(f"{path}: not a probe series or bench capture: {type(e).__name__}: {e}")
         if path.name.endswith("-series.json"):
             docs.update(series_runs(path.name, doc))
             continue
@@ -94,7 +158,8 @@ def load_series(docs: dict[str, dict]) -> list[dict]:
                 spec = tp["metrics"].get(metric, {"unit": "", "higher_is_better": True})
                 out.append({"file": name, "gpu": gpu, "metric": metric, "values": np.array(xs),
                             "unit": spec["unit"], "higher_is_better": spec["higher_is_better"],
-                            "device": tp.get("device") or "?"})
+                            "device": tp.get("device") or "?",
+                            "counted": gate.DEFAULTS.gated(metric) and not doc.get("reference")})
     return out
 
 
@@ -148,27 +213,28 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=2000, help="trials per case and series (default 2000)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    paths = args.paths or sorted(REPO.glob(DEFAULT_GLOB))
+    paths = args.paths or sorted(REPO.glob(DEFAULT_GLOB)) + sorted(REPO.glob(HEALTH_GLOB))
     if not paths:  # exit 2, like a usage error
         print(f"no probe results in {REPO / DEFAULT_GLOB}: capture some on a GPU host, or pass paths", file=sys.stderr)
         return 2
-    docs = load_docs(paths)
+    rng = np.random.default_rng(args.seed)
+    docs = load_docs(paths, rng)
     series = load_series(docs)
     if not series:
         print(f"no throughput series with 2 or more values in {', '.join(map(str, paths))}", file=sys.stderr)
         return 2
 
     console = Console(width=max(Console().width, 110))
-    rng = np.random.default_rng(args.seed)
     for name in dict.fromkeys(x["file"] for x in series):
         console.print(f"{name}: {next(x['device'] for x in series if x['file'] == name)}")
     inputs = Table(title="Real series")
-    for col in ("file", "GPU", "metric", "n", "median", "CV"):
+    for col in ("file", "GPU", "metric", "n", "median", "CV", "in targets"):
         inputs.add_column(col, justify="right" if col in ("n", "median", "CV") else "left")
     for x in series:
         v = x["values"]
         inputs.add_row(x["file"], "host" if x["gpu"] is None else str(x["gpu"]), x["metric"], str(len(v)),
-                       f"{np.median(v):.1f} {x['unit']}", f"{np.std(v, ddof=1) / np.mean(v):.2%}")
+                       f"{np.median(v):.1f} {x['unit']}" if np.median(v) >= 10 else f"{np.median(v):.3g} {x['unit']}", f"{np.std(v, ddof=1) / np.mean(v):.2%}",
+                       "yes" if x["counted"] else "no (not gated)" if not gate.DEFAULTS.gated(x["metric"]) else "no (reference)")
     console.print(inputs)
 
     totals: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: {"pass": 0, "fail": 0, "inconclusive": 0})
@@ -177,11 +243,14 @@ def main() -> int:
     for name, drop in CASES:
         for s in series:
             counts = replay(s, drop, args.samples, args.trials, rng)
+            key = s["metric"] if s["counted"] else f"{s['metric']} ({'not gated' if not gate.DEFAULTS.gated(s['metric']) else 'reference'})"
             for k, c in counts.items():
-                totals[(name, s["metric"])][k] += c
-                totals[(name, "all")][k] += c
-            worst_fail[name] = max(worst_fail[name], counts["fail"] / args.trials)
-            worst_detect[name] = min(worst_detect[name], counts["fail"] / args.trials)
+                totals[(name, key)][k] += c
+                if s["counted"]:
+                    totals[(name, "all")][k] += c
+            if s["counted"]:
+                worst_fail[name] = max(worst_fail[name], counts["fail"] / args.trials)
+                worst_detect[name] = min(worst_detect[name], counts["fail"] / args.trials)
 
     table = Table(title=f"Gate replay: {args.samples} samples a side, {args.trials} trials per series and case, seed {args.seed}")
     for col in ("case", "metric", "trials", "fail", "inconclusive", "pass"):

@@ -45,26 +45,63 @@ def host_entry(host: inventory.Host, facts: dict[str, Any] | None, findings: lis
 
 
 def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: baseline_mod.Baseline,
-                  reference: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                  reference: dict[str, dict[str, Any]] | None = None, peers: dict[str, Any] | None = None,
+                  found: tuple[Any, str | None] | None = None) -> dict[str, Any]:
+    """FOUND: outcome_facts(OUTCOME) when the caller has it already."""
     if outcome.status == "unreachable":
         return host_entry(host, None, [policy.error_finding("host.reachable", "Host reachable", outcome.message)],
                           False, outcome.message)
     if outcome.status == "failed":
         message = f"fact collection failed: {outcome.message}"
         return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
+    facts, problem = found or outcome_facts(outcome)
+    return evaluate_facts(host, facts, base, reference, problem, peers, checked=True)
+
+
+def outcome_facts(outcome: runner.HostOutcome) -> tuple[Any, str | None]:
+    """The facts a host's gpu_facts returned and what makes them untrustworthy (too large, too deep, not valid)."""
     facts = outcome.results.get("fleetctl.gpu.gpu_facts", {}).get("facts")
-    return evaluate_facts(host, facts, base, reference, inputs.dropped_result(outcome.results, "fleetctl.gpu.gpu_facts"))
+    problem = inputs.dropped_result(outcome.results, "fleetctl.gpu.gpu_facts") \
+        or schemas.host_result_problem("host-facts", facts)
+    return facts, problem
 
 
 def evaluate_facts(host: inventory.Host, facts: Any, base: baseline_mod.Baseline,
-                   reference: dict[str, dict[str, Any]] | None = None, problem: str | None = None) -> dict[str, Any]:
+                   reference: dict[str, dict[str, Any]] | None = None, problem: str | None = None,
+                   peers: dict[str, Any] | None = None, checked: bool = False) -> dict[str, Any]:
     """The host's entry from the facts its gpu_facts returned (the audit's, or `fleetctl check`'s in-process):
-    facts too large, too deep or not valid are the one `facts.collected` error, else the controls' findings."""
-    problem = problem or schemas.host_result_problem("host-facts", facts)  # one line
+    facts too large, too deep or not valid are the one `facts.collected` error, else the controls' findings.
+    CHECKED: PROBLEM is already what outcome_facts found (None: the facts are valid)."""
+    if not checked:
+        problem = problem or schemas.host_result_problem("host-facts", facts)  # one line
     if problem is not None:
         message = f"the host returned facts fleetctl cannot trust: {problem}"
         return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
-    return host_entry(host, facts, policy.evaluate(facts, base.policy_for(list(host.groups)), reference), True, None)
+    return host_entry(host, facts, policy.evaluate(facts, base.policy_for(list(host.groups)), reference, peers),
+                      True, None)
+
+
+def peer_group(host: inventory.Host) -> str:
+    """The inventory group a host is compared with: its most specific one (inventory order: parents first)."""
+    return host.groups[-1] if host.groups else "all"
+
+
+def peers(fleet: inventory.Fleet, facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What each control registered with peers (controls.peer_controls) gets for each host: its group's name and
+    what the control's peers function made of the trusted facts (FACTS: host -> facts) of every host in that group,
+    computed once per group: {host: {control: (group, answer)}}."""
+    checks = policy.peer_controls()
+    if not checks:
+        return {}
+    answers: dict[str, dict[str, Any]] = {}
+    out = {}
+    for h in fleet.hosts:
+        group = peer_group(h)
+        if group not in answers:
+            members = [facts[m.name] for m in fleet.hosts if group in m.groups and m.name in facts]
+            answers[group] = {c.id: (group, c.peers(members)) for c in checks}
+        out[h.name] = answers[group]
+    return out
 
 
 def references(fleet: inventory.Fleet, history: Store | None) -> dict[str, dict[str, dict[str, Any]]]:
@@ -81,12 +118,15 @@ def collect(fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | No
             preflight: bool = True, history: Store | None = None) -> list[dict[str, Any]]:
     """Every host's facts (one gpu_facts call each) evaluated against the baseline: audit, plan, upgrade and the
     campaigns' precheck/verify. Controls that compare a host with itself get its last passing audit from HISTORY
-    (the user's history when None)."""
+    (the user's history when None); those that compare it with its inventory group get the group's view (peers)."""
     from . import runner  # here: `fleetctl check` imports this module and never Ansible
     outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
                                    forks, preflight)
     refs = references(fleet, history)
-    return [evaluate_host(h, outcomes[h.name], base, refs.get(h.name)) for h in fleet.hosts]
+    found = {name: outcome_facts(o) for name, o in outcomes.items() if o.status not in ("unreachable", "failed")}
+    group_view = peers(fleet, {name: facts for name, (facts, problem) in found.items() if problem is None})
+    return [evaluate_host(h, outcomes[h.name], base, refs.get(h.name), group_view.get(h.name), found.get(h.name))
+            for h in fleet.hosts]
 
 
 def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:

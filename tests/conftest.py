@@ -34,7 +34,8 @@ LAB_SCOPES = {
     "test_lab_unattended": "lab-a",     # 150
     "test_lab_matrix": "lab-a",         # 110
     "test_lab_hosts": "lab-a",          # 60
-    "test_lab_fabric_health": "lab-a",  # ~40
+    "test_lab_health_checks": "lab-a",  # 20
+    "test_lab_fabric_health": "lab-a",  # 20
     "test_lab_upgrade": "lab-b",        # ~600
     "test_lab_interconnect": "lab-b",   # 470
     "test_lab_fleet": "lab-b",          # 340
@@ -45,8 +46,8 @@ LAB_SCOPES = {
     "test_lab_slurm": "lab-b",          # ~220
 }
 LAB_DIR = "tests/lab/"
-LAB_CORES = 4  # two labs at once from this many cores up
-TWO_LABS = (os.cpu_count() or 1) >= LAB_CORES
+LAB_CORES = 4  # two labs at once from this many cores up ($FLEETCTL_TEST_LABS=1 or 2 decides instead)
+TWO_LABS = os.environ.get("FLEETCTL_TEST_LABS", "2" if (os.cpu_count() or 1) >= LAB_CORES else "1") == "2"
 # tests/lab_emu (~60 s) builds packages and runs the emulated tools over a directory, no lab: a scope per file, like
 # the unit tests, for whichever worker is free.
 

@@ -250,6 +250,38 @@ def inject_fall_off_bus(host, gpu, at_boot) -> None:
     _report(host, faults.at_boot(host, at_boot, "lost", 79, gpu) if at_boot else faults.fall_off_bus(host, gpu))
 
 
+@inject.command("pcie-errors")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--replays", type=click.IntRange(0), default=0, show_default=True,
+              help="NVML's PCIe replay counter (until the next driver load).")
+@click.option("--fatal", type=click.IntRange(0), default=0, show_default=True, help="AER fatal errors (until reboot).")
+@click.option("--nonfatal", type=click.IntRange(0), default=0, show_default=True, help="AER non-fatal errors.")
+@click.option("--correctable", type=click.IntRange(0), default=0, show_default=True, help="AER correctable errors.")
+@click.pass_obj
+def inject_pcie_errors(host, gpu, replays, fatal, nonfatal, correctable) -> None:
+    """A GPU's PCIe link replays and reports AER errors (NVML and /sys/bus/pci/devices/DEV/aer_dev_*)."""
+    _report(host, faults.pcie_errors(host, gpu, replays, fatal, nonfatal, correctable))
+
+
+@inject.command("leaked-memory")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--mib", type=click.IntRange(0), default=2048, show_default=True)
+@click.pass_obj
+def inject_leaked_memory(host, gpu, mib) -> None:
+    """A context leaked: GPU holds MIB with no process listed, until a reboot."""
+    _report(host, faults.leaked_memory(host, gpu, mib))
+
+
+@inject.command("vbios")
+@click.argument("version")
+@click.option("--gpu", type=int, help="Only this GPU (default: every GPU of the host).")
+@click.option("--inforom", metavar="VERSION", help="The InfoROM image version too.")
+@click.pass_obj
+def inject_vbios(host, version, gpu, inforom) -> None:
+    """The host's GPUs were flashed to VBIOS VERSION (the firmware NVML and nvidia-smi report)."""
+    _report(host, faults.vbios(host, version, gpu, inforom))
+
+
 @inject.command("gpu-in-use")
 @click.option("--gpu", type=int, default=0, show_default=True)
 @click.pass_obj
@@ -265,6 +297,16 @@ def inject_gpu_in_use(host, gpu) -> None:
 def inject_throughput(host, factor, driver) -> None:
     """Scale the benchmark's throughput by FACTOR (e.g. 0.92)."""
     _report(host, faults.throughput(host, factor, driver))
+
+
+@inject.command("pcie-downgrade")
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--width", type=int, default=8, show_default=True, help="Lanes the link trains at.")
+@click.option("--gen", type=int, help="PCIe generation it trains at (default: the GPU's own).")
+@click.pass_obj
+def inject_pcie_downgrade(host, gpu, width, gen) -> None:
+    """GPU's PCIe link trains narrower or slower: NVML reports it, host<->device copies fall with it."""
+    _report(host, faults.pcie_downgrade(host, gpu, width, gen))
 
 
 @inject.command("unreachable")

@@ -1,8 +1,8 @@
 """`fleetctl lab inject HOST FAULT ...`: faults planted at the interfaces a real GPU host shows them.
 
-Hardware faults (ECC, row remaps, a GPU off the bus, throughput, persistence) go into the host's emulated hardware
-(hw/gpus.conf, hw/faults.conf) and survive reboots as real ones would; kernel-log lines go into the host's
-/dev/kmsg (kernel/kmsg) and are gone after a reboot, like a real ring buffer.
+Hardware faults (ECC, row remaps, a GPU off the bus, throughput, a PCIe link downgrade, persistence) go into the
+host's emulated hardware (hw/gpus.conf, hw/faults.conf) and survive reboots as real ones would; kernel-log lines go
+into the host's /dev/kmsg (kernel/kmsg) and are gone after a reboot, like a real ring buffer.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 from orchestrator.errors import InputError
 from . import state
 from .conf import read_conf, write_conf
-from .kernel import IB_LANE_DECI_GBPS, IB_WIDTHS, NVSWITCHES, append_kmsg, ib_ports, ib_rate_gbps, write_infiniband
+from .kernel import (IB_LANE_DECI_GBPS, IB_WIDTHS, NVSWITCHES, append_kmsg, ib_ports, ib_rate_gbps, sysfs_pci_name,
+                     write_aer, write_infiniband)
 from .skus import SKUS
 
 # Real driver wording for the Xids the lab plants (kernel logs in bug reports and NVIDIA's catalog).
@@ -143,6 +144,24 @@ def throughput(host: Host, factor: float, driver: str | None = None) -> str:
         raise InputError(f"throughput factor must be in (0, 2], not {factor}")
     update_conf(host.faults_conf, **{f"throughput__{check_version(driver) if driver else 'any'}": factor})
     return f"throughput x{factor} on driver {driver or 'any'}"
+
+
+def pcie_downgrade(host: Host, gpu: int, width: int | None = 8, gen: int | None = None) -> str:
+    """GPU's PCIe link trains narrower (WIDTH lanes) and/or slower (Gen GEN) than it can (a bad riser or slot): NVML
+    and nvidia-smi report the current link, and the benchmark's host<->device copies fall with it (skus.py). The
+    hardware stays so across reboots."""
+    conf = read_conf(host.gpus_conf)
+    sku = SKUS.get(conf.get("sku", ""))
+    width_max = int(conf.get(host.gpu_key(gpu, "pcie_width_max")) or (sku.pcie_width if sku else 16))
+    gen_max = int(conf.get(host.gpu_key(gpu, "pcie_gen_max")) or (sku.pcie_gen if sku else 5))
+    width = width_max if width is None else width
+    gen = gen_max if gen is None else gen
+    if width not in (1, 2, 4, 8, 16) or width > width_max:
+        raise InputError(f"--width must be 1, 2, 4, 8 or 16 lanes, at most GPU {gpu}'s x{width_max}, not {width}")
+    if not 1 <= gen <= gen_max:
+        raise InputError(f"--gen must be 1..{gen_max} (GPU {gpu}'s Gen{gen_max}), not {gen}")
+    host.set_gpu(gpu, pcie_width=width, pcie_gen=gen)
+    return f"GPU {gpu}: PCIe link Gen{gen} x{width} (of Gen{gen_max} x{width_max})"
 
 
 def at_boot(host: Host, driver: str, kind: str, code: int, gpu: int) -> str:
@@ -373,6 +392,49 @@ def ib_trained(rate: float, width: int, speed: str) -> tuple[int, str] | None:
         if lane < IB_LANE_DECI_GBPS[speed] and lane * width == deci:
             return width, name
     return None
+
+
+# ---- PCIe errors, leaked memory, firmware (issue 24) ---------------------------------------------------------
+
+def pcie_errors(host: Host, gpu: int, replays: int = 0, fatal: int = 0, nonfatal: int = 0, correctable: int = 0) -> str:
+    """GPU's link misbehaves: NVML's PCIe replay counter reads REPLAYS (until the next driver load) and the kernel's
+    AER counters of its PCI device (/sys/bus/pci/devices/DEV/aer_dev_*) count the errors (until the next boot), with
+    the AER line the kernel logs for the worst of them."""
+    if min(replays, fatal, nonfatal, correctable) < 0:
+        raise InputError("PCIe error counts are 0 or more")
+    pci = host.pci(gpu)
+    host.set_gpu(gpu, pcie_replays=replays)
+    dev = host.dir / "kernel" / "pci-devices" / sysfs_pci_name(pci)
+    if dev.is_dir():
+        write_aer(dev, correctable=correctable, nonfatal=nonfatal, fatal=fatal)
+    worst = ("Uncorrected (Fatal)" if fatal else "Uncorrected (Non-Fatal)" if nonfatal else
+             "Corrected" if correctable else None)
+    if worst:
+        host.kernel_log(f"pcieport 0000:00:01.0: AER: {worst} error message received from {sysfs_pci_name(pci)}")
+    return (f"GPU {gpu} ({pci}): {replays} PCIe replays, AER fatal {fatal}, non-fatal {nonfatal}, "
+            f"correctable {correctable}")
+
+
+def leaked_memory(host: Host, gpu: int, mib: int) -> str:
+    """A context leaked on GPU: NVML (and nvidia-smi) show MIB in use beyond the reserved memory with no process
+    listed, until a reboot (or a driver load) frees it."""
+    if mib < 0:
+        raise InputError(f"--mib must be 0 or more, not {mib}")
+    host.set_gpu(gpu, mem_used_mib=mib)
+    return f"GPU {gpu} holds {mib} MiB with no process"
+
+
+def vbios(host: Host, version: str, gpu: int | None = None, inforom: str | None = None) -> str:
+    """The GPU's firmware was flashed to VERSION (every GPU of the host without --gpu), and its InfoROM image to
+    INFOROM when given: what NVML and nvidia-smi report from now on."""
+    for text in (version, inforom or "0"):
+        if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z._-]{0,30}", text):
+            raise InputError(f"{text!r} is not a firmware version (like 96.00.99.00.01)")
+    count = int(read_conf(host.gpus_conf).get("count", "0"))
+    for index in [gpu] if gpu is not None else range(count):
+        host.set_gpu(index, vbios=version, **({"inforom": inforom} if inforom else {}))
+    return ("VBIOS " + version + (f", InfoROM {inforom}" if inforom else "")
+            + (f" on GPU {gpu}" if gpu is not None else " on every GPU"))
 
 
 def gpu_in_use(host: Host, gpu: int) -> str:

@@ -231,12 +231,13 @@ def gpus_conf(host: HostRecord) -> str:
         bus = DGX_BUS_IDS[i] if i < len(DGX_BUS_IDS) else f"{0xe0 + i - len(DGX_BUS_IDS):02x}"
         values = {
             "name": sku.name, "uuid": f"GPU-{uuid.uuid4()}", "serial": f"1652822{host.index:03d}{i:03d}",
-            "pci": f"00000000:{bus}:00.0", "vbios": sku.vbios, "persistence": 0 if host.spec.persistence_off else 1,
+            "pci": f"00000000:{bus}:00.0", "vbios": sku.vbios, "inforom": sku.inforom,
+            "persistence": 0 if host.spec.persistence_off else 1,
             "ecc": 1, "ecc_pending": 1, "ecc_unc_volatile": 0, "ecc_unc_aggregate": 0, "remap_corr": 0,
             "remap_unc": 0, "remap_pending": 0, "remap_failure": 0, "mig": 0, "pcie_gen": sku.pcie_gen,
             "pcie_gen_max": sku.pcie_gen, "pcie_width": sku.pcie_width, "pcie_width_max": sku.pcie_width,
             "temp": 32 + (host.index + i) % 5, "power_mw": sku.power_idle_mw, "clock_events": 1,
-            "recovery_action": 0, "lost": 0,
+            "recovery_action": 0, "lost": 0, "pcie_replays": 0, "mem_used_mib": 0,
         }
         lines += [f"gpu.{i}.{key}={value}" for key, value in values.items()]
     if sku.ib_ports:  # the board's HCAs (docs/lab.md: /sys/class/infiniband)

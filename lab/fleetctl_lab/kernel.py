@@ -42,6 +42,36 @@ def load_messages(name: str, version: str, flavor: str) -> list[tuple[int, str]]
     }[name]
 
 
+# The PCI device's AER counters (Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats): one "NAME COUNT" line per
+# error bit, then the TOTAL_ERR_* line; the lab counts its planted errors on one bit of each file.
+AER_BITS = {
+    "aer_dev_correctable": ("TOTAL_ERR_COR", "Receiver Error",
+                            ("Receiver Error", "Bad TLP", "Bad DLLP", "RELAY_NUM Rollover", "Replay Timer Timeout",
+                             "Advisory Non-Fatal", "Corrected Internal Error", "Header Log Overflow")),
+    "aer_dev_nonfatal": ("TOTAL_ERR_NONFATAL", "Completion Timeout",
+                         ("Undefined", "Data Link Protocol", "Surprise Down Error", "Poisoned TLP",
+                          "Flow Control Protocol", "Completion Timeout", "Completer Abort", "Unexpected Completion",
+                          "Receiver Overflow", "Malformed TLP", "ECRC", "Unsupported Request", "ACS Violation",
+                          "Uncorrectable Internal Error", "MC Blocked TLP", "AtomicOp Egress Blocked",
+                          "TLP Prefix Blocked Error", "Poison TLP Egress Blocked")),
+}
+AER_BITS["aer_dev_fatal"] = ("TOTAL_ERR_FATAL", "Surprise Down Error", AER_BITS["aer_dev_nonfatal"][2])
+
+
+def sysfs_pci_name(bus_id: str) -> str:
+    """NVML's 00000000:18:00.0 -> sysfs 0000:18:00.0."""
+    domain, rest = bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def write_aer(dev: Path, correctable: int = 0, nonfatal: int = 0, fatal: int = 0) -> None:
+    """The three AER files of one PCI device directory, with COUNT errors on each file's planted bit."""
+    for name, count in (("aer_dev_correctable", correctable), ("aer_dev_nonfatal", nonfatal), ("aer_dev_fatal", fatal)):
+        total, bit, bits = AER_BITS[name]
+        lines = [f"{b} {count if b == bit else 0}" for b in bits] + [f"{total} {count}"]
+        (dev / name).write_text("\n".join(lines) + "\n")
+
+
 def append_kmsg(kernel: Path, messages: list[tuple[int, str]]) -> None:
     """Append records to the host's /dev/kmsg (kernel/kmsg), numbered after the last one, timed since boot."""
     kmsg, last_seq = kernel / "kmsg", -1

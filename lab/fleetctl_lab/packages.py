@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .skus import DEFAULT_SKU, SKUS
+from .skus import DEFAULT_SKU, PCIE_COPY_EFFICIENCY, PCIE_LANE_GBS, SKUS
 
 DRIVER_VERSIONS = ("550.163.01", "570.86.15", "570.124.06", "580.95.05")
 CONTAINERD_VERSION = "1.7.24"
@@ -98,9 +98,10 @@ def branch(version: str) -> str:
 
 
 def sku_table() -> dict:
-    """skus.json: skus.py plus SKU_HARDWARE, the default SKU first."""
+    """skus.json: skus.py plus SKU_HARDWARE, the default SKU first, and the PCIe figures host copies follow."""
     keys = [DEFAULT_SKU] + sorted(k for k in SKUS if k != DEFAULT_SKU)
-    return {"default": DEFAULT_SKU,
+    return {"default": DEFAULT_SKU, "pcie": {"lane_gbs": {str(g): v for g, v in PCIE_LANE_GBS.items()},
+                                             "copy_efficiency": dict(PCIE_COPY_EFFICIENCY)},
             "skus": {k: {**dataclasses.asdict(SKUS[k]), **SKU_HARDWARE.get(k, GENERIC_HARDWARE)} for k in keys}}
 
 

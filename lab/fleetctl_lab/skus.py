@@ -28,11 +28,26 @@ class Sku:
     # (NVLS off) with 2 GPUs and with 8 (interpolated linearly between), and one GPU -> GPU copy.
     allreduce_busbw_gbs: tuple[float, float] = (0.0, 0.0)
     p2p_gbs: float = 0.0
+    inforom: str = ""  # InfoROM image (the real H100 and H200 of tests/testdata); none: NVML says NOT_SUPPORTED
     # InfiniBand (docs/lab.md, /sys/class/infiniband): one single-port HCA per GPU on an HGX board (ConnectX-7,
     # mlx5_0..mlx5_<n-1>); 0 for none. ib_speed: the lanes' speed name as the kernel's rate file prints it.
     ib_ports: int = 0
     ib_width: int = 4
     ib_speed: str = ""
+
+
+# Host<->device copies (the benchmark's h2d_gbs / d2h_gbs) follow each GPU's CURRENT PCIe link (gpus.conf
+# gpu.N.pcie_gen / pcie_width, which NVML and nvidia-smi report too): the link's bandwidth per direction, lanes x the
+# per-lane figure of its generation (PCI-SIG: 2.5, 5, 8, 16, 32 GT/s; 8b/10b coding to Gen2, 128b/130b from Gen3),
+# x what pinned 1 GiB copies reach of it on a real H100 at Gen5 x16 (63.0 GB/s): H2D 54.8 GB/s, D2H 55.1 GB/s
+# (tests/testdata/h100-580.159.04-health/bench.json). A link trained at x8, or at Gen4, halves them.
+PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
+PCIE_COPY_EFFICIENCY = {"h2d_gbs": 54.8 / (16 * PCIE_LANE_GBS[5]), "d2h_gbs": 55.1 / (16 * PCIE_LANE_GBS[5])}
+
+
+def host_copy_gbs(metric: str, gen: int, width: int) -> float:
+    """The benchmark's centre for METRIC (h2d_gbs or d2h_gbs) over a PCIe link of generation GEN and WIDTH lanes."""
+    return PCIE_LANE_GBS[gen] * width * PCIE_COPY_EFFICIENCY[metric]
 
 
 # PCIe-only GPU pairs (L40S, or NVLink pairs with every link down): a host with 3+ GPUs has two CPU sockets; GPUs
@@ -49,10 +64,12 @@ def socket_of(index: int, count: int) -> int:
 SKUS = {s.key: s for s in (
     Sku("h100-sxm", "NVIDIA H100 80GB HBM3", 8, "96.00.99.00.01", 5, 16, 71000, 700000, 680.0, 3000.0, True,
         nvlinks=18, nvlink_version=6, nvlink_gbs=26.562, nvswitch_links=(5, 4, 4, 5),
-        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0, ib_ports=8, ib_speed="NDR"),
+        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0, inforom="G520.0200.00.05",
+        ib_ports=8, ib_speed="NDR"),
     Sku("h200-sxm", "NVIDIA H200", 8, "96.00.A5.00.01", 5, 16, 76000, 700000, 700.0, 4245.0, True,
         nvlinks=18, nvlink_version=6, nvlink_gbs=26.562, nvswitch_links=(5, 4, 4, 5),
-        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0, ib_ports=8, ib_speed="NDR"),
+        allreduce_busbw_gbs=(322.5, 480.0), p2p_gbs=370.0, inforom="G520.0282.02.02",
+        ib_ports=8, ib_speed="NDR"),
     Sku("a100-sxm", "NVIDIA A100-SXM4-80GB", 8, "92.00.45.00.06", 4, 16, 60000, 400000, 280.0, 1700.0, True,
         nvlinks=12, nvlink_version=4, nvlink_gbs=25.0, nvswitch_links=(2, 2, 2, 2, 2, 2),
         allreduce_busbw_gbs=(155.0, 230.0), p2p_gbs=230.0),

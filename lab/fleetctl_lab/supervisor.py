@@ -71,10 +71,10 @@ class Host(RootFilesystem, Provisioning, KernelModules, InitSystem, HostBase):
 
     def reset_driver_state(self, persistent: bool) -> None:
         """What a reboot resets on real GPUs: persistence mode is off until nvidia-persistenced runs, volatile ECC
-        counters restart at 0, pending row remaps are applied, a recovery action is done. Aggregate counts and lost GPUs
-        stay."""
+        counters and the PCIe replay counter restart at 0, pending row remaps are applied, a recovery action is done, a
+        leaked context is gone. Aggregate counts, lost GPUs and the firmware stay."""
         self.set_every_gpu(persistence=str(int(persistent)), ecc_unc_volatile="0", remap_pending="0",
-                           recovery_action="0")
+                           recovery_action="0", pcie_replays="0", mem_used_mib="0")
 
     # -- the host's requests (REQUEST_SHIM) and reboots ---------------------------------------------------------
     def answer(self, request: Path) -> None:

@@ -76,11 +76,12 @@ def print_audit(report: dict[str, Any], console: Console, show_all: bool = False
 def probe_table(report: dict[str, Any]) -> Table:
     """One row per host: health verdict, GPUs, new Xids, and the throughput medians when sampled."""
     table = Table(title="fleetctl probe", title_justify="left")
+    sampled = {s["metric"] for h in report["hosts"] for s in ((h["probe"] or {}).get("throughput") or {}).get("samples", [])}
     metrics = ["gemm_tflops", "bandwidth_gbs"]
-    if any(s["metric"] == "allreduce_busbw_gbs" for h in report["hosts"]
-           for s in ((h["probe"] or {}).get("throughput") or {}).get("samples", [])):
-        metrics.append("allreduce_busbw_gbs")  # hosts with 2+ GPUs: the interconnect's headline figure
-    heads = {"gemm_tflops": "GEMM TFLOP/s", "bandwidth_gbs": "Copy GB/s", "allreduce_busbw_gbs": "All-reduce busbw GB/s"}
+    # Host -> device copies (the link a downgrade halves) and, on hosts with 2+ GPUs, the interconnect's headline.
+    metrics += [m for m in ("h2d_gbs", "allreduce_busbw_gbs") if m in sampled]
+    heads = {"gemm_tflops": "GEMM TFLOP/s", "bandwidth_gbs": "Copy GB/s", "h2d_gbs": "H2D GB/s",
+             "allreduce_busbw_gbs": "All-reduce busbw GB/s"}
     for name in ("Host", "Health", "GPUs", "Xid", *(f"{heads[m]} (median, CV)" for m in metrics), "Why"):
         table.add_column(name, overflow="fold")
     for host in sorted(report["hosts"], key=lambda h: h["name"]):

@@ -9,14 +9,17 @@ finding is `error` instead of a guess.
 
 A control registered with reference=True also gets the host's reference facts: the facts of its latest recorded
 audit in which that same control passed (audit.collect looks them up in the history, one query for the whole
-fleet), or None when there is none. evaluate() stays pure: the caller hands the reference in.
+fleet), or None when there is none. A control registered with peers=FUNCTION compares a host with the other hosts of
+its inventory group: the audit calls FUNCTION once per group with the facts of the group's hosts and hands its answer
+to the control (gpu.firmware_uniform: the group's majority firmware per GPU model). evaluate() stays pure: the caller
+hands the reference and the peers in.
 """
 
 from __future__ import annotations
 
 from .base import (SEVERITIES, STATUSES, Check, Control, failed, live_gpus, not_applicable, passed, running_version,
                    severity_rank, unread, unread_message, version_tuple, warned)
-from .registry import CONTROLS, ROLES, control, error_finding, evaluate, reference_controls, with_role
+from .registry import CONTROLS, ROLES, control, error_finding, evaluate, peer_controls, reference_controls, with_role
 # The families, in the order their findings are listed (importing one registers its controls).
 from . import driver, nouveau, persistence, runtime, fabric, gpu, interconnect  # noqa: E402,F401  isort: skip
 from .driver import CUDA_BY_BRANCH
@@ -28,5 +31,5 @@ FAMILIES = (driver, nouveau, persistence, runtime, fabric, gpu, interconnect)
 __all__ = ["CONTROLS", "CUDA_BY_BRANCH", "Check", "Control", "FABRIC_802", "FABRIC_HEALTH", "FAMILIES",
            "NVLINK_ERRORS_WARN", "NVLINK_ERROR_COUNTERS", "ROLES", "SEVERITIES", "STATUSES", "control",
            "error_finding", "evaluate", "failed", "gpu_label", "gpu_labels", "interconnect_of", "link_counts",
-           "live_gpus", "not_applicable", "nvlink_errors", "nvlinks", "passed", "reference_controls", "running_version",
-           "same_gpu", "severity_rank", "short_pci", "unread", "unread_message", "version_tuple", "warned", "with_role"]
+           "live_gpus", "not_applicable", "nvlink_errors", "nvlinks", "passed", "peer_controls", "reference_controls",
+           "running_version", "same_gpu", "severity_rank", "short_pci", "unread", "unread_message", "version_tuple", "warned", "with_role"]

@@ -38,9 +38,10 @@ class Control:
     severity: str
     needs: tuple[str, ...]  # fact paths (host-facts schema) whose read errors make it `error` ("gpus[*].x": any GPU's x)
     remediation: str
-    evaluate: Callable[..., Check | None]  # (facts, policy), or (facts, policy, reference) with uses_reference
+    evaluate: Callable[..., Check | None]  # (facts, policy), + reference with uses_reference, + peers with peers
     uses_reference: bool = False
     roles: tuple[str, ...] = ()  # see registry.ROLES
+    peers: Callable[[list[dict[str, Any]]], Any] | None = None  # the group's facts -> what evaluate gets last
 
 
 def passed(message: str, **evidence: Any) -> Check:

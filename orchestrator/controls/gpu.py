@@ -1,9 +1,16 @@
-"""The GPUs one by one: count, ECC, memory health, MIG, PCIe, clocks, Xid, recovery actions."""
+"""The GPUs one by one: count, ECC, memory health, MIG, PCIe, clocks, Xid, recovery actions, PCIe errors, leaked
+memory, and firmware against the rest of the host's inventory group."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from .. import resources
 from .base import failed, live_gpus, not_applicable, passed, severity_rank, warned
 from .registry import control
+
+_GPUS = resources.module_utils("fleetctl_gpus")  # the host side's leak limit, shared with gpu_users' wait_idle
+LEAK_MIB, leaked_mib = _GPUS.LEAK_MIB, _GPUS.leaked_mib
 
 
 @control("gpu.count", "Expected GPUs visible", "critical", ("gpus",),
@@ -174,3 +181,138 @@ def gpu_recovery_action(facts, policy):
     if pending:
         return failed(f"the driver asks for recovery: {pending}", actions=pending)
     return passed("no recovery action pending")
+
+
+# ---- PCIe errors, leaked memory, firmware (issue 24) -------------------------------------------------------------
+
+def aer_counts(gpu: dict[str, Any], kind: str) -> tuple[int, dict[str, int]]:
+    """(total, non-zero errors by name) of one AER file of a GPU's facts; (0, {}) where it was not read."""
+    entry = ((gpu.get("pcie") or {}).get("aer") or {}).get(kind) or {}
+    return entry.get("total") or 0, entry.get("errors") or {}
+
+
+@control("gpu.pcie_errors", "No PCIe link errors", "high", ("gpus[*].pcie",),
+         "drain the host; reseat the GPU or riser and check the slot (the kernel's AER log names the error); "
+         "a link that keeps replaying or reports uncorrectable errors needs hardware service",
+         roles=("health",))
+def gpu_pcie_errors(facts, policy):
+    limit = policy.get("gpus", {}).get("max_pcie_replays")
+    gpus = [g for g in live_gpus(facts) if g.get("pcie")]
+    read = [g for g in gpus if g["pcie"].get("aer") or g["pcie"].get("replay_count") is not None]
+    if not read:
+        return not_applicable("no PCIe replay counter or AER counters readable")
+    fails, warns, evidence = [], [], {}
+    for g in read:
+        for kind, label in (("fatal", "fatal"), ("nonfatal", "non-fatal")):
+            total, errors = aer_counts(g, kind)
+            if total:
+                named = ", ".join(f"{name} {n}" for name, n in sorted(errors.items()))
+                fails.append(f"GPU {g['index']} ({g.get('pci_bus_id')}): {total} {label} uncorrectable PCIe "
+                             f"error(s) (AER{': ' + named if named else ''})")
+                evidence.setdefault("aer", {})[f"{g['index']}.{kind}"] = total
+        replays = g["pcie"].get("replay_count")
+        if replays is not None:
+            evidence.setdefault("replays", {})[g["index"]] = replays
+            if limit is not None and replays > limit:
+                fails.append(f"GPU {g['index']} ({g.get('pci_bus_id')}): {replays} PCIe replays since its last reset, "
+                             f"over the baseline's {limit}")
+        correctable, errors = aer_counts(g, "correctable")
+        if correctable:
+            warns.append(f"GPU {g['index']}: {correctable} correctable PCIe error(s)"
+                         + (f" ({', '.join(f'{k} {n}' for k, n in sorted(errors.items()))})" if errors else ""))
+    if fails:
+        return failed("; ".join(fails + warns), **evidence)
+    if warns:
+        return warned("; ".join(warns), **evidence)
+    return passed(f"no uncorrectable PCIe errors on {len(read)} GPUs"
+                  + (f", replays within {limit}" if limit is not None else ""), **evidence)
+
+
+@control("gpu.memory_leak", "No GPU memory held without a process", "high", ("gpus[*].memory",),
+         "a context leaked (its process is gone, its memory is not): drain the host and reset the GPU "
+         "(nvidia-smi -r -i N) or reboot",
+         roles=("health",))
+def gpu_memory_leak(facts, policy):
+    limit = policy.get("gpus", {}).get("max_unowned_memory_mib", LEAK_MIB)
+    gpus = [g for g in live_gpus(facts) if g.get("memory") and g["memory"].get("used_bytes") is not None]
+    if not gpus:
+        return not_applicable("GPU memory in use not readable (NVML's v2 memory info, or nvidia-smi's reserved line)")
+    leaks = {g["index"]: leaked_mib(g["memory"], limit) for g in gpus}
+    leaks = {i: mib for i, mib in leaks.items() if mib is not None}
+    if leaks:
+        return failed("; ".join(f"GPU {i} holds {mib} MiB with no process: a leaked context, reset the GPU"
+                                for i, mib in sorted(leaks.items())), leaked_mib=leaks, limit_mib=limit)
+    return passed(f"no GPU holds more than {limit} MiB without a process on {len(gpus)} GPUs")
+
+
+FIRMWARE = (("vbios", "VBIOS"), ("inforom_image", "InfoROM image"))
+
+
+def firmware_census(group: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The firmware of a group's GPUs: {GPU model: {"hosts": N, "vbios"|"inforom_image": {version: GPUs}}}."""
+    census: dict[str, dict[str, Any]] = {}
+    for facts in group:
+        seen: set[str] = set()
+        for g in live_gpus(facts):
+            if not g.get("name"):
+                continue
+            model = census.setdefault(g["name"], {"hosts": 0, **{key: {} for key, _ in FIRMWARE}})
+            seen.add(g["name"])
+            for key, _ in FIRMWARE:
+                if g.get(key):
+                    model[key][g[key]] = model[key].get(g[key], 0) + 1
+        for name in seen:
+            census[name]["hosts"] += 1
+    return census
+
+
+def majority(counts: dict[str, int]) -> str | None:
+    """The version more than half of the counted GPUs run, or None."""
+    total = sum(counts.values())
+    return next((v for v, n in counts.items() if 2 * n > total), None)
+
+
+@control("gpu.firmware_uniform", "GPU firmware as on the rest of the group", "medium",
+         ("gpus[*].vbios", "gpus[*].inforom_image"),
+         "flash the GPU's firmware to the group's version (the vendor's firmware update package), or pin the "
+         "versions in the baseline's gpus.vbios",
+         roles=("health",), peers=firmware_census)
+def gpu_firmware_uniform(facts, policy, peers):
+    pinned = policy.get("gpus", {}).get("vbios")
+    gpus = [g for g in live_gpus(facts) if g.get("name")]
+    if not gpus:
+        return not_applicable("no GPU visible")
+    group, census = peers if peers else (None, {})
+    fails, warns, compared = [], [], 0
+    for g in gpus:
+        if pinned is not None and g.get("vbios") and g["vbios"] not in pinned:
+            fails.append(f"GPU {g['index']}: VBIOS {g['vbios']} is not one the baseline allows ({', '.join(pinned)})")
+        model = census.get(g["name"])
+        if not model or model["hosts"] < 2:
+            continue  # the only host of its model in its group: nothing to compare with
+        compared += 1
+        for key, label in FIRMWARE:
+            if not g.get(key):
+                continue
+            most = majority(model[key])
+            total = sum(model[key].values())
+            if most is None:
+                shown = ", ".join(f"{v} on {n}" for v, n in sorted(model[key].items()))
+                warns.append(f"GPU {g['index']}: {label} {g[key]}; the {g['name']} GPUs of group {group} have no "
+                             f"majority version ({shown})")
+            elif g[key] != most:
+                fails.append(f"GPU {g['index']}: {label} {g[key]}, the group {group}'s {g['name']} GPUs run {most} "
+                             f"({model[key][most]} of {total})")
+    evidence = {key: sorted({g[key] for g in gpus if g.get(key)}) for key, _ in FIRMWARE}
+    if group:
+        evidence["group"] = group
+    if fails:
+        return failed("; ".join(fails + warns), **evidence)
+    if warns:
+        return warned("; ".join(warns), **evidence)
+    if not compared and pinned is None:
+        return not_applicable("no other host with the same GPUs in its inventory group to compare with", **evidence)
+    return passed(f"VBIOS {', '.join(evidence['vbios']) or 'unread'} and InfoROM "
+                  f"{', '.join(evidence['inforom_image']) or 'unread'}"
+                  + (f" as on the group {group}'s other hosts" if compared else "")
+                  + (" and allowed by the baseline" if pinned is not None else ""), **evidence)

@@ -28,12 +28,14 @@ ROLES = {
 
 
 def control(id: str, title: str, severity: str, needs: tuple[str, ...], remediation: str, reference: bool = False,
-            roles: tuple[str, ...] = ()):
+            roles: tuple[str, ...] = (), peers: Callable[[list[dict[str, Any]]], Any] | None = None):
+    """PEERS: for a control that compares a host with the other hosts of its inventory group, the function the audit
+    calls once per group with the facts of the group's hosts; what it returns is handed to the control."""
     assert set(roles) <= set(ROLES), roles
     assert id not in {c.id for c in CONTROLS}, id
 
     def register(fn: Callable[..., Check | None]):
-        CONTROLS.append(Control(id, title, severity, needs, remediation, fn, reference, roles))
+        CONTROLS.append(Control(id, title, severity, needs, remediation, fn, reference, roles, peers))
         return fn
     return register
 
@@ -56,8 +58,13 @@ def reference_controls() -> list[str]:
     return [c.id for c in CONTROLS if c.uses_reference]
 
 
+def peer_controls() -> list[Control]:
+    """The controls that compare a host with the other hosts of its inventory group."""
+    return [c for c in CONTROLS if c.peers is not None]
+
+
 def _fact_error(facts: dict[str, Any], needs: tuple[str, ...]) -> str | None:
-    if "gpus" in needs:
+    if any(n == "gpus" or n.startswith("gpus[") for n in needs):
         needs = needs + ("nvml",)  # NVML failing as a whole leaves every GPU fact unread
     for key, message in facts.get("errors", {}).items():
         if any(unread(key, n) for n in needs):
@@ -65,12 +72,14 @@ def _fact_error(facts: dict[str, Any], needs: tuple[str, ...]) -> str | None:
     return None
 
 
-def evaluate(facts: dict[str, Any], policy: dict[str, Any],
-             reference: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def evaluate(facts: dict[str, Any], policy: dict[str, Any], reference: dict[str, dict[str, Any]] | None = None,
+             peers: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Findings for one host, one per control, in CONTROLS order.
 
     REFERENCE maps a control id to the host's facts at its latest recorded audit where that control passed (see
-    Store.passing_facts); controls registered with reference=True get theirs, or None."""
+    Store.passing_facts); controls registered with reference=True get theirs, or None. PEERS maps a control id to
+    what its peers function made of the host's inventory group (audit.peers); controls registered with peers get
+    theirs, or None (a host judged alone: fleetctl check, the plan's target)."""
     severities = policy.get("severity", {})
     findings = []
     for c in CONTROLS:
@@ -79,6 +88,8 @@ def evaluate(facts: dict[str, Any], policy: dict[str, Any],
             check = Check("error", f"could not read the facts this control needs: {error}")
         else:
             args = (facts, policy, (reference or {}).get(c.id)) if c.uses_reference else (facts, policy)
+            if c.peers is not None:
+                args += ((peers or {}).get(c.id),)
             check = c.evaluate(*args) or not_applicable("not required by the baseline")
         findings.append({"control": c.id, "title": c.title, "severity": severities.get(c.id, c.severity),
                          "status": check.status, "message": check.message, "evidence": check.evidence,

@@ -40,9 +40,9 @@ def test_first_probe_then_noise_alone_passes(lab):
     assert first["sources"]["gpus"] == "nvml" and first["throughput"]["engine"] == "command"
     assert first["throughput"]["device"] == "command: nvidia-lab-bench"
     assert {s["metric"] for s in first["throughput"]["samples"]} == \
-        {"gemm_tflops", "bandwidth_gbs", "allreduce_busbw_gbs", "p2p_gbs"}
-    # 2 GPUs x (GEMM, copy, P2P to the other) x 10 samples, and one host-wide all-reduce per sample
-    assert len(first["throughput"]["samples"]) == 2 * 3 * 10 + 10
+        {"gemm_tflops", "bandwidth_gbs", "h2d_gbs", "d2h_gbs", "allreduce_busbw_gbs", "p2p_gbs"}
+    # 2 GPUs x (GEMM, copy, H2D, D2H, P2P to the other) x 10 samples, and one host-wide all-reduce per sample
+    assert len(first["throughput"]["samples"]) == 2 * 5 * 10 + 10
     code, hosts = probe(lab)  # against the first: the same hardware, new noise
     assert code == 0, {n: h["health"] for n, h in hosts.items()}
 
@@ -75,6 +75,21 @@ def test_probe_results_are_in_the_history(lab):
         assert len(runs) >= 4 and all(r["status"] == "done" for r in runs)
         rows = store.probe_results(runs[-2]["id"])
         assert {r["host"]: r["health"] for r in rows}["h100-02"] == "fail"
+
+
+def test_a_pcie_link_trained_at_x8_fails_the_host_copies(lab):
+    """GPU 1's link at x8 (NVML says so) halves its host<->device copies: the probe fails the host on h2d_gbs and
+    d2h_gbs of that GPU, below the floor, and on nothing else."""
+    probe(lab, "-l", "h100-04")  # the host's own before, at Gen5 x16
+    lab.inject("h100-04", "pcie-downgrade", "--gpu", "1", "--width", "8")
+    code, hosts = probe(lab, "-l", "h100-04")
+    health = hosts["h100-04"]["health"]
+    assert code == 1 and health["status"] == "fail", health
+    failing = [r for r in health["reasons"] if "below the floor" in r]
+    assert [r.split(":")[0] for r in failing] == ["GPU 1 d2h_gbs", "GPU 1 h2d_gbs"], health["reasons"]
+    assert all("(-50." in r or "(-49." in r for r in failing), failing
+    gpu1 = [g for g in hosts["h100-04"]["probe"]["health"]["gpus"] if g["index"] == 1][0]
+    assert gpu1["pcie"]["width"] == 8 and gpu1["pcie"]["width_max"] == 16
 
 
 def scrape(port: int) -> dict[str, list]:

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
+from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_gpus
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import parse_smi_xml
 from fleetctl_lab import packages
-from fleetctl_lab.skus import SKUS
+from fleetctl_lab.skus import SKUS, host_copy_gbs
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE_UTILS = REPO / "collections/ansible_collections/fleetctl/gpu/plugins/module_utils"
@@ -59,6 +60,8 @@ gpu.0.power_mw=123400
 gpu.0.clock_events=0x48        # hw slowdown + hw thermal slowdown
 gpu.0.recovery_action=2        # Reboot
 gpu.0.lost=0
+gpu.0.inforom=G520.0200.00.05
+gpu.0.pcie_replays=7
 gpu.1.name=NVIDIA H100 80GB HBM3
 gpu.1.uuid=GPU-0a3c1f52-7e45-4b7e-a0a1-3c2b1d4e5f60
 gpu.1.serial=1652822000002
@@ -73,6 +76,7 @@ gpu.1.power_mw=71000
 gpu.1.clock_events=1
 gpu.1.recovery_action=0
 gpu.1.lost={lost}
+gpu.1.mem_used_mib=300         # held with no process: a leaked context
 """
 
 
@@ -263,13 +267,19 @@ def test_nvml_gpu_values_follow_gpus_conf(make_host):
         "ecc": {"enabled": True, "pending": True, "uncorrected_volatile": 2, "uncorrected_aggregate": 5},
         "remapped_rows": {"correctable": 1, "uncorrectable": 3, "pending": True, "failure": False},
         "retired_pages": None,  # NOT_SUPPORTED on Hopper, as on the real H100 capture
-        "mig": {"current": False, "pending": False}, "pcie": {"gen": 4, "gen_max": 5, "width": 8, "width_max": 16},
+        "mig": {"current": False, "pending": False},
+        "pcie": {"gen": 4, "gen_max": 5, "width": 8, "width_max": 16, "replay_count": 7},
         "clock_event_reasons": {"mask": 0x48, "active": ["hw_slowdown", "hw_thermal_slowdown"]},
-        "temperature_c": 41, "power_w": 123.4, "recovery_action": "Reboot"}
+        "temperature_c": 41, "power_w": 123.4, "recovery_action": "Reboot", "inforom_image": "G520.0200.00.05",
+        "memory": {"total_bytes": 85520809984, "reserved_bytes": 480 << 20, "used_bytes": 0, "processes": 0}}
     assert g1["persistence_mode"] is False and g1["ecc"] == {"enabled": False, "pending": True,
                                                              "uncorrected_volatile": None, "uncorrected_aggregate": None}
     assert g1["mig"] == {"current": True, "pending": True} and g1["recovery_action"] == "None"
-    assert g1["pcie"] == {"gen": 5, "gen_max": 5, "width": 16, "width_max": 16}  # the SKU's defaults
+    assert g1["pcie"] == {"gen": 5, "gen_max": 5, "width": 16, "width_max": 16, "replay_count": 0}  # the SKU's
+    assert g1["inforom_image"] is None  # no InfoROM key: NOT_SUPPORTED
+    assert g1["memory"] == {"total_bytes": 85520809984, "reserved_bytes": 480 << 20, "used_bytes": 300 << 20,
+                            "processes": 0}
+    assert fleetctl_gpus.leaked_mib(g1["memory"]) == 300
     schema = json.loads((REPO / "schemas/host-facts.schema.json").read_text())
     validator = Draft202012Validator({**schema["properties"]["gpus"], "$defs": schema["$defs"]})
     assert list(validator.iter_errors(out["gpus"])) == []
@@ -478,6 +488,29 @@ def test_bench_follows_the_sku_and_faults(make_host, sku):
     assert bench(root)["factor"] == 0.8
 
 
+def test_bench_host_copies_follow_the_current_pcie_link(make_host):
+    """GPU 0 of the test host trained at Gen4 x8 (a quarter of Gen5 x16), GPU 1 at the SKU's Gen5 x16: the real
+    H100's 54.8 / 55.1 GB/s; a downgrade of GPU 1 to x8 (what lab inject pcie-downgrade writes) halves its copies."""
+    root = make_host("570.86.15")
+
+    def medians(out, gpu):
+        return [statistics.median(s[m] for s in out["samples"] if s["gpu"] == gpu and m in s)
+                for m in ("h2d_gbs", "d2h_gbs")]
+    base = bench(root, "--seed", "4")
+    assert base["metrics"]["h2d_gbs"] == {"unit": "GB/s", "higher_is_better": True}
+    full = [host_copy_gbs("h2d_gbs", 5, 16), host_copy_gbs("d2h_gbs", 5, 16)]
+    assert medians(base, 1) == pytest.approx(full, rel=0.015)
+    assert medians(base, 1) == pytest.approx([54.8, 55.1], rel=0.015)
+    assert [g["pcie"] for g in base["gpus"]] == ["Gen4 x8", "Gen5 x16"]
+    assert [a / b for a, b in zip(medians(base, 0), medians(base, 1))] == pytest.approx([0.25, 0.25], rel=0.02)
+    conf = root / "var/lib/nvidia-lab/hw/gpus.conf"
+    conf.write_text(conf.read_text() + "gpu.1.pcie_width=8\n")
+    narrow = bench(root, "--seed", "4")
+    assert [a / b for a, b in zip(medians(narrow, 1), medians(base, 1))] == pytest.approx([0.5, 0.5], abs=0.005)
+    assert narrow["gpus"][1]["pcie"] == "Gen5 x8"
+    assert py(root, NVML_READ)["gpus"][1]["pcie"]["width"] == 8  # what the probe's health and the audit read
+
+
 def test_bench_skips_lost_gpus_and_needs_the_driver(make_host):
     root = make_host(lost=1)
     out = bench(root, "--seed", "3")
@@ -646,6 +679,11 @@ def test_nvml_lists_a_gpu_process_while_it_lives(make_host):
     try:
         conf.write_text(base + f"gpu.1.process={live.pid}\n")
         assert py(root, code) == [[], [live.pid]]
+        # it holds 1 GiB: in use by a process, which NVML and nvidia-smi both list (not a leaked context)
+        memory = py(root, NVML_READ)["gpus"][1]["memory"]
+        assert memory == {"total_bytes": 85520809984, "reserved_bytes": 480 << 20, "used_bytes": (1 << 30) + (300 << 20),
+                          "processes": 1}
+        assert parse_smi_xml(tool(root, "-q", "-x").stdout)[1][1]["memory"] == memory
         conf.write_text(base + f"gpu.1.process={dead.pid}\n")
         assert py(root, code) == [[], []]
     finally:

@@ -12,7 +12,7 @@ import pytest
 from orchestrator import controls, resources
 
 GPU = {"gpu.count", "gpu.ecc", "gpu.ecc_errors", "gpu.remapped_rows", "gpu.retired_pages", "gpu.mig", "gpu.pcie",
-       "gpu.clocks", "gpu.xid", "gpu.recovery_action"}
+       "gpu.clocks", "gpu.xid", "gpu.recovery_action", "gpu.pcie_errors", "gpu.memory_leak", "gpu.firmware_uniform"}
 INTERCONNECT = {"gpu.fabric", "gpu.topology", "gpu.nvlink", "nvswitch.sxid"}  # was steps.INTERCONNECT_CONTROLS
 IB = {"ib.ports", "ib.rate"}
 DRIVER = {"driver.installed", "driver.loaded", "driver.version_match", "driver.version_allowed", "driver.flavor",

@@ -18,7 +18,8 @@ from scipy.stats import PermutationMethod, mannwhitneyu
 from orchestrator import gate, schemas
 from orchestrator.gate import DEFAULTS
 
-UNITS = {"gemm_tflops": ("TFLOP/s", True), "bandwidth_gbs": ("GB/s", True), "step_time_ms": ("ms", False)}
+UNITS = {"gemm_tflops": ("TFLOP/s", True), "bandwidth_gbs": ("GB/s", True), "step_time_ms": ("ms", False),
+         "h2d_gbs": ("GB/s", True), "d2h_gbs": ("GB/s", True), "gemm_p99_ms": ("ms", False)}
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +231,47 @@ def test_a_looser_baseline_limit_passes_what_the_default_fails():
     after = [x * 0.96 for x in before]
     assert tp(before, after).status == "fail"
     assert tp(before, after, pol=gate.gate_policy({"gate": {"max_drop": {"gemm_tflops": 0.045}}})).status == "pass"
+
+
+# ---- host copies and tail latency (real H100: tests/testdata/h100-580.159.04-health/bench.json) ----------------
+
+@pytest.fixture(scope="module")
+def h100_bench(testdata):
+    return json.loads((testdata / "h100-580.159.04-health" / "bench.json").read_text())
+
+
+@pytest.mark.parametrize("metric", ["h2d_gbs", "d2h_gbs"])
+def test_a_link_at_half_width_fails_the_host_copies_and_real_noise_passes(h100_bench, metric):
+    """The real at-once series (15 samples, CV 0.21% / 0.79%): halved (a link trained at x8) fails on the floor; the
+    same GPU's other real series, the GPU alone and cold (CV ~12.5%, first samples 27-50 GB/s), passes."""
+    side = metric[:3]
+    at_once = h100_bench["copy_all_at_once"]["0"][side]["samples_gbps"]
+    alone = h100_bench["copy_alone"]["0"][side]["samples_gbps"]
+    halved = gate.judge_throughput(throughput({(0, metric): at_once}), throughput({(0, metric): [v / 2 for v in alone]}))
+    assert halved.status == "fail"
+    assert reasons(halved).startswith(f"GPU 0 {metric}: median 5") and "GB/s (-49." in reasons(halved)
+    assert reasons(halved).endswith("below the floor of 0.95x its own median before")
+    for before, after in ((at_once, alone), (alone, at_once), (at_once, [v * 0.99 for v in reversed(at_once)])):
+        assert tp(before, after, metric).status == "pass", reasons(tp(before, after, metric))
+    assert DEFAULTS.max_drop_for(metric) == 0.03
+
+
+def test_gemm_p99_is_reported_not_gated_until_its_switch_is_on(h100_bench, monkeypatch):
+    """p99 of the real GEMM iteration times, per 30-iteration chunk, up 20% after: reported, the host passes; with the
+    metric table's switch on, the same figures fail."""
+    ms = h100_bench["gemm"]["0"]["ms"]
+    before = [float(np.percentile(ms[i:i + 30], 99)) for i in range(0, 300, 30)]
+    after = [v * 1.2 for v in before]
+    v = tp(before, after, "gemm_p99_ms")
+    assert v.status == "pass" and v.figures[(0, "gemm_p99_ms")]["gated"] is False
+    assert reasons(v).startswith("GPU 0 gemm_p99_ms: median 1.66 -> 1.99 ms (+20.0%)")
+    assert reasons(v).endswith("(reported, not gated: would be fail)")
+    assert gate.judge_throughput(throughput({(0, "gemm_p99_ms"): before}), None).status == "pass"
+    missing = gate.judge_throughput(throughput({(0, "gemm_p99_ms"): before, (0, "h2d_gbs"): [54.8] * 10}),
+                                    throughput({(0, "h2d_gbs"): [54.8] * 10}))
+    assert missing.status == "pass" and "GPU 0 gemm_p99_ms: no samples after (reported, not gated)" in missing.reasons
+    monkeypatch.setitem(gate.METRICS, "gemm_p99_ms", gate.MetricGate(0.05, gated=True))
+    assert tp(before, after, "gemm_p99_ms").status == "fail"
 
 
 # ---- health ------------------------------------------------------------------------------------

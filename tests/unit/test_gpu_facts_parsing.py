@@ -118,7 +118,8 @@ def test_smi_xml_gpu_equals_pynvml_dump(smi, nvml_dump):
     assert gpu["retired_pages"] is None
     assert [gpu["mig"]["current"], gpu["mig"]["pending"]] == [bool(v) for v in dump["mig"]]
     assert gpu["pcie"] == {"gen": dump["pcie_gen"], "gen_max": dump["pcie_gen_max"],
-                           "width": dump["pcie_width"], "width_max": dump["pcie_width_max"]}
+                           "width": dump["pcie_width"], "width_max": dump["pcie_width_max"],
+                           "replay_count": 0}  # NVML's on the same GPU: tests/testdata/h100-580.159.04-health
     assert gpu["clock_event_reasons"] == {"mask": dump["clock_events"], "active": ["gpu_idle"]}
     assert dump["recovery_action"]["ret"] == 0
     assert gpu["recovery_action"] == gpus_utils.RECOVERY_ACTIONS[dump["recovery_action"]["value"]] == "None"

@@ -105,3 +105,26 @@ def test_what_the_faults_plant(lab, monkeypatch, capsys):
     out = run_ok(monkeypatch, capsys, "lab", "inject", "hgx-01", "fabric-stuck")
     assert read_conf(hw / "gpus.conf")["fabric_stuck"] == "1"
     assert read_conf(hw / "faults.conf")["fabric_stuck.580.95.05"] == "1"
+
+
+def test_a_pcie_downgrade_sets_the_current_link_and_keeps_the_maximum(lab, monkeypatch, capsys):
+    hw = lab / "hosts/hgx-01/hw"
+    out = run_ok(monkeypatch, capsys, "lab", "inject", "hgx-01", "pcie-downgrade", "--gpu", "1")
+    assert out == "hgx-01: GPU 1: PCIe link Gen5 x8 (of Gen5 x16)\n"
+    run_ok(monkeypatch, capsys, "lab", "inject", "pcie-01", "pcie-downgrade", "--width", "16", "--gen", "3")
+    gpus = read_conf(hw / "gpus.conf")
+    assert (gpus["gpu.1.pcie_width"], gpus["gpu.1.pcie_gen"]) == ("8", "5")
+    assert "gpu.0.pcie_width" not in gpus and "gpu.1.pcie_width_max" not in gpus
+    assert read_conf(lab / "hosts/pcie-01/hw/gpus.conf")["gpu.0.pcie_gen"] == "3"  # an L40S is Gen4 x16
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--width", "32"), "--width must be 1, 2, 4, 8 or 16 lanes, at most GPU 0's x16, not 32"),
+    (("--width", "6"), "not 6"),
+    (("--gen", "6"), "--gen must be 1..5 (GPU 0's Gen5), not 6"),
+    (("--gpu", "2"), "hgx-01 has GPUs 0..1, not 2"),
+])
+def test_a_pcie_downgrade_out_of_range_is_one_line_exit_2(lab, monkeypatch, capsys, args, message):
+    code, out, err = fleetctl(monkeypatch, capsys, "lab", "inject", "hgx-01", "pcie-downgrade", *args)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1, err
+    assert "pcie" not in (lab / "hosts/hgx-01/hw/gpus.conf").read_text()

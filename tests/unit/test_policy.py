@@ -21,7 +21,7 @@ STRICT = {
     "container_runtime": {"engines": ["containerd"], "nvidia_default": True, "toolkit_min": "1.17.8", "cdi": True},
     "fabric_manager": {"required": "auto"},
     "gpus": {"count": 1, "ecc": True, "mig": False, "max_uncorrectable_remapped_rows": 0, "max_retired_pages": 0,
-             "pcie_full_width": True},
+             "pcie_full_width": True, "max_pcie_replays": 100},
     "workloads": {"cuda": ["12.8", "13.0"]},
     "xid": {"fail_on": "high"},
 }
@@ -34,7 +34,7 @@ def device_facts(testdata):
 
 
 @pytest.fixture
-def healthy(device_facts):
+def healthy(device_facts, testdata):
     f = copy.deepcopy(device_facts)
     f["nouveau"].update(blacklisted=True, blacklist_files=["/etc/modprobe.d/blacklist-nouveau.conf"],
                         initramfs="/boot/initrd.img-6.8.0-45-generic", in_initramfs=False)
@@ -50,6 +50,13 @@ def healthy(device_facts):
     f["container_runtime"]["toolkit_version"] = "1.17.8-1"
     f["container_runtime"]["cdi_specs"] = [{"path": "/etc/cdi/nvidia.yaml", "driver_version": "580.159.04"}]
     f["host"]["pci_gpus"] = [f["gpus"][0]["pci_bus_id"]]
+    # The facts this capture predates, as the same GPU gave them (tests/testdata/h100-580.159.04-health: NVML's
+    # replay counter, InfoROM image, no process; no AER files in its VM; nvidia-smi's 480 MiB reserved, 0 MiB used).
+    real = json.loads((testdata / "h100-580.159.04-health" / "nvml.json").read_text())[0]
+    f["gpus"][0]["pcie"].update(replay_count=real["pcie_replay_counter"], aer=None)
+    f["gpus"][0].update(inforom_image=real["inforom_image"],
+                        memory={"total_bytes": real["memory_total_bytes"], "reserved_bytes": 480 << 20,
+                                "used_bytes": 0, "processes": len(real["compute_processes"])})
     assert schemas.first_error("host-facts", f) is None
     return f
 
@@ -64,17 +71,26 @@ def test_the_healthy_real_host_passes_every_control(healthy):
     # not applicable on this host: no NVSwitch, and H100s use row remapping, not page retirement; the capture
     # predates facts.interconnect, facts.boot, facts.sxid and facts.infiniband, so the interconnect controls,
     # driver.next_boot, nvswitch.sxid and the InfiniBand ones have nothing to judge (test_policy_interconnect.py,
-    # test_next_boot.py, test_fabric_health.py)
+    # test_next_boot.py, test_fabric_health.py); gpu.firmware_uniform has no other host to compare with
     assert {c for c, s in got.items() if s == "not_applicable"} == {"fabricmanager.version", "gpu.retired_pages",
                                                                    "gpu.nvlink", "gpu.fabric", "gpu.topology",
                                                                    "gpudirect.peermem", "driver.next_boot",
-                                                                   "nvswitch.sxid", "ib.ports", "ib.rate"}
+                                                                   "gpu.firmware_uniform", "nvswitch.sxid",
+                                                                   "ib.ports", "ib.rate"}
 
 
 def test_the_device_host_as_captured_shows_its_real_drift(device_facts):
     got = statuses(device_facts, {**STRICT, "container_runtime": {}})
     drift = {c: s for c, s in got.items() if s in ("fail", "warn", "error")}
     assert drift == {"nouveau.blacklisted": "fail", "persistence.daemon": "fail", "driver.held": "warn"}
+
+
+# AER counters as the kernel's sysfs files give them (Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats),
+# parsed: tests/unit/test_health_checks.py reads the files themselves.
+AER_FATAL = {"correctable": {"total": 0, "errors": {}}, "nonfatal": {"total": 0, "errors": {}},
+             "fatal": {"total": 1, "errors": {"Surprise Down Error": 1}}}
+AER_CORRECTABLE = {"correctable": {"total": 2, "errors": {"Receiver Error": 2}}, "nonfatal": {"total": 0, "errors": {}},
+                   "fatal": {"total": 0, "errors": {}}}
 
 
 def gpu0(f):
@@ -116,6 +132,10 @@ DRIFTS = [
     ("gpu.pcie", "fail", lambda f: gpu0(f)["pcie"].update(width=8)),
     ("gpu.clocks", "warn", lambda f: gpu0(f).update(clock_event_reasons={"mask": 0x48, "active": ["hw_slowdown", "hw_thermal_slowdown"]})),
     ("gpu.recovery_action", "fail", lambda f: gpu0(f).update(recovery_action="Drain and Reset")),
+    ("gpu.pcie_errors", "fail", lambda f: gpu0(f)["pcie"].update(aer=AER_FATAL)),
+    ("gpu.pcie_errors", "warn", lambda f: gpu0(f)["pcie"].update(aer=AER_CORRECTABLE)),
+    ("gpu.pcie_errors", "fail", lambda f: gpu0(f)["pcie"].update(replay_count=101)),
+    ("gpu.memory_leak", "fail", lambda f: gpu0(f)["memory"].update(used_bytes=2 << 30)),
     ("driver.cuda_support", "fail", lambda f: f["driver"].update(cuda_driver_version="12.8")),
 ]
 

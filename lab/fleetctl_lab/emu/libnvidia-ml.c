@@ -189,11 +189,12 @@ static struct nvmlDevice_st lab_devices[LAB_MAX_GPUS];
 /* ---- state files -------------------------------------------------------------------------------- */
 
 struct lab_gpu {
-    char name[96], uuid[96], serial[32], pci[32], vbios[32];
+    char name[96], uuid[96], serial[32], pci[32], vbios[32], inforom[32];
     unsigned long long persistence, ecc, ecc_pending, ecc_unc_volatile, ecc_unc_aggregate;
     unsigned long long remap_corr, remap_unc, remap_pending, remap_failure, mig, mig_pending;
     unsigned long long pcie_gen, pcie_gen_max, pcie_width, pcie_width_max, temp, power_mw, power_limit_mw;
     unsigned long long clock_events, recovery_action, lost, process;
+    unsigned long long pcie_replays, mem_used_mib; /* lab inject pcie-errors / leaked-memory */
     /* NVLink: links trained down ("3,7") and per-link error counters ("LINK:COUNT,...") */
     char nvlink_down[256], nvlink_replay[256], nvlink_recovery[256], nvlink_crc_flit[256], nvlink_crc_data[256];
     char nvlink_symbol[256], nvlink_effective[256], nvlink_recovery_failed[256];
@@ -209,13 +210,13 @@ struct lab_hw {
 static const struct { const char *key; size_t off; size_t size; } LAB_KEYS[] = {
 #define S(k) {#k, offsetof(struct lab_gpu, k), sizeof(((struct lab_gpu *)0)->k)}
 #define N(k) {#k, offsetof(struct lab_gpu, k), 0}
-    S(name), S(uuid), S(serial), S(pci), S(vbios),
+    S(name), S(uuid), S(serial), S(pci), S(vbios), S(inforom),
     S(nvlink_down), S(nvlink_replay), S(nvlink_recovery), S(nvlink_crc_flit), S(nvlink_crc_data),
     S(nvlink_symbol), S(nvlink_effective), S(nvlink_recovery_failed),
     N(persistence), N(ecc), N(ecc_pending), N(ecc_unc_volatile), N(ecc_unc_aggregate),
     N(remap_corr), N(remap_unc), N(remap_pending), N(remap_failure), N(mig), N(mig_pending),
     N(pcie_gen), N(pcie_gen_max), N(pcie_width), N(pcie_width_max), N(temp), N(power_mw), N(power_limit_mw),
-    N(clock_events), N(recovery_action), N(lost), N(process),
+    N(clock_events), N(recovery_action), N(lost), N(process), N(pcie_replays), N(mem_used_mib),
 #undef S
 #undef N
 };
@@ -602,6 +603,15 @@ API nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char *version, unsi
     return lab_str(version, length, g.vbios);
 }
 
+/* gpus.conf gpu.N.inforom (written by lab up from the SKU, changed by lab inject vbios); none: not supported */
+API nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t dev, char *version, unsigned int length)
+{
+    QUERY(dev, version);
+    if (!g.inforom[0])
+        return NVML_ERROR_NOT_SUPPORTED;
+    return lab_str(version, length, g.inforom);
+}
+
 API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index)
 {
     QUERY(dev, index);
@@ -733,6 +743,7 @@ API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *currentMod
         return NVML_SUCCESS;                                       \
     }
 
+LAB_UINT_QUERY(nvmlDeviceGetPcieReplayCounter, pcie_replays)
 LAB_UINT_QUERY(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen)
 LAB_UINT_QUERY(nvmlDeviceGetMaxPcieLinkGeneration, pcie_gen_max)
 LAB_UINT_QUERY(nvmlDeviceGetGpuMaxPcieLinkGeneration, pcie_gen_max)
@@ -766,14 +777,28 @@ LAB_UINT_QUERY(nvmlDeviceGetPowerUsage, power_mw)
 LAB_UINT_QUERY(nvmlDeviceGetEnforcedPowerLimit, power_limit_mw)
 LAB_UINT_QUERY(nvmlDeviceGetPowerManagementLimit, power_limit_mw)
 
-/* The driver reserves 480 MiB of every GPU's memory; nothing else runs in the lab. */
+/* The driver reserves 480 MiB of every GPU (the real H100's); a running lab process (gpu.N.process) holds 1 GiB and a
+ * leaked context (gpu.N.mem_used_mib, lab inject leaked-memory) what it leaked, with no process listed. */
 #define LAB_RESERVED_BYTES (480ULL << 20)
+#define LAB_PROCESS_BYTES (1ULL << 30)
+
+static int lab_process_running(const struct lab_gpu *gpu)
+{
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/%llu", gpu->process);
+    return gpu->process && access(proc, F_OK) == 0;
+}
+
+static unsigned long long lab_used_bytes(const struct lab_gpu *gpu)
+{
+    return (gpu->mem_used_mib << 20) + (lab_process_running(gpu) ? LAB_PROCESS_BYTES : 0);
+}
 
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory)
 {
     QUERY(dev, memory);
     memory->total = hw.sku->memory_total;
-    memory->used = LAB_RESERVED_BYTES;
+    memory->used = LAB_RESERVED_BYTES + lab_used_bytes(&g);
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
@@ -785,8 +810,8 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m
         return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
     memory->total = hw.sku->memory_total;
     memory->reserved = LAB_RESERVED_BYTES;
-    memory->used = 0;
-    memory->free = memory->total - memory->reserved;
+    memory->used = lab_used_bytes(&g);
+    memory->free = memory->total - memory->reserved - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -800,11 +825,9 @@ struct lab_process_info {
 
 static nvmlReturn_t lab_processes(nvmlDevice_t dev, unsigned int *infoCount, void *infos)
 {
-    char proc[64];
     unsigned int running;
     QUERY(dev, infoCount);
-    snprintf(proc, sizeof proc, "/proc/%llu", g.process);
-    running = g.process && access(proc, F_OK) == 0;
+    running = lab_process_running(&g);
     if (*infoCount < running || (running && !infos)) {
         *infoCount = running;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -813,7 +836,7 @@ static nvmlReturn_t lab_processes(nvmlDevice_t dev, unsigned int *infoCount, voi
     if (running) {
         struct lab_process_info *p = infos;
         p->pid = (unsigned int)g.process;
-        p->usedGpuMemory = 1ULL << 30;
+        p->usedGpuMemory = LAB_PROCESS_BYTES;
         p->gpuInstanceId = p->computeInstanceId = 0xFFFFFFFF;
     }
     return NVML_SUCCESS;

@@ -11,7 +11,7 @@ import uuid
 
 from ..conf import read_conf
 from ..faults import apply_link_faults, xid_line
-from ..kernel import STACK, append_kmsg, ib_boot, load_messages, write_infiniband
+from ..kernel import STACK, append_kmsg, ib_boot, load_messages, sysfs_pci_name, write_aer, write_infiniband
 from .base import clear_dir, write_in_place
 from .daemons import UNITS
 
@@ -144,6 +144,7 @@ class KernelModules:
                                 ("current_link_width", hw.get(f"gpu.{i}.pcie_width", "16")),
                                 ("max_link_width", hw.get(f"gpu.{i}.pcie_width_max", "16"))):
                 (dev / name).write_text(value + "\n")
+            write_aer(dev)  # counted since boot: every boot starts at 0 (lab inject pcie-errors plants some)
 
     # -- the host's modprobe, rmmod and modinfo (REQUEST_SHIM) --------------------------------------------------
     def modprobe(self, args: list[str]) -> tuple[int, str, str]:
@@ -162,7 +163,7 @@ class KernelModules:
             if not nvidia_before and self.kernel_modules.loaded("nvidia"):
                 # A driver load is what a boot with it does to the GPUs: volatile counters restart, faults planted
                 # for this version happen (a GPU that fell off the bus stays lost).
-                self.set_every_gpu(ecc_unc_volatile="0")
+                self.set_every_gpu(ecc_unc_volatile="0", pcie_replays="0", mem_used_mib="0")
                 hw = read_conf(self.hw / "gpus.conf")
                 messages += [(prio, msg) for prio, _usec, msg in self.boot_faults(hw, self.module())]
         append_kmsg(self.kernel, messages)
@@ -197,12 +198,6 @@ class KernelModules:
         if name == "nvidia_drm" and read_conf(self.hw / "faults.conf").get("drm_in_use") == "1":
             users.append("fbcon")
         return users
-
-
-def sysfs_pci_name(bus_id: str) -> str:
-    """NVML's 00000000:18:00.0 -> sysfs 0000:18:00.0."""
-    domain, rest = bus_id.split(":", 1)
-    return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
 def boot_log(hw: dict[str, str], module: tuple[str, str] | None, nouveau: bool,

@@ -4,6 +4,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import errno
+import os
 import re
 import xml.etree.ElementTree as ET
 
@@ -24,6 +26,7 @@ _SMI_CLOCK_TAGS = dict((name, bit) for bit, name in CLOCK_EVENT_BITS)
 
 # NVML return codes fleetctl tells apart (nvml.h).
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
@@ -39,6 +42,49 @@ def clock_event_names(mask):
 
 def _text(v):
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+
+
+# A GPU whose memory in use (beyond what the driver reserves for itself) is over this many MiB while NVML lists no
+# process on it holds a leaked context (the OOM runbook's "zombie"): gpu.memory_leak fails it and gpu_users keeps a
+# campaign's wait_idle from calling it idle. Idle GPUs read 0 MiB (real H100 and 2x H200, driver 580.159.04:
+# tests/testdata/h100-580.159.04*/nvidia-smi-q-x.xml, h200x2-580.159.04); the smallest leak, one CUDA context with
+# nothing allocated, holds hundreds of MiB. The baseline sets another limit with gpus.max_unowned_memory_mib.
+LEAK_MIB = 256
+
+
+def leaked_mib(memory, limit_mib=LEAK_MIB):
+    """MiB a GPU holds with no process listed, when over LIMIT_MIB; else None (also when unread)."""
+    if not memory or memory.get("used_bytes") is None or memory.get("processes") != 0:
+        return None
+    used = memory["used_bytes"] // (1 << 20)
+    return used if used > limit_mib else None
+
+
+def nvml_memory(n, h, errors, fact):
+    """Memory in use (NVML's v2 info: C(used) leaves out what the driver reserves for itself, 480 MiB on an idle
+    H100) and how many compute and graphics processes NVML lists; None without the v2 query (drivers before R510,
+    or a pynvml that cannot ask for it): v1's C(used) counts the reserved memory and would read as a leak."""
+    version = getattr(n, "nvmlMemory_v2", None)
+    if version is None:
+        return None
+    try:
+        mem = n.nvmlDeviceGetMemoryInfo(h, version=version)
+    except TypeError:  # a pynvml without the version argument
+        return None
+    except n.NVMLError as e:
+        if e.value not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+            errors[fact] = "NVML: %s" % e
+        return None
+    count = 0
+    for fn in (n.nvmlDeviceGetComputeRunningProcesses, n.nvmlDeviceGetGraphicsRunningProcesses):
+        try:
+            count += len(fn(h))
+        except n.NVMLError as e:
+            if e.value != NVML_ERROR_NOT_SUPPORTED:
+                errors[fact + ".processes"] = "NVML: %s" % e
+                count = None
+                break
+    return {"total_bytes": mem.total, "reserved_bytes": mem.reserved, "used_bytes": mem.used, "processes": count}
 
 
 class NvmlReader:
@@ -119,12 +165,18 @@ class NvmlReader:
                 "gen_max": g(p + "pcie.gen_max", n.nvmlDeviceGetMaxPcieLinkGeneration, h),
                 "width": g(p + "pcie.width", n.nvmlDeviceGetCurrPcieLinkWidth, h),
                 "width_max": g(p + "pcie.width_max", n.nvmlDeviceGetMaxPcieLinkWidth, h),
+                "replay_count": g(p + "pcie.replay_count", n.nvmlDeviceGetPcieReplayCounter, h),
             },
+            "inforom_image": _text(g(p + "inforom_image", n.nvmlDeviceGetInforomImageVersion, h)) or None,
+            "memory": self._memory(h, p),
             "clock_event_reasons": None if reasons is None else {"mask": reasons, "active": clock_event_names(reasons)},
             "temperature_c": g(p + "temperature_c", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU),
             "power_w": round(power / 1000.0, 1) if power is not None else None,
             "recovery_action": self._recovery_action(h, p),
         }
+
+    def _memory(self, h, p):
+        return nvml_memory(self.n, h, self.errors, p + "memory")
 
     def _recovery_action(self, h, p):
         try:
@@ -180,6 +232,25 @@ def _sum_counts(el, paths):
 # Uncorrectable ECC counters by nvidia-smi XML generation (v12+ split SRAM/DRAM; older had double_bit/total).
 _UNCORRECTED = ("dram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded", "sram_uncorrectable",
                 "double_bit/total")
+
+
+def _mib(text):
+    n = _int(text, " MiB")
+    return n * (1 << 20) if n is not None else None
+
+
+def _smi_memory(gpu):
+    """<fb_memory_usage> as NvmlReader._memory: nvidia-smi of R510 and later shows <reserved> apart from <used>
+    (tests/testdata/h100-580.159.04/nvidia-smi-q-x.xml: 480 MiB reserved, 0 MiB used); without <reserved> its
+    <used> counts the reserved memory, so there is no figure to judge (None). <processes> lists one <process_info>
+    per process, compute and graphics."""
+    fb = gpu.find("fb_memory_usage")
+    if fb is None or _find(fb, "reserved") is None or _find(fb, "used") is None:
+        return None
+    procs = gpu.find("processes")
+    return {"total_bytes": _mib(_find(fb, "total")), "reserved_bytes": _mib(_find(fb, "reserved")),
+            "used_bytes": _mib(_find(fb, "used")),
+            "processes": len(procs.findall("process_info")) if procs is not None else None}
 
 
 class SmiParseError(ValueError):
@@ -242,10 +313,78 @@ def parse_smi_xml(text):
                 "gen_max": _int(_find(gpu, "pci/pci_gpu_link_info/pcie_gen/max_link_gen")),
                 "width": _int(_find(gpu, "pci/pci_gpu_link_info/link_widths/current_link_width")),
                 "width_max": _int(_find(gpu, "pci/pci_gpu_link_info/link_widths/max_link_width")),
+                "replay_count": _int(_find(gpu, "pci/replay_counter")),
             },
+            "inforom_image": _find(gpu, "inforom_version/img_version"),
+            "memory": _smi_memory(gpu),
             "clock_event_reasons": None if mask is None else {"mask": mask, "active": clock_event_names(mask)},
             "temperature_c": _int(_find(gpu, "temperature/gpu_temp")),
             "power_w": _float(power),
             "recovery_action": _find(gpu, "gpu_recovery_action"),
         })
     return system, gpus
+
+
+# ---- PCIe AER counters from sysfs ------------------------------------------------------------------------------
+# The kernel's per-device AER statistics (Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats, since 4.19):
+# /sys/bus/pci/devices/<dev>/aer_dev_correctable, aer_dev_nonfatal and aer_dev_fatal, each one "NAME COUNT" line per
+# error bit ("Receiver Error 2", names with spaces) and a last TOTAL_ERR_COR / TOTAL_ERR_NONFATAL / TOTAL_ERR_FATAL
+# line (the ERR_* messages, which may each carry several bits). Only AER-capable devices have them (the VM of
+# tests/testdata/h100-580.159.04-health has none).
+AER_FILES = (("correctable", "aer_dev_correctable", "TOTAL_ERR_COR"), ("nonfatal", "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+             ("fatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"))
+SYSFS_PCI = "/sys/bus/pci/devices"
+
+
+def parse_aer(text, total_key):
+    """One aer_dev_* file -> {"total": N, "errors": {NAME: COUNT} of the bits counted}, or None when no line reads."""
+    counts, total, read = {}, None, False
+    for line in text.splitlines():
+        parts = line.strip().rsplit(None, 1)
+        if len(parts) != 2 or not parts[1].isdigit() or len(parts[1]) > 18:
+            continue
+        read = True
+        if parts[0] == total_key:
+            total = int(parts[1])
+        elif int(parts[1]):
+            counts[parts[0][:64]] = int(parts[1])
+    if not read:
+        return None
+    return {"total": total if total is not None else sum(counts.values()), "errors": counts}
+
+
+def sysfs_pci_name(pci_bus_id):
+    """NVML's 00000000:18:00.0 -> sysfs's 0000:18:00.0."""
+    domain, rest = pci_bus_id.split(":", 1)
+    return domain[-4:].rjust(4, "0") + ":" + rest
+
+
+def read_aer(pci_bus_id, errors, fact, sysfs=SYSFS_PCI):
+    """The GPU's AER counters ({"correctable", "nonfatal", "fatal"}: each parse_aer's or None where its file is
+    absent), or None when the device has no AER file at all. An unreadable or unparsable file is an errors entry."""
+    if not pci_bus_id or pci_bus_id.count(":") != 2:
+        return None
+    base = os.path.join(sysfs, sysfs_pci_name(pci_bus_id))
+    out = {}
+    for key, name, total_key in AER_FILES:
+        path = os.path.join(base, name)
+        try:
+            with open(path, "rb") as f:
+                text = f.read(65536).decode("utf-8", "replace")
+        except (IOError, OSError) as e:
+            if getattr(e, "errno", None) != errno.ENOENT:
+                errors[fact] = "%s: %s" % (path, e.strerror or e)
+            out[key] = None
+            continue
+        out[key] = parse_aer(text, total_key)
+        if out[key] is None:
+            errors[fact] = "%s: no NAME COUNT line" % path
+    return out if any(v is not None for v in out.values()) else None
+
+
+def add_aer(gpus, errors, sysfs=SYSFS_PCI):
+    """Each answering GPU's pcie.aer, read from sysfs beside what NVML or nvidia-smi gave."""
+    for g in gpus:
+        if not g.get("lost") and isinstance(g.get("pcie"), dict):
+            g["pcie"]["aer"] = read_aer(g.get("pci_bus_id"), errors, "gpus[%d].pcie.aer" % g["index"], sysfs)
+    return gpus

@@ -2,6 +2,11 @@
 # Throughput samples for fleetctl's probe: the builtin engine (torch), or an operator's canary command.
 # Protocol (README "Probes and the gate" and "Measured", on H100/H200): warm up >= 10 s, sustained trials >= 0.5 s on random data,
 # N samples per metric, each with the clocks, temperature, power and clock-event reasons seen right after it.
+# Host<->device copies (h2d_gbs, d2h_gbs) run on every GPU AT ONCE, each trial started together: what a job's data
+# loading does, and what a shared PCIe switch, the host's memory or the IOMMU/NUMA path limits. Measured on a real
+# H100 (tests/testdata/h100-580.159.04-health): 1 GiB pinned copies, H2D 54.5 GB/s CV 0.21% and D2H 55.0 GB/s CV 0.79%
+# at once after a warm-up, but the GPU alone from cold gave CV 12.9% / 12.5% (first samples 27-50 GB/s): so the copies
+# are warmed up (COPY_WARMUP_S) and the at-once figure is the one measured and gated. A link trained at x8 halves it.
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
@@ -22,10 +27,64 @@ COPY_BYTES = 1 << 30  # 1 GiB source, 1 GiB destination
 # The interconnect runs after the GEMM phase on warm GPUs: 5 s of all-reduce gave a within-probe CV of 0.04-0.10%
 # on 2x H200 (tests/testdata/probe/h200x2-580.159.04-allreduce-series.json).
 INTERCONNECT_WARMUP_S = 5.0
+COPY_WARMUP_S = 1.0  # per direction, before the first copy sample (the cold copies above)
+P99 = 0.99
 METRICS = {
     "gemm_tflops": {"unit": "TFLOP/s", "higher_is_better": True},
     "bandwidth_gbs": {"unit": "GB/s", "higher_is_better": True},
+    # Per-iteration times of the GEMM trial's iterations (CUDA events around each): the trial's median and p99.
+    "gemm_median_ms": {"unit": "ms", "higher_is_better": False},
+    "gemm_p99_ms": {"unit": "ms", "higher_is_better": False},
+    "h2d_gbs": {"unit": "GB/s", "higher_is_better": True},  # pinned host -> device, 1 GiB copies
+    "d2h_gbs": {"unit": "GB/s", "higher_is_better": True},  # device -> pinned host
 }
+
+
+def percentile(values, q):
+    """The lower nearest-rank percentile (sorted[int(q * (n - 1))]), as scripts/device-health-capture.py took the
+    real H100's p99; None for no values."""
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))] if ordered else None
+
+
+def median(values):
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        return None
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2.0
+
+
+class Rendezvous:
+    """A barrier the GPU threads meet at before each copy trial, so that every GPU copies at once; a thread that
+    fails leaves it, so that the others do not wait for it."""
+
+    def __init__(self, parties):
+        self.parties = parties
+        self.waiting = 0
+        self.generation = 0
+        self.cond = threading.Condition()
+
+    def wait(self):
+        with self.cond:
+            generation = self.generation
+            self.waiting += 1
+            if self.waiting >= self.parties:
+                self._release()
+                return
+            while generation == self.generation:
+                self.cond.wait()
+
+    def leave(self):
+        with self.cond:
+            self.parties -= 1
+            if self.parties > 0 and self.waiting >= self.parties:
+                self._release()
+
+    def _release(self):
+        self.waiting = 0
+        self.generation += 1
+        self.cond.notify_all()
 
 
 class EngineError(Exception):
@@ -65,39 +124,93 @@ class TorchGpu:
             self.c = torch.empty(GEMM_N, GEMM_N, device=self.device, dtype=torch.bfloat16)
             self.src = torch.randn(COPY_BYTES // 2, device=self.device, dtype=torch.bfloat16, generator=gen)
             self.dst = torch.empty_like(self.src)
+        # The host side of the H2D / D2H copies: page-locked, as a data loader's pin_memory buffers are.
+        self.pinned = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, pin_memory=True)
 
-    def _timed(self, op, seconds):
-        """Run OP back to back for at least SECONDS of GPU time; (iterations, seconds) from CUDA events."""
+    def _timed(self, op, seconds, each=None):
+        """Run OP back to back for at least SECONDS of GPU time; (iterations, seconds) from CUDA events. With EACH
+        (a list), every iteration also runs between two events of its own, and the milliseconds of those queued
+        behind another are appended to EACH: a batch's first iteration starts on an idle GPU after the host's
+        synchronize, and its time would hold the launch latency too."""
         torch = self.torch
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def event():
+            return torch.cuda.Event(enable_timing=True)
+        start, end = event(), event()
         iters, batch, elapsed = 0, 1, 0.0
         with torch.cuda.device(self.device):
             torch.cuda.synchronize(self.device)
             start.record()
             while elapsed < seconds:
+                pairs = []
                 for dummy in range(batch):
+                    if each is None:
+                        op()
+                        continue
+                    pair = (event(), event())
+                    pair[0].record()
                     op()
+                    pair[1].record()
+                    pairs.append(pair)
                 iters += batch
                 end.record()
                 end.synchronize()
                 elapsed = start.elapsed_time(end) / 1000.0
+                if each is not None:
+                    each.extend(a.elapsed_time(b) for a, b in pairs[1:])
                 batch = min(batch * 2, 64)
         return iters, elapsed
 
-    def gemm(self, seconds):
-        iters, elapsed = self._timed(lambda: self.torch.matmul(self.a, self.b, out=self.c), seconds)
-        return 2.0 * GEMM_N ** 3 * iters / elapsed / 1e12
+    def gemm_trial(self, seconds):
+        """One GEMM trial: its throughput and the median and p99 of its iterations' times."""
+        times = []
+        iters, elapsed = self._timed(lambda: self.torch.matmul(self.a, self.b, out=self.c), seconds, times)
+        return {"gemm_tflops": 2.0 * GEMM_N ** 3 * iters / elapsed / 1e12,
+                "gemm_median_ms": median(times), "gemm_p99_ms": percentile(times, P99)}
 
     def copy(self, seconds):
         iters, elapsed = self._timed(lambda: self.dst.copy_(self.src), seconds)
         return 2.0 * COPY_BYTES * iters / elapsed / 1e9  # bytes read + bytes written
 
+    def h2d(self, seconds):
+        iters, elapsed = self._timed(lambda: self.dst.copy_(self.pinned, non_blocking=True), seconds)
+        return COPY_BYTES * iters / elapsed / 1e9  # bytes over the link
+
+    def d2h(self, seconds):
+        iters, elapsed = self._timed(lambda: self.pinned.copy_(self.src, non_blocking=True), seconds)
+        return COPY_BYTES * iters / elapsed / 1e9
+
     def warm_up(self, seconds):
         self._timed(lambda: self.torch.matmul(self.a, self.b, out=self.c), seconds)
 
 
+def sample_gpu(gpu, samples, warmup_s, trial_s, together, sample_conditions):
+    """One GPU's rows: copy warm-up and GEMM warm-up, then SAMPLES rounds of every metric. TOGETHER (a Rendezvous)
+    is met before every copy trial, so that all GPUs copy to and from the host at once."""
+    for trial in (gpu.h2d, gpu.d2h):
+        together.wait()
+        trial(COPY_WARMUP_S)
+    gpu.warm_up(warmup_s)
+    rows = []
+
+    def add(metric, value):
+        digits = 4 if metric.endswith("_ms") else 3
+        row = {"gpu": gpu.index, "metric": metric, "value": None if value is None else round(value, digits)}
+        row.update(sample_conditions())
+        rows.append(row)
+    for dummy in range(samples):
+        figures = gpu.gemm_trial(trial_s)
+        for metric in ("gemm_tflops", "gemm_median_ms", "gemm_p99_ms"):
+            add(metric, figures[metric])
+        add("bandwidth_gbs", gpu.copy(trial_s))
+        for metric, trial in (("h2d_gbs", gpu.h2d), ("d2h_gbs", gpu.d2h)):
+            together.wait()
+            add(metric, trial(trial_s))
+    return rows
+
+
 def builtin(samples, warmup_s, trial_s, gpu_indices, pynvml=None):
-    """bf16 GEMM and device-to-device copy samples on every GPU at once, through torch."""
+    """bf16 GEMM, device-to-device and host<->device copy samples on every GPU at once, through torch."""
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA's GPU i is NVML's GPU i
     try:
         import torch
@@ -113,21 +226,16 @@ def builtin(samples, warmup_s, trial_s, gpu_indices, pynvml=None):
             except Exception:
                 handles[i] = None
     results, failures = {}, {}
+    together = Rendezvous(len(gpu_indices))
 
     def run(i):
         try:
-            gpu = TorchGpu(torch, i)
-            gpu.warm_up(warmup_s)
-            rows = []
-            for dummy in range(samples):
-                for metric, trial in (("gemm_tflops", gpu.gemm), ("bandwidth_gbs", gpu.copy)):
-                    value = trial(trial_s)
-                    row = {"gpu": i, "metric": metric, "value": round(value, 3)}
-                    row.update(conditions(pynvml, handles.get(i)))
-                    rows.append(row)
-            results[i] = rows
+            results[i] = sample_gpu(TorchGpu(torch, i), samples, warmup_s, trial_s, together,
+                                    lambda: conditions(pynvml, handles.get(i)))
         except Exception as e:  # one GPU failing must not hide the others' samples
             failures[i] = "%s: %s" % (type(e).__name__, e)
+        finally:
+            together.leave()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in gpu_indices]
     for t in threads:

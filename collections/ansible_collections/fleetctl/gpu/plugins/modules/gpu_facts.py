@@ -413,9 +413,12 @@ facts:
                 "ecc": {"enabled": true, "pending": true, "uncorrected_volatile": 0, "uncorrected_aggregate": 0},
                 "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
                 "retired_pages": null, "mig": {"current": false, "pending": false},
-                "pcie": {"gen": 5, "gen_max": 5, "width": 16, "width_max": 16},
+                "pcie": {"gen": 5, "gen_max": 5, "width": 16, "width_max": 16, "replay_count": 0,
+                         "aer": {"correctable": {"total": 2, "errors": {"Receiver Error": 2}},
+                                 "nonfatal": {"total": 0, "errors": {}}, "fatal": {"total": 0, "errors": {}}}},
                 "clock_event_reasons": {"mask": 1, "active": ["gpu_idle"]},
-                "temperature_c": 31, "power_w": 71.2, "recovery_action": "None"}]
+                "temperature_c": 31, "power_w": 71.2, "recovery_action": "None", "inforom_image": "G520.0200.00.05",
+                "memory": {"total_bytes": 85520809984, "reserved_bytes": 503316480, "used_bytes": 0, "processes": 0}}]
       contains:
         index:
           description: NVML / nvidia-smi index.
@@ -481,10 +484,19 @@ facts:
           type: dict
           sample: {"current": false, "pending": false}
         pcie:
-          description: PCIe link generation and width now and at most (C(gen), C(gen_max), C(width), C(width_max)).
+          description:
+            - PCIe link generation and width now and at most (C(gen), C(gen_max), C(width), C(width_max)).
+            - C(replay_count), the link's replays since the GPU's last reset (NVML, or nvidia-smi's replay_counter),
+              null where unread.
+            - C(aer), the kernel's AER counters of the GPU's PCI device (C(correctable), C(nonfatal), C(fatal), from the
+              files aer_dev_correctable, aer_dev_nonfatal and aer_dev_fatal under /sys/bus/pci/devices/DEV, each as its
+              C(total) and the non-zero C(errors) by name, null where the file is absent); null where the device has
+              none of them (not AER capable, or a VM's virtual port). An unreadable file is named in C(errors)
+              (C(gpus[I].pcie.aer)).
+            - C(replay_count) and C(aer) are absent in facts recorded before they were collected.
           returned: unless lost
           type: dict
-          sample: {"gen": 5, "gen_max": 5, "width": 16, "width_max": 16}
+          sample: {"gen": 5, "gen_max": 5, "width": 16, "width_max": 16, "replay_count": 0, "aer": null}
         clock_event_reasons:
           description: Why clocks are held down now, as the NVML bit C(mask) and the C(active) reason names.
           returned: unless lost
@@ -505,6 +517,24 @@ facts:
           returned: unless lost
           type: str
           sample: "None"
+        inforom_image:
+          description:
+            - InfoROM image version (NVML, or nvidia-smi's inforom_version/img_version); null where unread.
+            - Absent in facts recorded before it was collected.
+          returned: unless lost
+          type: str
+          sample: G520.0200.00.05
+        memory:
+          description:
+            - GPU memory from NVML's v2 memory info (or nvidia-smi's fb_memory_usage where it shows C(reserved)) -
+              C(total_bytes), C(reserved_bytes) (the driver's own, 480 MiB on an idle H100), C(used_bytes) (beyond
+              the reserved memory, 0 on an idle GPU) and C(processes), how many compute and graphics processes are
+              listed on the GPU (null when the lists could not be read).
+            - Null where the v2 figures are unavailable (v1's used counts the reserved memory). Absent in facts recorded
+              before it was collected.
+          returned: unless lost
+          type: dict
+          sample: {"total_bytes": 85520809984, "reserved_bytes": 503316480, "used_bytes": 0, "processes": 0}
     interconnect:
       description:
         - NVLink, NVSwitch fabric, GPU pair topology and GPUDirect RDMA (docs/interconnect.md); null when no driver
@@ -653,6 +683,7 @@ from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import 
     NVML_ERROR_LIBRARY_NOT_FOUND,
     NvmlReader,
     SmiParseError,
+    add_aer,
     parse_smi_xml,
 )
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_interconnect import NvmlInterconnect, from_smi
@@ -1145,6 +1176,7 @@ class Collector:
         started = time.time()
         packages = self.packages()
         driver, gpus = self.driver_and_gpus(packages)
+        add_aer(gpus, self.errors)
         facts = {
             "schema_version": FACTS_SCHEMA_VERSION,
             "collector": {"name": "gpu_facts", "version": COLLECTOR_VERSION},

@@ -94,6 +94,7 @@ requirements:
     2+ GPUs).
 notes:
   - Throughput samples put a sustained load on every GPU of the host; run them only on a host drained of jobs.
+  - The builtin engine pins 1 GiB of host memory per GPU for its host<->device copies (h2d_gbs, d2h_gbs).
   - Pass C(probe.health.xid.last_seq) and C(probe.host.boot_id) back as I(kmsg_since_seq) and I(kmsg_since_boot_id)
     so that the next probe reports only newer Xid events.
   - A part that cannot be read is named in C(probe.errors); the module fails only on invalid options.
@@ -272,7 +273,11 @@ probe:
           returned: success
           type: dict
           sample: {"gemm_tflops": {"unit": "TFLOP/s", "higher_is_better": true},
-                   "bandwidth_gbs": {"unit": "GB/s", "higher_is_better": true}}
+                   "bandwidth_gbs": {"unit": "GB/s", "higher_is_better": true},
+                   "h2d_gbs": {"unit": "GB/s", "higher_is_better": true},
+                   "d2h_gbs": {"unit": "GB/s", "higher_is_better": true},
+                   "gemm_median_ms": {"unit": "ms", "higher_is_better": false},
+                   "gemm_p99_ms": {"unit": "ms", "higher_is_better": false}}
         samples:
           description:
             - One row per sample, metric and GPU - C(gpu) (null for a host-wide metric), C(peer) (for p2p_gbs),
@@ -299,7 +304,8 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import NVML_ERROR_LIB_RM_VERSION_MISMATCH, NVML_ERROR_LIBRARY_NOT_FOUND, NvmlReader
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import (
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH, NVML_ERROR_LIBRARY_NOT_FOUND, NvmlReader, add_aer)
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_interconnect import NvmlInterconnect
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_kernel_log import KernelLogUnreadable, catalog_index, read_kernel_log, xid_events
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_throughput import EngineError, measure
@@ -385,7 +391,7 @@ def probe(params):
                 errors["throughput"] = str(e)
         if pynvml is not None:
             reader = NvmlReader(pynvml, errors)
-            health["gpus"] = reader.gpus()
+            health["gpus"] = add_aer(reader.gpus(), errors)  # PCIe replays and AER counts: the gate compares them
             health["gpu_count"] = sum(1 for g in health["gpus"] if not g.get("lost"))
             # After the load: a link that dropped or a fabric that fell apart under it shows here.
             try:

@@ -1,8 +1,9 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 """Which processes still hold a GPU: open /dev/nvidia* handles (every process, /proc/PID/fd) and NVML's
-compute and graphics process lists. Read-only; the caller waits and retries (the GPU Operator's most common
-stuck state is "driver is in use": a driver must never be swapped under a running job)."""
+compute and graphics process lists; and which GPUs hold memory with no process listed (a leaked context).
+Read-only; the caller waits and retries (the GPU Operator's most common stuck state is "driver is in use": a
+driver must never be swapped under a running job)."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -28,6 +29,12 @@ options:
     type: list
     elements: str
     default: [nvidia-persistenced, nv-fabricmanager]
+  leak_mib:
+    description:
+      - A GPU holding more MiB than this (beyond the driver's reserved memory, NVML's v2 memory info) while NVML lists
+        no process on it holds a leaked context, and is listed in C(leaked). Not idle, but no process to wait for.
+    type: int
+    default: 256
 attributes:
   check_mode:
     support: full
@@ -57,6 +64,14 @@ EXAMPLES = r"""
   become: true
   register: holders
   until: holders.users | default(['the check failed']) | length == 0
+  retries: 60
+  delay: 30
+
+- name: Wait until no process holds a GPU and no GPU holds memory without one
+  fleetctl.gpu.gpu_users:
+  become: true
+  register: holders
+  until: (holders.users | default(['failed'])) | length == 0 and (holders.leaked | default(['failed'])) | length == 0
   retries: 60
   delay: 30
 
@@ -104,6 +119,30 @@ users:
       type: list
       elements: str
       sample: ["/dev/nvidia*", "nvml"]
+leaked:
+  description:
+    - GPUs that hold more than I(leak_mib) MiB of memory with no process listed on them (a context leaked; only a GPU
+      reset or a reboot frees it), by index; empty without pynvml or NVML's v2 memory info.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"index": 0, "pci_bus_id": "00000000:18:00.0", "used_mib": 2048}]
+  contains:
+    index:
+      description: NVML index of the GPU.
+      returned: always
+      type: int
+      sample: 0
+    pci_bus_id:
+      description: Its PCI bus id, lower case; null when unread.
+      returned: always
+      type: str
+      sample: "00000000:18:00.0"
+    used_mib:
+      description: Memory in use beyond the driver's reserved memory, in MiB.
+      returned: always
+      type: int
+      sample: 2048
 nvml:
   description:
     - "C(ok), or why NVML's process lists could not be read (in full or for some GPUs), e.g. C(pynvml not installed)
@@ -116,6 +155,7 @@ nvml:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import LEAK_MIB, leaked_mib, nvml_memory
 
 
 def process_name(pid):
@@ -158,17 +198,17 @@ def device_holders():
     return holders
 
 
-def nvml_users():
-    """(pid -> name, status) from NVML's compute and graphics process lists of every GPU."""
+def nvml_users(leak_mib=LEAK_MIB):
+    """(pid -> name, leaked GPUs, status) from NVML's compute and graphics process lists and memory of every GPU."""
     try:
         import pynvml
     except ImportError:
-        return {}, "pynvml not installed"
+        return {}, [], "pynvml not installed"
     try:
         pynvml.nvmlInit()
     except Exception as e:  # NVMLError: driver not loaded, mismatch ...
-        return {}, "NVML: %s" % e
-    users, problems = {}, []
+        return {}, [], "NVML: %s" % e
+    users, leaked, problems = {}, [], []
     try:
         for i in range(pynvml.nvmlDeviceGetCount()):
             try:
@@ -183,16 +223,27 @@ def nvml_users():
                 except pynvml.NVMLError as e:
                     if "Not Supported" not in str(e):
                         problems.append("GPU %d: %s" % (i, e))
+            errors = {}
+            mib = leaked_mib(nvml_memory(pynvml, handle, errors, "memory"), leak_mib)
+            problems += ["GPU %d: %s" % (i, m) for m in errors.values()]
+            if mib is not None:
+                try:
+                    pci = pynvml.nvmlDeviceGetPciInfo(handle).busId
+                    pci = (pci.decode("utf-8", "replace") if isinstance(pci, bytes) else pci).lower()
+                except pynvml.NVMLError:
+                    pci = None
+                leaked.append({"index": i, "pci_bus_id": pci, "used_mib": mib})
     except pynvml.NVMLError as e:
         problems.append(str(e))
     finally:
         pynvml.nvmlShutdown()
-    return users, "; ".join(problems) or "ok"
+    return users, leaked, "; ".join(problems) or "ok"
 
 
 def main():
     module = AnsibleModule(argument_spec=dict(ignore=dict(type="list", elements="str",
-                                                          default=["nvidia-persistenced", "nv-fabricmanager"])),
+                                                          default=["nvidia-persistenced", "nv-fabricmanager"]),
+                                              leak_mib=dict(type="int", default=LEAK_MIB)),
                            supports_check_mode=True)
     if os.geteuid() != 0:
         module.fail_json(msg="gpu_users must run as root to see every process's open files "
@@ -201,11 +252,11 @@ def main():
     found = {}
     for pid, name in device_holders().items():
         found.setdefault(pid, {"pid": pid, "name": name, "via": []})["via"].append("/dev/nvidia*")
-    nvml, status = nvml_users()
+    nvml, leaked, status = nvml_users(module.params["leak_mib"])
     for pid, name in nvml.items():
         found.setdefault(pid, {"pid": pid, "name": name, "via": []})["via"].append("nvml")
     users = [u for dummy, u in sorted(found.items()) if not ignored(u["name"], ignore)]
-    module.exit_json(changed=False, users=users, nvml=status)
+    module.exit_json(changed=False, users=users, leaked=leaked, nvml=status)
 
 
 if __name__ == "__main__":
