@@ -191,7 +191,7 @@ def real_pairs(docs: dict[str, dict], console: Console) -> None:
                 (tb["device"], tb["engine"], tb["trial_s"], set(tb["metrics"])):
             continue
         v = gate.judge_throughput(ta, tb, gate.DEFAULTS)
-        drop, metric = max((f["drop"] or 0.0, m) for (_, m), f in v.figures.items())
+        drop, metric = max((f.get("drop") or 0.0, m) for (_, m), f in v.figures.items())
         if "#" in na and na.split("#")[0] == nb.split("#")[0]:
             g = groups.setdefault(f"{na.split('#')[0]} {metric}", {"pairs": 0, "statuses": defaultdict(int), "drop": 0.0})
             g["pairs"] += 1
