@@ -349,3 +349,32 @@ def test_the_verify_leaves_the_group_comparison_to_the_audit():
     before = {"findings": {"gpu.firmware_uniform": "pass", "gpu.memory_leak": "pass"}}
     assert steps.changed_controls(entry, before) == ["gpu.memory_leak: GPU 0 holds 2048 MiB ... (it was pass at the "
                                                      "pre-check)"]
+
+
+# ---- the real H200 end to end (tests/testdata/h200-580.159.04-health: scripts/device-health-proof.sh) ----------
+
+def test_a_real_cuda_context_is_a_process_and_no_leak(testdata):
+    """nvidia-smi -q -x while a process held a bare CUDA context: one process, 612 MiB by its own figure, the GPU's
+    used memory over 256 MiB but owned: gpu.memory_leak must not call it a leak, and NVML saw the same process."""
+    d = testdata / "h200-580.159.04-health"
+    gpu = gpus_utils.parse_smi_xml((d / "nvidia-smi-q-x-context.xml").read_text())[1][0]
+    nvml = json.loads((d / "nvml-context.json").read_text())[0]
+    assert gpu["memory"]["processes"] == len(nvml["compute_processes"]) == 1
+    assert gpu["memory"]["used_bytes"] > 256 * MIB and nvml["compute_processes"][0]["used"] // MIB == 612
+    assert gpus_utils.leaked_mib(gpu["memory"]) is None
+    idle = gpus_utils.parse_smi_xml((d / "nvidia-smi-q-x.xml").read_text())[1][0]
+    assert idle["memory"]["used_bytes"] == 0 and idle["memory"]["processes"] == 0
+
+
+@pytest.mark.parametrize("report", ["audit-nvml.json", "audit-smi.json", "audit-context.json"])
+def test_the_real_h200_audits_read_the_new_facts_and_pass_the_new_controls(testdata, report):
+    host = json.loads((testdata / "h200-580.159.04-health" / report).read_text())["hosts"][0]
+    facts = host["facts"]
+    assert schemas.first_error("host-facts", facts) is None
+    (gpu,) = facts["gpus"]
+    assert (gpu["pcie"]["replay_count"], gpu["pcie"]["aer"], gpu["inforom_image"]) == (0, None, "G520.0282.02.02")
+    assert facts["sxid"] == {"events": []} and facts["infiniband"] is None
+    recorded = {f["control"]: f["status"] for f in host["findings"]}
+    assert recorded["gpu.pcie_errors"] == recorded["gpu.memory_leak"] == "pass"
+    again = findings(facts, {"gpus": {"max_pcie_replays": 100}})
+    assert again["gpu.pcie_errors"]["status"] == again["gpu.memory_leak"]["status"] == "pass"
