@@ -236,7 +236,10 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if c["state"] in transitions.CAMPAIGN_TERMINAL:
-        raise InputError(f"campaign {cid} is {c['state']}: nothing to resume")
+        # A resume after a crash may find the campaign finished (the kill came after its last record): answer
+        # with its outcome, as its own run would have, so a retry loop or a unit's ExecStartPre reads it right.
+        return exit_code(journal, cid), (f"campaign {cid} is {c['state']}: nothing to resume\n"
+                                         + summary_text(journal, cid))
     journal.claim(cid)  # first: of two resumes at once, the second refuses here before it changes anything
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
     if window_s:

@@ -335,6 +335,10 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
     assert done_engine.run() == "done"
     journal = Journal(store)
     assert upgrade.interrupted(journal) == [crashed]  # the halted one waits for a person, the done one is done
+    events = len(journal.events(finished))
+    code, text = upgrade.resume(store, finished, None, None, None, None)  # a resume after a kill that came too late
+    assert code == 0 and text.startswith(f"campaign {finished} is done: nothing to resume\n")
+    assert "exit 0" in text and len(journal.events(finished)) == events and "c" not in journal.locks()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:  # another fleetctl resumed it already: it is not interrupted, and a second resume refuses, changing nothing
         driver = dict(journal_mod.this_process(), pid=other.pid, start=journal_mod.process_start(other.pid))
