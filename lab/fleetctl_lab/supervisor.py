@@ -30,7 +30,7 @@ from .host.kernel_modules import KernelModules
 from .host.provision import Provisioning
 from .host.rootfs import RootFilesystem
 
-REBOOT_GRACE_S = 1.0        # the shim's command returns to its caller before the host goes down
+REBOOT_GRACE_S = 0.2        # the shim's command returns to its caller before the host goes down (hosts.py: the delay)
 
 
 class Host(RootFilesystem, Provisioning, KernelModules, InitSystem, HostBase):
@@ -59,7 +59,7 @@ class Host(RootFilesystem, Provisioning, KernelModules, InitSystem, HostBase):
         self.sleep(REBOOT_GRACE_S)
         self.kill_all()
         faults = read_conf(self.hw / "faults.conf")
-        self.sleep(float(self.config.get("reboot_delay_s", 2.0)) + float(faults.get("slow_reboot", "0") or 0))
+        self.sleep(float(self.config["reboot_delay_s"]) + float(faults.get("slow_reboot", "0") or 0))
         if not self.stopping:
             self.boot()
 

@@ -261,7 +261,9 @@ def test_kill_9_at_every_kind_of_step_then_resume(tmp_path):
     with fleetctl_lab(tmp_path, (f"3xh100-sxm/2@{FROM}",)) as lab:
         resume = ["campaign", "resume", "1"]
         crash_at(lab, ["upgrade", "--to", TO, "-i", lab.inventory, *FAST, "--waves", "1,100%"], "install", 1.0)
-        crash_at(lab, resume, "activate", 5.0)        # the host is rebooting
+        lab.inject("h100-01", "slow-reboot", "4")      # down ~5 s from its reboot (~4 s into the activation) ...
+        crash_at(lab, resume, "activate", 5.0)        # ... so the kill lands while the host is rebooting
+        lab.inject("h100-01", "slow-reboot", "0")
         crash_at(lab, resume, "probe_after", 1.0)
         crash_at(lab, resume, "install", 1.5)         # wave 2
         proc = lab.fleetctl("campaign", "resume", "1", timeout=900)
