@@ -18,18 +18,17 @@ if str(COLLECTIONS) not in sys.path:
     sys.path.append(str(COLLECTIONS))
 
 
-# The lab test files run in order on one worker, a lab at a time, or, on a machine with cores to spare, in two scopes,
-# two labs at once (each lab in a slot of its own: lab/fleetctl_lab/slots.py). Two labs at once on the 2-core CI
-# machine took the suite from ~61 to ~45 minutes, but every lab step then ran on a contended machine and tests
-# whose faults must land inside a short soak or reboot window failed: below LAB_CORES cores, one lab.
-# LAB_SCOPES is a static table, balanced by hand on the per-file times of a serial CI run (seconds): a scope runs as
-# a whole on one worker, so the sums must be near each other, and a table reads and reviews as what it is. A lab
-# test file missing here fails collection (below): add it to the lighter scope. Nothing in the lab tests asserts
-# machine-wide state (lab_leftovers, test_lab_hosts and test_molecule look only at their own lab).
-# Since lab hosts stopped running the machine's /root/.bashrc (pyenv's start-up in every ssh session), two labs at
-# once on 2 cores ran the suite in 37 and 36 minutes (53 with one lab), green once; the other run lost the crash
-# suite's race (a kill -9 landing after the campaign was recorded done, then `campaign resume` of a done campaign
-# exits 2): one lab stays the default below LAB_CORES until that resume is settled; FLEETCTL_TEST_LABS=2 tries two.
+# The lab test files run in order on one worker, a lab at a time, or, from LAB_CORES cores, in two scopes, two labs
+# at once (each lab in a slot of its own: lab/fleetctl_lab/slots.py). LAB_SCOPES is a static table, balanced by hand
+# on the per-file times of a CI run (seconds): a scope runs as a whole on one worker, so the sums must be near each
+# other, and a table reads and reviews as what it is. A lab test file missing here fails collection (below): add it
+# to the lighter scope. Nothing in the lab tests asserts machine-wide state (lab_leftovers, test_lab_hosts and
+# test_molecule look only at their own lab).
+# History: two labs at once on the 2-core CI machine first lost tests whose faults must land in a short window, as
+# every lab host ran the machine's /root/.bashrc (pyenv's start-up) in each ssh session; with hosts of their own
+# /root a lab needs about a core, and the suite ran in 37 minutes with two labs, 53 with one. The race a kill -9
+# after a campaign's last record then lost (`campaign resume` of a finished campaign exited 2) is gone: it answers
+# with the campaign's code.
 LAB_SCOPES = {
     "test_lab_crash": "lab-a",          # 611
     "test_lab_soak": "lab-a",           # 445
@@ -50,7 +49,7 @@ LAB_SCOPES = {
     "test_lab_slurm": "lab-b",          # ~220
 }
 LAB_DIR = "tests/lab/"
-LAB_CORES = 4  # two labs at once from this many cores up ($FLEETCTL_TEST_LABS=1 or 2 decides instead)
+LAB_CORES = 2  # two labs at once from this many cores up ($FLEETCTL_TEST_LABS=1 or 2 decides instead)
 TWO_LABS = os.environ.get("FLEETCTL_TEST_LABS", "2" if (os.cpu_count() or 1) >= LAB_CORES else "1") == "2"
 # tests/lab_emu (~60 s) builds packages and runs the emulated tools over a directory, no lab: a scope per file, like
 # the unit tests, for whichever worker is free.
