@@ -23,6 +23,9 @@ class Provisioning:
     def provision(self) -> None:
         """Install the starting driver (and the real pynvml for the host's python3) before the first boot. An rpm
         host (packaging "rpm") first gets its rpm database and dnf, installs with dnf, and loses apt."""
+        # man-db's dpkg trigger rebuilds the manual page index after each package change (3-4 s of CPU a time on
+        # the 2-core CI machine); nothing on a lab host reads manual pages: off, as man-db/auto-update=false leaves it.
+        (self.root / "var/lib/man-db/auto-update").unlink(missing_ok=True)
         driver = self.config.get("driver")
         rpm = self.config.get("packaging") == "rpm"
         if not driver and not rpm:
