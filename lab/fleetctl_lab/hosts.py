@@ -15,7 +15,7 @@ fl<n>v<i>. lab.json records the slot and every name; everything after `up` uses 
 
 Rebooting a host: `reboot`, `shutdown -r ...` inside it, or ansible.builtin.reboot with its defaults (no setting
 needed: it runs `shutdown -r 0 "Reboot initiated by Ansible"` and waits for /proc/sys/kernel/random/boot_id to
-change). While down (0.2 s grace, then 0.5 s + faults.conf slow_reboot) the address refuses connections.
+change). While down (supervisor.py: 0.7 s + faults.conf slow_reboot) the address refuses connections.
 """
 
 from __future__ import annotations
@@ -39,11 +39,6 @@ from orchestrator.errors import OperationError
 from . import debian, network, slots, slurm, state
 from .skus import SKUS
 from .state import HostRecord, HostSpec, Lab
-
-# A reboot is down 0.2 s (supervisor.REBOOT_GRACE_S) + this: ansible.builtin.reboot looks again ~1.5 s after its
-# first look (a backoff of 1, 2, 4 ... s + up to 1 s), so the host is seen back at the second look; down 3 s, as
-# before, it was seen at the third (~4 s), in every activation of every lab campaign.
-REBOOT_DELAY_S = 0.5
 
 __all__ = ["HostSpec", "Lab", "LabError", "up", "down", "status", "write_inventory"]
 
@@ -222,8 +217,7 @@ def prepare_host_dir(lab: Lab, host: HostRecord) -> str:
         "persistence_off": host.spec.persistence_off, "nvswitch": SKUS[host.spec.sku].nvswitch,
         "packaging": host.spec.packaging,
         "slurm": {"conf_dir": str(lab.slurm_dir), "run_dir": str(slurm_run_dir(lab.slot))} if lab.slurm else None,
-        "debian_mirror": str(debian.mirror_dir()) if host.spec.packaging == "debian" else None,
-        "reboot_delay_s": REBOOT_DELAY_S}, indent=2) + "\n")
+        "debian_mirror": str(debian.mirror_dir()) if host.spec.packaging == "debian" else None}, indent=2) + "\n")
     return host_key
 
 

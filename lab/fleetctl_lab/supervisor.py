@@ -30,7 +30,11 @@ from .host.kernel_modules import KernelModules
 from .host.provision import Provisioning
 from .host.rootfs import RootFilesystem
 
-REBOOT_GRACE_S = 0.2        # the shim's command returns to its caller before the host goes down (hosts.py: the delay)
+REBOOT_GRACE_S = 0.2        # the shim's command returns to its caller before the host goes down
+# Then down this long (+ faults.conf slow_reboot): ansible.builtin.reboot looks again ~1.5 s after its first look (a
+# backoff of 1, 2, 4 ... s + up to 1 s), so the host is seen back at the second look; down 3 s, as it once was, it
+# was seen at the third (~4 s), in every activation of every lab campaign.
+REBOOT_DELAY_S = 0.5
 
 
 class Host(RootFilesystem, Provisioning, KernelModules, InitSystem, HostBase):
@@ -59,7 +63,7 @@ class Host(RootFilesystem, Provisioning, KernelModules, InitSystem, HostBase):
         self.sleep(REBOOT_GRACE_S)
         self.kill_all()
         faults = read_conf(self.hw / "faults.conf")
-        self.sleep(float(self.config["reboot_delay_s"]) + float(faults.get("slow_reboot", "0") or 0))
+        self.sleep(REBOOT_DELAY_S + float(faults.get("slow_reboot", "0") or 0))
         if not self.stopping:
             self.boot()
 
