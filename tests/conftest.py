@@ -18,36 +18,36 @@ if str(COLLECTIONS) not in sys.path:
     sys.path.append(str(COLLECTIONS))
 
 
-# The lab test files run in order on one worker, a lab at a time, or, from LAB_CORES cores, in two scopes, two labs
-# at once (each lab in a slot of its own: lab/fleetctl_lab/slots.py). LAB_SCOPES is a static table, balanced by hand
-# on the per-file times of a CI run (seconds, two labs on 2 cores, ci36 of issue 22): a scope runs as a whole on one worker, so the sums must be near each
-# other, and a table reads and reviews as what it is. A lab test file missing here fails collection (below): add it
-# to the lighter scope. Nothing in the lab tests asserts machine-wide state (lab_leftovers, test_lab_hosts and
-# test_molecule look only at their own lab).
+# The lab test files run in order on one worker, a lab at a time, or, from LAB_CORES cores, in two scopes, two labs at
+# once (each lab in a slot of its own: lab/fleetctl_lab/slots.py). LAB_SCOPES is a static table, balanced by hand on
+# the per-file times of a CI run (seconds, two labs on 2 cores, issue 22's last run): a scope runs as a whole on one
+# worker, so the sums must be near each other, and a table reads and reviews as what it is. A lab test file missing
+# here fails collection (below): add it to the lighter scope. Nothing in the lab tests asserts machine-wide state
+# (lab_leftovers, test_lab_hosts and test_molecule look only at their own lab).
 # History: two labs at once on the 2-core CI machine first lost tests whose faults must land in a short window, as
-# every lab host ran the machine's /root/.bashrc (pyenv's start-up) in each ssh session; with hosts of their own
-# /root a lab needs about a core, and the suite ran in 37 minutes with two labs, 53 with one. The race a kill -9
-# after a campaign's last record then lost (`campaign resume` of a finished campaign exited 2) is gone: it answers
-# with the campaign's code.
-# Sums: lab-a 1530, lab-b 1957; the unit tests (~550 worker-seconds) fill the gap on lab-a's worker.
+# every lab host ran the machine's /root/.bashrc (pyenv's start-up) in each ssh session; with hosts of their own /root
+# a lab needs about a core, and the suite ran in 37 minutes with two labs, 53 with one (27 since the activation reads
+# its state in two module calls, not nine). The race a kill -9 after a campaign's last record then lost (`campaign
+# resume` of a finished campaign exited 2) is gone: it answers with the campaign's code.
+# Sums: lab-a 1234, lab-b 1418; the unit tests (~460 worker-seconds) fill the gap on lab-a's worker, then both.
 LAB_SCOPES = {
-    "test_lab_crash": "lab-a",          # 389
-    "test_lab_soak": "lab-a",           # 446
-    "test_lab_debian": "lab-a",         # 310  (the Debian mirror is shared: debian.ensure_mirror locks it)
-    "test_lab_security": "lab-a",       # 156
-    "test_lab_unattended": "lab-a",     # 111
-    "test_lab_matrix": "lab-a",         # 71
-    "test_lab_hosts": "lab-a",          # 26
-    "test_lab_health_checks": "lab-a",  # 11
-    "test_lab_fabric_health": "lab-a",  # 10
-    "test_lab_upgrade": "lab-b",        # 1059
-    "test_lab_interconnect": "lab-b",   # 244
-    "test_lab_fleet": "lab-b",          # 162
-    "test_molecule": "lab-b",           # 68
-    "test_lab_report": "lab-b",         # 138
-    "test_lab_probe": "lab-b",          # 50
-    "test_lab_rpm_hosts": "lab-b",      # 31
-    "test_lab_slurm": "lab-b",          # 205
+    "test_lab_crash": "lab-a",          # 376
+    "test_lab_soak": "lab-a",           # 338
+    "test_lab_debian": "lab-a",         # 218  (the Debian mirror is shared: debian.ensure_mirror locks it)
+    "test_lab_security": "lab-a",       # 100
+    "test_lab_unattended": "lab-a",     # 107
+    "test_lab_matrix": "lab-a",         # 54
+    "test_lab_hosts": "lab-a",          # 21
+    "test_lab_health_checks": "lab-a",  # 10
+    "test_lab_fabric_health": "lab-a",  # 9
+    "test_lab_upgrade": "lab-b",        # 806
+    "test_lab_interconnect": "lab-b",   # 157
+    "test_lab_fleet": "lab-b",          # 121
+    "test_molecule": "lab-b",           # 45
+    "test_lab_report": "lab-b",         # 89
+    "test_lab_probe": "lab-b",          # 35
+    "test_lab_rpm_hosts": "lab-b",      # 21
+    "test_lab_slurm": "lab-b",          # 144
 }
 LAB_DIR = "tests/lab/"
 LAB_CORES = 2  # two labs at once from this many cores up ($FLEETCTL_TEST_LABS=1 or 2 decides instead)

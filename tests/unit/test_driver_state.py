@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = ROOT / "collections/ansible_collections/fleetctl/gpu/plugins/modules/nvidia_driver_state.py"
 
@@ -63,3 +65,35 @@ def test_a_unit_name_that_is_not_one_fails_before_anything_runs(tmp_path):
     out = run(tmp_path, units=["nvidia-persistenced.service", "--now; reboot"])
     assert out["failed"] and out["msg"] == "not a unit name: '--now; reboot'"
     assert not called.exists()
+
+
+def test_units_on_a_host_without_systemctl_are_one_clear_failure(tmp_path):
+    if shutil.which("systemctl", path="/sbin:/usr/sbin:/usr/local/sbin"):
+        pytest.skip("systemctl in an sbin directory, where Ansible always looks")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"units": ["nvidia-persistenced.service"]}}))
+    proc = subprocess.run([sys.executable, str(MODULE), str(tmp_path / "args.json")], capture_output=True, text=True,
+                          env=dict(os.environ, PATH=str(tmp_path / "bin")), timeout=60)
+    out = json.loads(proc.stdout)
+    assert out["failed"]
+    assert out["msg"] == "no systemctl on this host: cannot tell whether nvidia-persistenced.service run"
+
+
+def test_on_a_real_h100_it_reads_what_the_driver_and_the_kernel_say():
+    """tests/testdata/h100-580.159.04-driver-state (README there): the module through Ansible on the device machine."""
+    data = ROOT / "tests/testdata/h100-580.159.04-driver-state"
+    calls = {}
+    for block in data.joinpath("nvidia_driver_state.log").read_text().split("== ")[1:]:
+        title, line = block.strip().split("\n", 1)
+        status, _, doc = line.partition(" => ")
+        calls[title] = (status.split(" | ")[1], json.loads(doc))
+    host = dict(line.split(" ", 1) for line in data.joinpath("host.txt").read_text().splitlines())
+    smi_version = data.joinpath("nvidia-smi.csv").read_text().split(",")[0]
+    status, before = calls["before the reboot"]
+    assert status == "SUCCESS" and before["loaded"] == host["module"] == smi_version == "580.159.04"
+    assert before["boot_id"] == host["boot_id"] == before["reboot_asked"]
+    assert before["nouveau"] is False and before["nvidia_ctk"] is None and host["nvidia-ctk"] == "none"
+    status, after = calls["after it, with the daemons that ran"]
+    assert "systemctl: command not found" in host["nvidia-persistenced.service"]
+    assert status == "FAILED!"
+    assert after["msg"] == "no systemctl on this host: cannot tell whether nvidia-persistenced.service run"

@@ -42,7 +42,8 @@ attributes:
 extends_documentation_fragment:
   - action_common_attributes
 notes:
-  - A unit name that is not one (spaces, a leading dash) fails the module before anything runs.
+  - A unit name that is not one (spaces, a leading dash) fails the module before anything runs, and so do I(units)
+    on a host without systemctl (a container, a host whose init is not systemd).
 seealso:
   - module: fleetctl.gpu.nvidia_module_reload
   - module: fleetctl.gpu.gpu_facts
@@ -136,7 +137,10 @@ def main():
     bad = [u for u in units if not UNIT.match(u)]
     if bad:
         module.fail_json(msg="not a unit name: %r" % bad[0])
-    inactive = [u for u in units if module.run_command(["systemctl", "is-active", "--quiet", u])[0] != 0]
+    systemctl = module.get_bin_path("systemctl") if units else None
+    if units and not systemctl:
+        module.fail_json(msg="no systemctl on this host: cannot tell whether %s run" % ", ".join(units))
+    inactive = [u for u in units if module.run_command([systemctl, "is-active", "--quiet", u])[0] != 0]
     module.exit_json(changed=False, boot_id=read(BOOT_ID), reboot_asked=read(marker) if marker else None,
                      loaded=read(NVIDIA_VERSION), nouveau=os.path.isdir(NOUVEAU), units_inactive=inactive,
                      nvidia_ctk=module.get_bin_path("nvidia-ctk"))
