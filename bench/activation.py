@@ -6,8 +6,8 @@ Usage: sudo .venv/bin/python bench/activation.py [--hosts 4] [--runs 3]
 Brings up HOSTS H100 hosts on 550.163.01 and runs one-wave campaigns back and forth between 550.163.01 and
 570.86.15, alternating the baseline's campaign.activation between reboot and reload (RUNS campaigns each). Prints,
 per campaign, the activate step's wall time (its batch: every host at once), the campaign span and how each host
-was activated, from `fleetctl campaign show ID --format json`. The lab is down for ~0.7 s per reboot: on real hosts a reboot
-costs minutes more, a reload the same.
+was activated, from `fleetctl campaign show ID --format json`. The lab is down for ~0.7 s per reboot: on real hosts
+a reboot costs minutes more, a reload the same.
 """
 
 from __future__ import annotations
