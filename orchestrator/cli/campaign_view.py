@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .. import upgrade
+from .. import timefmt, upgrade
 from ..campaign.progress import describe
 from ..sanitize import clean_line
 from ..store import Store
@@ -70,8 +70,7 @@ class LiveView:
             self.last_check = f"{record['at'][11:19]}: {describe(record)}"[:200]
         elif record.get("state") and record.get("state_from") != record["state"]:
             until = record.get("soak_until")
-            self.soak_until = datetime.fromisoformat(until.replace("Z", "+00:00")) \
-                if record["state"] == "soaking" and until else None
+            self.soak_until = timefmt.parse(until) if record["state"] == "soaking" and until else None
         self.recent.append(f"{record['at'][11:19]} {record.get('host') or ''} {describe(record)}"[:150])
         self.live.refresh()
 

@@ -1,4 +1,5 @@
-"""The package's shape (issue 22): no import circles, and the command line is one layer.
+"""The package's shape (issue 22): no import circles, the command line is one layer, SQL only in the history's
+classes and one parser for the history's timestamps.
 
 Every orchestrator/**/*.py is parsed (nothing is imported or run); its imports, those inside functions included,
 are resolved (relative ones against the module's package) into a graph of the package's modules."""
@@ -6,6 +7,7 @@ are resolved (relative ones against the module's package) into a graph of the pa
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = f"{PACKAGE}.cli"
 LEAVING = f"{PACKAGE}.lab"  # the lab is leaving the product (its own package): not held to the CLI rule
 UI_LIBRARIES = ("click", "rich")
+HISTORY = (f"{PACKAGE}.store", f"{PACKAGE}.chain", f"{PACKAGE}.campaign.journal")  # the only modules with SQL
+TIMESTAMPS = f"{PACKAGE}.timefmt"  # the only module parsing the history's timestamps (a Z is UTC)
+SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER|DROP|PRAGMA|BEGIN|WITH \w+ AS)\b")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -173,3 +178,36 @@ def test_the_checks_fail_on_the_old_shape(tmp_path, check):
     else:
         assert ui_imports(tmp_path) == [f"{PACKAGE}.notify:1 click", f"{PACKAGE}.systemd:1 click"]
         assert cli_importers(tmp_path) == [f"{PACKAGE}.systemd"]
+
+
+def misplaced(root: Path = ROOT) -> list[str]:
+    """'module:line what' for SQL text outside the history's classes and for a hand-made parse of a Z timestamp
+    (fromisoformat of a .replace("Z", ...)) outside timefmt."""
+    out = []
+    for name, (path, tree) in modules(root).items():
+        for node in ast.walk(tree):
+            if name not in HISTORY and isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and SQL.match(node.value):
+                out.append(f"{name}:{node.lineno} SQL")
+            if name != TIMESTAMPS and isinstance(node, ast.Call) and \
+                    getattr(node.func, "attr", getattr(node.func, "id", None)) == "fromisoformat" and \
+                    any(isinstance(a, ast.Call) and getattr(a.func, "attr", None) == "replace" and a.args
+                        and isinstance(a.args[0], ast.Constant) and a.args[0].value == "Z" for a in node.args):
+                out.append(f"{name}:{node.lineno} timestamp parsed by hand")
+    return sorted(out)
+
+
+def test_sql_only_in_the_history_and_timestamps_parsed_in_one_place():
+    assert misplaced() == []
+
+
+def test_the_check_finds_sql_and_hand_parsed_timestamps(tmp_path):
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "store.py").write_text('Q = "SELECT * FROM runs"\n')
+    (pkg / "prometheus.py").write_text('def latest(db):\n    return db.execute("""\n  WITH latest AS (SELECT 1)""")\n')
+    (pkg / "view.py").write_text("from datetime import datetime\n"
+                                 "until = datetime.fromisoformat(text.replace('Z', '+00:00'))\n"
+                                 "label = 'with nvidia module 570'\n")
+    assert misplaced(tmp_path) == [f"{PACKAGE}.prometheus:2 SQL", f"{PACKAGE}.view:2 timestamp parsed by hand"]
