@@ -1,5 +1,6 @@
-"""fleetctl.gpu.nvidia_driver_state, run as Ansible runs it (a Python process given its arguments as JSON), with a
-systemctl and an nvidia-ctk of the test's own first in PATH: what the activation decides on, read in one call."""
+"""fleetctl.gpu.nvidia_driver_state, run as Ansible runs it (a Python process given its arguments as JSON, the
+collection's module_utils importable, as AnsiballZ packs them), with a systemctl and an nvidia-ctk of the test's own
+first in PATH: what the activation decides on, read in one call."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = ROOT / "collections/ansible_collections/fleetctl/gpu/plugins/modules/nvidia_driver_state.py"
+PYTHONPATH = str(ROOT / "collections")
 
 
 def run(tmp_path: Path, **args) -> dict:
     (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=PYTHONPATH)
     proc = subprocess.run([sys.executable, str(MODULE), str(tmp_path / "args.json")], capture_output=True, text=True,
                           env=env, timeout=60)
     return json.loads(proc.stdout)
@@ -73,7 +75,7 @@ def test_units_on_a_host_without_systemctl_are_one_clear_failure(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"units": ["nvidia-persistenced.service"]}}))
     proc = subprocess.run([sys.executable, str(MODULE), str(tmp_path / "args.json")], capture_output=True, text=True,
-                          env=dict(os.environ, PATH=str(tmp_path / "bin")), timeout=60)
+                          env=dict(os.environ, PATH=str(tmp_path / "bin"), PYTHONPATH=PYTHONPATH), timeout=60)
     out = json.loads(proc.stdout)
     assert out["failed"]
     assert out["msg"] == "no systemctl on this host: cannot tell whether nvidia-persistenced.service run"

@@ -1,5 +1,6 @@
 # -*- coding: utf-8 -*-
-"""The kernel a host boots next, and whether that kernel has an nvidia module (the driver.next_boot control).
+"""The boot a host is in (its boot id, the nvidia module loaded in it), the kernel it boots next, and whether that
+kernel has an nvidia module (the driver.next_boot control).
 
 The classic outage after an unattended kernel update: the new kernel is installed, DKMS could not build the nvidia
 module for it (no headers, a compiler error, an unsigned module under Secure Boot), and nothing says so until the
@@ -25,9 +26,31 @@ import re
 
 __metaclass__ = type
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+SYS_MODULE = "/sys/module"
 MODULE_NAMES = ("nvidia.ko", "nvidia.ko.xz", "nvidia.ko.zst", "nvidia.ko.gz")
 _DKMS = re.compile(r"^(?P<module>[\w-]+)[/,]\s*(?P<version>[\w.~+-]+),\s*(?P<kernel>[^,]+),\s*(?P<arch>[^:]+):\s*"
                    r"(?P<state>[\w-]+)(?P<note>.*)$")
+
+
+def read_value(path):
+    """A small kernel or state file's content (a boot id, a module version, a refcnt) without surrounding blanks;
+    None when it cannot be read or is empty."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except (IOError, OSError, UnicodeDecodeError):
+        return None
+
+
+def boot_id():
+    """The boot id of the boot the host is in: a reboot changes it."""
+    return read_value(BOOT_ID)
+
+
+def loaded_nvidia_version(sys_module=SYS_MODULE):
+    """The loaded nvidia kernel module's version; None when none is loaded."""
+    return read_value(os.path.join(sys_module, "nvidia", "version"))
 
 
 def version_key(kernel):

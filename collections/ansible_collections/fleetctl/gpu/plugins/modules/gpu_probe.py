@@ -304,6 +304,8 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_boot import boot_id as read_boot_id
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_boot import loaded_nvidia_version
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import (
     NVML_ERROR_LIB_RM_VERSION_MISMATCH, NVML_ERROR_LIBRARY_NOT_FOUND, NvmlReader, add_aer)
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_interconnect import NvmlInterconnect
@@ -311,14 +313,6 @@ from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_kernel_log i
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_throughput import EngineError, measure
 
 NVML_ERROR_TIMEOUT = 10
-
-
-def read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip() or None
-    except (IOError, OSError):
-        return None
 
 
 def nvml_xid_events(pynvml, wait_ms):
@@ -354,8 +348,8 @@ def nvml_xid_events(pynvml, wait_ms):
 
 def probe(params):
     errors, sources = {}, {}
-    module_version = read("/sys/module/nvidia/version")
-    boot_id = read("/proc/sys/kernel/random/boot_id")
+    module_version = loaded_nvidia_version()
+    boot_id = read_boot_id()
     since = params["kmsg_since_seq"] if params["kmsg_since_seq"] >= 0 else None
     if params["kmsg_since_boot_id"] and params["kmsg_since_boot_id"] != boot_id:
         since = None  # the host rebooted since the marker was taken: every event of this boot is new

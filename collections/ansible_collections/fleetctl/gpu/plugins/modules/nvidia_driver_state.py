@@ -113,20 +113,10 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_boot import (
+    SYS_MODULE, boot_id, loaded_nvidia_version, read_value)
 
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
-NVIDIA_VERSION = "/sys/module/nvidia/version"
-NOUVEAU = "/sys/module/nouveau"
 UNIT = re.compile(r"^[A-Za-z0-9@_:][A-Za-z0-9@._:-]*$")
-
-
-def read(path):
-    """A file's content without surrounding blanks; None when it cannot be read or is empty."""
-    try:
-        with open(path) as f:
-            return f.read().strip() or None
-    except (IOError, OSError, UnicodeDecodeError):
-        return None
 
 
 def main():
@@ -141,8 +131,9 @@ def main():
     if units and not systemctl:
         module.fail_json(msg="no systemctl on this host: cannot tell whether %s run" % ", ".join(units))
     inactive = [u for u in units if module.run_command([systemctl, "is-active", "--quiet", u])[0] != 0]
-    module.exit_json(changed=False, boot_id=read(BOOT_ID), reboot_asked=read(marker) if marker else None,
-                     loaded=read(NVIDIA_VERSION), nouveau=os.path.isdir(NOUVEAU), units_inactive=inactive,
+    module.exit_json(changed=False, boot_id=boot_id(), reboot_asked=read_value(marker) if marker else None,
+                     loaded=loaded_nvidia_version(), nouveau=os.path.isdir(os.path.join(SYS_MODULE, "nouveau")),
+                     units_inactive=inactive,
                      nvidia_ctk=module.get_bin_path("nvidia-ctk"))
 
 

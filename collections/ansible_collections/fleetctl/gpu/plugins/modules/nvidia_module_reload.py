@@ -155,22 +155,11 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_boot import (
+    SYS_MODULE, loaded_nvidia_version, read_value)
 
-SYS_MODULE = "/sys/module"
 MARKER = "/run/fleetctl/nvidia-module-reload.json"
 UNIT = re.compile(r"^[A-Za-z0-9@._:-]+$")
-
-
-def read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except (IOError, OSError):
-        return None
-
-
-def loaded_version(sys_module):
-    return read(os.path.join(sys_module, "nvidia", "version"))
 
 
 def holders(sys_module, name):
@@ -204,7 +193,7 @@ def in_use(order, sys_module):
     """Modules of ORDER used beyond their holders: 'name (refcnt N, held by M modules)'."""
     busy = []
     for name in order:
-        count = read(os.path.join(sys_module, name, "refcnt"))
+        count = read_value(os.path.join(sys_module, name, "refcnt"))
         held = len(holders(sys_module, name))
         if count is not None and count.isdigit() and int(count) > held:
             busy.append("%s (refcnt %s, %d from modules)" % (name, count, held))
@@ -218,7 +207,7 @@ def device_users():
         try:
             fds = os.listdir("/proc/%s/fd" % pid)
             if any(os.readlink("/proc/%s/fd/%s" % (pid, fd)).startswith("/dev/nvidia") for fd in fds):
-                users.append("%s (pid %s)" % (read("/proc/%s/comm" % pid) or "?", pid))
+                users.append("%s (pid %s)" % (read_value("/proc/%s/comm" % pid) or "?", pid))
         except OSError:
             continue
     return users
@@ -250,8 +239,8 @@ def forget():
 class Reload(object):
     def __init__(self, module, want):
         self.module, self.want = module, want
-        self.result = dict(outcome="loaded", before=loaded_version(SYS_MODULE), loaded=None, unloaded=[], reloaded=[], units=[],
-                           not_started={})
+        self.result = dict(outcome="loaded", before=loaded_nvidia_version(SYS_MODULE), loaded=None, unloaded=[],
+                           reloaded=[], units=[], not_started={})
 
     def run(self, argv):
         """None, or why ARGV failed (its last lines)."""
@@ -262,7 +251,7 @@ class Reload(object):
 
     def stop(self, outcome, msg):
         self.result["outcome"] = outcome
-        self.result["loaded"] = loaded_version(SYS_MODULE)
+        self.result["loaded"] = loaded_nvidia_version(SYS_MODULE)
         self.module.fail_json(msg=msg, **self.result)
 
     def start_units(self, state):
@@ -271,7 +260,7 @@ class Reload(object):
             problem = self.run(["systemctl", "start", unit])
             if problem and unit in state["active"]:
                 self.stop("failed", "driver %s loaded, but starting %s failed: %s"
-                          % (loaded_version(SYS_MODULE), unit, problem))
+                          % (loaded_nvidia_version(SYS_MODULE), unit, problem))
             if problem:
                 self.result["not_started"][unit] = problem
             else:
@@ -337,9 +326,9 @@ def main():
             if problem:
                 r.stop("failed", "loading %s: %s" % (name, problem))
             r.result["reloaded"].append(name)
-    if loaded_version(SYS_MODULE) != want:
+    if loaded_nvidia_version(SYS_MODULE) != want:
         r.stop("failed", "after the reload the loaded module is %s, not %s"
-               % (loaded_version(SYS_MODULE) or "none", want))
+               % (loaded_nvidia_version(SYS_MODULE) or "none", want))
     r.start_units(state)
     r.result["loaded"] = want
     forget()
