@@ -6,22 +6,20 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import baseline as baseline_mod, inputs, inventory, policy, schemas
+from . import baseline as baseline_mod, controls, inputs, inventory, schemas, settings
+from .exitcodes import Exit
 from .store import Store
 
 if TYPE_CHECKING:
     from . import runner
 
-EXIT_OK, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 1, 3
-FAIL_ON_CHOICES = ("critical", "high", "medium", "low", "info", "never")
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AuditOptions:
     inventory: str | None = None
     limit: str | None = None
     baseline: str | None = None
-    fail_on: str = "high"
+    fail_on: str = settings.FAIL_ON.value
     forks: int | None = None
     preflight: bool = True
 
@@ -35,7 +33,7 @@ def xid_overrides(fleet: inventory.Fleet, base: baseline_mod.Baseline) -> dict[s
 def blocking(finding: dict[str, Any], fail_on: str) -> bool:
     """A failed or unverifiable control at or above --fail-on makes the audit exit 1."""
     return (fail_on != "never" and finding["status"] in ("fail", "error")
-            and policy.severity_rank(finding["severity"]) >= policy.severity_rank(fail_on))
+            and controls.severity_rank(finding["severity"]) >= controls.severity_rank(fail_on))
 
 
 def host_entry(host: inventory.Host, facts: dict[str, Any] | None, findings: list[dict[str, Any]],
@@ -49,11 +47,12 @@ def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: basel
                   found: tuple[Any, str | None] | None = None) -> dict[str, Any]:
     """FOUND: outcome_facts(OUTCOME) when the caller has it already."""
     if outcome.status == "unreachable":
-        return host_entry(host, None, [policy.error_finding("host.reachable", "Host reachable", outcome.message)],
+        return host_entry(host, None, [controls.error_finding("host.reachable", "Host reachable", outcome.message)],
                           False, outcome.message)
     if outcome.status == "failed":
         message = f"fact collection failed: {outcome.message}"
-        return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
+        return host_entry(host, None, [controls.error_finding("facts.collected", "Facts collected", message)],
+                          True, message)
     facts, problem = found or outcome_facts(outcome)
     return evaluate_facts(host, facts, base, reference, problem, peers, checked=True)
 
@@ -76,8 +75,9 @@ def evaluate_facts(host: inventory.Host, facts: Any, base: baseline_mod.Baseline
         problem = problem or schemas.host_result_problem("host-facts", facts)  # one line
     if problem is not None:
         message = f"the host returned facts fleetctl cannot trust: {problem}"
-        return host_entry(host, None, [policy.error_finding("facts.collected", "Facts collected", message)], True, message)
-    return host_entry(host, facts, policy.evaluate(facts, base.policy_for(list(host.groups)), reference, peers),
+        return host_entry(host, None, [controls.error_finding("facts.collected", "Facts collected", message)],
+                          True, message)
+    return host_entry(host, facts, controls.evaluate(facts, base.policy_for(list(host.groups)), reference, peers),
                       True, None)
 
 
@@ -90,7 +90,7 @@ def peers(fleet: inventory.Fleet, facts: dict[str, Any]) -> dict[str, dict[str, 
     """What each control registered with peers (controls.peer_controls) gets for each host: its group's name and
     what the control's peers function made of the trusted facts (FACTS: host -> facts) of every host in that group,
     computed once per group: {host: {control: (group, answer)}}."""
-    checks = policy.peer_controls()
+    checks = controls.peer_controls()
     if not checks:
         return {}
     answers: dict[str, dict[str, Any]] = {}
@@ -107,11 +107,11 @@ def peers(fleet: inventory.Fleet, facts: dict[str, Any]) -> dict[str, dict[str, 
 def references(fleet: inventory.Fleet, history: Store | None) -> dict[str, dict[str, dict[str, Any]]]:
     """Each host's facts at its latest recorded audit where a history-comparing control (gpu.nvlink, gpu.topology)
     passed: {host: {control: facts}}, one query for the fleet. Without a store given, the user's history is read."""
-    names, controls = [h.name for h in fleet.hosts], policy.reference_controls()
+    names, compared = [h.name for h in fleet.hosts], controls.reference_controls()
     if history is not None:
-        return history.passing_facts(names, controls)
+        return history.passing_facts(names, compared)
     with Store() as store:
-        return store.passing_facts(names, controls)
+        return store.passing_facts(names, compared)
 
 
 def collect(fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | None = None,
@@ -130,18 +130,13 @@ def collect(fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | No
 
 
 def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
-    counts = {s: 0 for s in policy.STATUSES}
+    counts = {s: 0 for s in controls.STATUSES}
     for h in hosts:
         for f in h["findings"]:
             counts[f["status"]] += 1
     unreachable = [h["name"] for h in hosts if not h["reachable"]]
     drifted = [h["name"] for h in hosts if h["reachable"] and any(blocking(f, fail_on) for f in h["findings"])]
-    if unreachable:
-        exit_code = EXIT_UNREACHABLE
-    elif drifted:
-        exit_code = EXIT_FINDINGS
-    else:
-        exit_code = EXIT_OK
+    exit_code = Exit.UNREACHABLE if unreachable else Exit.FINDINGS if drifted else Exit.OK
     return {"hosts": len(hosts), "reachable": len(hosts) - len(unreachable), "unreachable": len(unreachable),
             "compliant": sum(1 for h in hosts if h["reachable"] and h["name"] not in drifted),
             "noncompliant": len(drifted), "findings": counts, "fail_on": fail_on, "exit_code": exit_code}

@@ -3,8 +3,8 @@ job prolog or a cron job: no SSH, no Ansible, no history. The facts come from th
 run in this process (its code, its parameters: the role's defaults and the baseline's Xid overrides), and are judged
 by the audit's own evaluate_facts, so `check` and `audit` say the same thing of the same facts.
 
-Exit codes: 0 healthy (no critical control fails); 1 "drain me" (a control of critical severity failed or could
-not be verified: the audit's exit 1 at --fail-on critical); 2 usage or input error.
+A node is to drain (exit 1, as the audit's at --fail-on critical) when a control of critical severity failed or
+could not be verified; its other exit codes: exitcodes.BY_COMMAND["check"].
 
 With slurm=True the node drains itself on a critical failure, with the reason `fleetctl check: CONTROL: DETAIL`,
 and resumes itself once healthy only when its drain still carries that prefix (LBNL NHC's rule: an admin's drain,
@@ -24,9 +24,9 @@ from typing import Any
 
 from . import audit, baseline as baseline_mod, inventory, resources, slurm, timefmt
 from .errors import InputError, SlurmError
+from .exitcodes import Exit
 from .sanitize import one_line
 
-EXIT_HEALTHY, EXIT_DRAIN = audit.EXIT_OK, audit.EXIT_FINDINGS
 FAIL_ON = "critical"  # what makes a node one to drain: audit.blocking at this severity
 COMMAND_TIMEOUT_S = 10.0  # each command the collector runs (dpkg-query, nvidia-smi, lsinitramfs...)
 TEXTFILE_NAME = "fleetctl-check.prom"
@@ -163,7 +163,7 @@ def run(opts: CheckOptions) -> dict[str, Any]:
         "baseline": {"name": base.name, "path": str(base.path), "digest": base.digest},
         "facts": entry["facts"], "findings": entry["findings"],
         "summary": {"healthy": not failing, "failing": [f["control"] for f in failing], "fail_on": FAIL_ON,
-                    "exit_code": EXIT_DRAIN if failing else EXIT_HEALTHY},
+                    "exit_code": Exit.FINDINGS if failing else Exit.OK},
     }
     if opts.slurm:
         report["slurm"] = act_on_slurm(host.name, failing)

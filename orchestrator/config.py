@@ -5,7 +5,8 @@ Where: $FLEETCTL_CONFIG (it must exist; `/dev/null` for none), else $XDG_CONFIG_
 schemas/config.schema.json: a bad file is one line naming it and the JSON path, exit 2. Relative paths in it are
 relative to its directory.
 
-The file becomes click's default_map on the root command's context (cli/config.py), so every command takes its keys
+Its keys are the settings of orchestrator/settings.py that the file takes (KEYS), each declared there once. The
+file becomes click's default_map on the root command's context (cli/config.py), so every command takes its keys
 as the defaults of its flags with no code of its own, and a flag given on the command line wins. `fleetctl config show`
 prints each key's effective value and where it came from.
 """
@@ -19,52 +20,16 @@ from typing import Any, Callable
 
 import yaml
 
-from . import inputs, notify, redact, schemas
+from . import inputs, notify, redact, schemas, settings
 from .sanitize import clean_line
 from .baseline import non_string_key
 from .errors import InputError, yaml_error
+from .settings import Setting
 
 ENV = "FLEETCTL_CONFIG"
 SYSTEM_PATH = Path("/etc/fleetctl/config.yml")
 
-RUNS = (("audit",), ("probe",), ("plan",), ("upgrade",))
-NOTIFYING = (("audit",), ("probe",), ("upgrade",), ("campaign", "resume"), ("rollback",))
-UPGRADE = (("upgrade",),)
-
-
-@dataclass(frozen=True)
-class Key:
-    name: str  # in the file
-    param: str  # the commands' parameter
-    flag: str  # the commands' flag
-    commands: tuple[tuple[str, ...], ...]
-    path: bool = False  # relative to the file's directory
-    many: bool = False  # a list (a repeatable flag)
-
-
-KEYS = (
-    Key("inventory", "inventory_path", "--inventory", RUNS, path=True),
-    Key("baseline", "baseline", "--baseline", RUNS, path=True),
-    Key("forks", "forks", "--forks", RUNS),
-    Key("fail_on", "fail_on", "--fail-on", (("audit",),)),
-    Key("waves", "waves", "--waves", (("plan",), ("upgrade",))),
-    Key("soak", "soak", "--soak", UPGRADE),
-    Key("soak_interval", "soak_interval", "--soak-interval", UPGRADE),
-    Key("soak_grace", "soak_grace", "--soak-grace", UPGRADE),
-    Key("canary", "canary", "--canary", UPGRADE),
-    Key("canary_max_failures", "canary_max_failures", "--canary-max-failures", UPGRADE),
-    Key("rollback_scope", "rollback_scope", "--rollback-scope", UPGRADE),
-    Key("drain_preset", "drain_preset", "--drain-preset", UPGRADE),
-    Key("drain", "drain", "--drain", UPGRADE),
-    Key("undrain", "undrain", "--undrain", UPGRADE),
-    Key("idle_timeout", "idle_timeout", "--idle-timeout", UPGRADE),
-    Key("notify", "notify", "--notify", NOTIFYING, many=True),
-    Key("webhook", "webhook", "--webhook", NOTIFYING, many=True),
-    Key("webhook_format", "webhook_format", "--webhook-format", NOTIFYING),
-    Key("webhook_headers", "webhook_headers", "--webhook-headers", NOTIFYING, path=True),
-    Key("webhook_ca", "webhook_ca", "--webhook-ca", NOTIFYING, path=True),
-    Key("notify_timeout", "notify_timeout", "--notify-timeout", NOTIFYING),
-)
+KEYS = tuple(s for s in settings.SETTINGS if s.file)
 COMMANDS = {k.commands[i][0] for k in KEYS for i in range(len(k.commands))} | {"config"}  # those that read it
 
 
@@ -117,8 +82,20 @@ def read(path: Path) -> dict[str, Any]:
     where, key = non_string_key(doc)
     if where:
         raise InputError(f"{inputs.shown(path)}: {where}: key {key} is not a string (quote it in the YAML)")
+    if isinstance(doc, dict):  # first: a duration's one line rather than the schema's pattern
+        check_durations(doc, lambda key: f"{inputs.shown(path)}: $.{key.name}")
     schemas.check("config", doc, inputs.shown(path))
     return normalise(doc, path.parent)
+
+
+def check_durations(values: dict[str, Any], where: Callable[[Setting], str]) -> None:
+    """The durations as the commands read them (settings.Setting.duration): the first bad one, as one line."""
+    for key in KEYS:
+        if key.name in values and key.timed:
+            try:
+                key.parse(values[key.name])
+            except ValueError as e:
+                raise InputError(f"{where(key)}: {e}") from None
 
 
 def normalise(doc: dict[str, Any], directory: Path | None) -> dict[str, Any]:
@@ -131,8 +108,6 @@ def normalise(doc: dict[str, Any], directory: Path | None) -> dict[str, Any]:
             value = [value]
         if key.path and directory is not None:
             value = str(directory / Path(value).expanduser())  # an absolute path stays as it is
-        if key.name in ("soak", "soak_interval", "soak_grace"):
-            value = f"{value:g}" if isinstance(value, float) else str(value)
         out[key.name] = list(value) if key.many else value
     return out
 
@@ -167,7 +142,7 @@ def program_only(command: Any) -> Any:
     return redact.program(command, redact.NOT_SHOWN) if isinstance(command, str) else command
 
 
-def shown(key: Key, value: Any) -> Any:
+def shown(key: Setting, value: Any) -> Any:
     """A webhook's path (Slack's secret) and the arguments of the notify, drain, undrain and canary commands
     (tokens) are never printed."""
     if key.name == "webhook" and value:
@@ -177,11 +152,12 @@ def shown(key: Key, value: Any) -> Any:
     return value
 
 
-def effective(cfg: Config, flags: dict[str, Any], default_of: Callable[[Key], Any]) -> dict[str, Any]:
-    """`config show`: each key's value from FLAGS (the command line), else CFG (the file), else DEFAULT_OF(key) (the
-    flag's built-in default), and where it came from."""
+def effective(cfg: Config, flags: dict[str, Any]) -> dict[str, Any]:
+    """`config show`: each key's value from FLAGS (the command line), else CFG (the file), else its declared default,
+    and where it came from."""
     given = {k.name: list(flags[k.name]) if k.many else flags[k.name] for k in KEYS
              if flags.get(k.name) not in (None, ())}
+    check_durations(given, lambda key: key.flag)
     error = schemas.first_error("config", given)
     if error is not None:
         flag = next((k.flag for k in KEYS if error.absolute_path and k.name == error.absolute_path[0]), "a flag")
@@ -193,7 +169,7 @@ def effective(cfg: Config, flags: dict[str, Any], default_of: Callable[[Key], An
         elif key.name in cfg.values:
             value, source = cfg.values[key.name], str(cfg.path)
         else:
-            value, source = default_of(key), "default"
+            value, source = [] if key.many else key.default, "default"
         values[key.name] = {"value": shown(key, value), "source": source, "flag": key.flag,
                             "commands": [" ".join(c) for c in key.commands]}
     env_headers = os.environ.get(notify.HEADERS_ENV)

@@ -1,16 +1,19 @@
-"""Errors meant for people: one line, then exit 2 (usage or input error)."""
+"""Errors meant for people: one line, then exit 2 (usage or input error) or 69 (not carried out)."""
+
+from .exitcodes import Exit
 
 
 class InputError(Exception):
     """Bad input (file, flag, inventory, baseline): the message is the whole story, shown on one line."""
 
-    exit_code = 2
+    exit_code = Exit.USAGE
 
 
 class OperationError(Exception):
-    """An operation could not be carried out (not the input's fault): one line, exit 1."""
+    """An operation could not be carried out (not the input's fault): one line, exit 69 (never 1, which says a
+    check failed)."""
 
-    exit_code = 1
+    exit_code = Exit.UNAVAILABLE
 
 
 def yaml_error(path: object, e: Exception) -> InputError:
@@ -23,4 +26,4 @@ def yaml_error(path: object, e: Exception) -> InputError:
 
 class SlurmError(OperationError):
     """Slurm could not be asked or would not do it (scontrol/sinfo missing, timed out, refused, or answered what
-    fleetctl cannot read): one line, exit 1."""
+    fleetctl cannot read): one line, exit 69."""

@@ -94,15 +94,52 @@ def gate_policy(policy: dict[str, Any]) -> GatePolicy:
                       pcie_replays_fail=policy.get("gpus", {}).get("max_pcie_replays"))
 
 
+# What can fail a gate (or a soak check), the worst first: a summary names the worst problem and counts the rest.
+# An Xid names the cause of what the GPU count and a lost GPU show.
+KINDS = ("driver", "Xid", "GPU lost", "GPU count", "reboot", "ECC", "row remap", "recovery action", "interconnect",
+         "PCIe", "throughput", "canary metrics", "canary runs", "could not check")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing that failed (or left a verdict inconclusive): its KIND (one of KINDS), its TEXT in full (a reason),
+    and SHORT where a summary says it in fewer words."""
+    kind: str
+    text: str
+    status: str = "fail"  # fail | inconclusive
+    weight: int = 0  # within a kind, the larger the worse (an Xid's severity rank)
+    short: str | None = None
+
+    def rank(self) -> tuple[bool, int, int]:
+        return self.status != "fail", KINDS.index(self.kind), -self.weight
+
+
+def one_line(problems: list[Problem]) -> str | None:
+    """The problems in one line: the worst, then how many more and of which kinds, e.g.
+    "new Xid 79 (GPU has fallen off the bus) on 00000000:18:00.0: severity critical (+2 more: Xid, throughput)"."""
+    if not problems:
+        return None
+    first, *rest = sorted(problems, key=Problem.rank)
+    line = first.short or first.text
+    if rest:
+        line += f" (+{len(rest)} more: {', '.join(dict.fromkeys(p.kind for p in sorted(rest, key=Problem.rank)))})"
+    return line
+
+
 @dataclass
 class Verdict:
     status: str  # pass | fail | inconclusive
     reasons: list[str] = field(default_factory=list)
     figures: dict[tuple[int | None, str], dict[str, Any]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)  # what failed or is inconclusive: summary()
+
+    def summary(self) -> str:
+        """What a person reads first: the problems in one line (one_line); a verdict without any, its first reason."""
+        return one_line(self.problems) or (self.reasons[0] if self.reasons else self.status)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly: figures as a list, each naming its gpu and metric."""
-        return {"status": self.status, "reasons": list(self.reasons),
+        return {"status": self.status, "summary": self.summary(), "reasons": list(self.reasons),
                 "figures": [{"gpu": gpu, "metric": metric, **f} for (gpu, metric), f in self.figures.items()]}
 
 
@@ -153,11 +190,11 @@ def _finite(values: list[Any]) -> np.ndarray:
     return np.array([float(v) for v in values if v is not None and math.isfinite(v)], dtype=float)
 
 
-def _label(gpu: int | None, metric: str) -> str:
+def series_label(gpu: int | None, metric: str) -> str:
     return f"GPU {gpu} {metric}" if gpu is not None else f"host {metric}"
 
 
-def _value(v: float) -> str:
+def median_text(v: float) -> str:
     """A median for a reason: one decimal (712.3 TFLOP/s, 54.8 GB/s), 3 significant digits under 10 (1.61 ms)."""
     return f"{v:.1f}" if abs(v) >= 10 else f"{v:.3g}"
 
@@ -177,8 +214,10 @@ def judge_series(label: str, metric: str, before_values: list[Any], after_values
     notes = [f"{n} failed trial(s) {side} left out" for n, side in
              ((fig["dropped_before"], "before"), (fig["dropped_after"], "after")) if n]
 
-    def out(status: str, reason: str | None) -> tuple[str, str | None, dict[str, Any]]:
+    def out(status: str, reason: str | None, rule: str | None = None) -> tuple[str, str | None, dict[str, Any]]:
         fig["status"] = status
+        if rule:
+            fig["rule"] = rule  # why it failed or is inconclusive: a key of RULES
         if notes and reason is None:
             reason = f"{label}: {'; '.join(notes)}"
         elif notes:
@@ -186,18 +225,20 @@ def judge_series(label: str, metric: str, before_values: list[Any], after_values
         return status, reason, fig
 
     if len(a) == 0:
-        return out("fail", f"{label}: no valid samples after ({len(after_values)} trial(s), none gave a value)")
+        return out("fail", f"{label}: no valid samples after ({len(after_values)} trial(s), none gave a value)",
+                   "no samples")
     if len(b) == 0:
         return out("pass", f"{label}: no valid samples before: nothing to compare")
     mb, ma = float(np.median(b)), float(np.median(a))
     fig.update(median_before=mb, median_after=ma)
     if mb <= 0:
-        return out("inconclusive", f"{label}: median before is {mb:g} {unit}: no relative change to judge")
+        return out("inconclusive", f"{label}: median before is {mb:g} {unit}: no relative change to judge",
+                   "zero median")
     change = (ma - mb) / mb
     drop = -change if higher_is_better else change
     fig.update(change=change, drop=drop)
     limit, floor_drop = pol.max_drop_for(metric), 1 - pol.floor
-    head = f"{label}: median {_value(mb)} -> {_value(ma)} {unit} ({change:+.1%})"
+    head = f"{label}: median {median_text(mb)} -> {median_text(ma)} {unit} ({change:+.1%})"
     if len(b) >= 2 and len(a) >= 2:
         p, test = one_sided_p(b, a) if higher_is_better else one_sided_p(a, b)
         fig.update(p_value=p, test=test)
@@ -205,19 +246,21 @@ def judge_series(label: str, metric: str, before_values: list[Any], after_values
 
     if drop > floor_drop + FLOOR_SLACK:
         if higher_is_better:
-            return out("fail", f"{head}, below the floor of {pol.floor:g}x its own median before")
-        return out("fail", f"{head}, past the floor: more than {floor_drop:.0%} worse than its own median before")
+            return out("fail", f"{head}, below the floor of {pol.floor:g}x its own median before", "floor")
+        return out("fail", f"{head}, past the floor: more than {floor_drop:.0%} worse than its own median before",
+                   "ceiling")
     if drop < limit - FLOOR_SLACK:
         if fig["p_value"] is not None and fig["p_value"] < pol.alpha and drop > 0:
             return out("pass", f"{head}: significant (p={_p_text(fig['p_value'])}) but under the {limit * 100:g}% limit")
         return out("pass", None)
     if min(len(b), len(a)) < pol.min_samples:
         return out("inconclusive", f"{head} but only {len(b)} sample(s) before and {len(a)} after: "
-                                   f"{pol.min_samples} a side are needed to reach p<{pol.alpha:g}; measure again")
+                                   f"{pol.min_samples} a side are needed to reach p<{pol.alpha:g}; measure again",
+                   "few samples")
     if fig["p_value"] < pol.alpha:
-        return out("fail", f"{head}, {test_name} p={_p_text(fig['p_value'])} < {pol.alpha:g}")
+        return out("fail", f"{head}, {test_name} p={_p_text(fig['p_value'])} < {pol.alpha:g}", "limit")
     return out("inconclusive", f"{head} but {test_name} p={_p_text(fig['p_value'])} >= {pol.alpha:g}: "
-                               f"too noisy to call; measure again")
+                               f"too noisy to call; measure again", "noisy")
 
 
 def _series(throughput: dict[str, Any]) -> dict[tuple[int | None, str], list[Any]]:
@@ -228,9 +271,10 @@ def _series(throughput: dict[str, Any]) -> dict[tuple[int | None, str], list[Any
 
 
 def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None, pol: GatePolicy = DEFAULTS,
-                     broken: dict[str, str] | None = None) -> Verdict:
+                     broken: dict[str, str] | None = None, what: str = "throughput") -> Verdict:
     """The probe results' "throughput" objects (either may be None) -> Verdict. BROKEN: the after probe's
-    throughput.* errors: a series missing after because its measurement broke is inconclusive, not a regression."""
+    throughput.* errors: a series missing after because its measurement broke is inconclusive, not a regression.
+    WHAT: the kind its problem is named by (KINDS: "canary metrics" for the canary's runs)."""
     if before is None or after is None or not before["samples"] or not after["samples"]:
         side = " and ".join(s for s, t in (("before", before), ("after", after)) if t is None or not t["samples"])
         return Verdict("pass", [f"no throughput samples to compare (none {side})"])
@@ -239,7 +283,7 @@ def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None
     statuses, plain = [], []
     for key in sorted(sb.keys() | sa.keys(), key=lambda k: (k[1], -1 if k[0] is None else k[0])):
         gpu, metric = key
-        label = _label(gpu, metric)
+        label = series_label(gpu, metric)
         if key not in sa and not pol.gated(metric):
             verdict.reasons.append(f"{label}: no samples after (reported, not gated)")
             continue
@@ -249,7 +293,8 @@ def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None
             verdict.reasons.append(f"{'GPU ' + str(gpu) if gpu is not None else 'the host'} gave no {metric} samples after"
                                    + (f" (the measurement broke: {'; '.join(sorted(broken.values()))}; measure again)"
                                       if broken else ""))
-            verdict.figures[key] = {"n_before": len(sb[key]), "n_after": 0, "status": status}
+            verdict.figures[key] = {"n_before": len(sb[key]), "n_after": 0, "status": status,
+                                    "rule": "broken" if broken else "no samples"}
             continue
         if key not in sb:
             verdict.reasons.append(f"{label}: new after the change, nothing to compare with")
@@ -259,6 +304,7 @@ def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None
         if spec_b and spec_a and spec_b != spec_a:
             statuses.append("inconclusive")
             verdict.reasons.append(f"{label}: the metric changed definition ({spec_b} -> {spec_a}); cannot compare")
+            verdict.figures[key] = {"status": "inconclusive", "rule": "definition"}
             continue
         status, reason, fig = judge_series(label, metric, sb[key], sa[key], spec["higher_is_better"], spec["unit"], pol)
         verdict.figures[key] = fig
@@ -277,7 +323,36 @@ def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None
         verdict.reasons.append(f"{len(plain)} throughput series within limits (largest drop {max(0.0, biggest[0]):.1%}: "
                                f"{biggest[1]})")
     verdict.status = worst(statuses)
+    if verdict.status != "pass":
+        verdict.problems.append(throughput_problem(verdict, pol, what))
     return verdict
+
+
+# Why a series failed or is inconclusive (its figure's "rule"), the worst first, as a summary says it of several.
+RULES = {"no samples": "without valid samples after", "floor": "below {floor:g}x their median before",
+         "ceiling": "more than {drop:.0%} above their median before", "limit": "past their limit (p < {alpha:g})",
+         "broken": "without samples after (the measurement broke)", "definition": "with a changed definition",
+         "zero median": "with a median before of 0 or less",
+         "few samples": "past their limit on fewer than {min_samples} samples a side",
+         "noisy": "past their limit but too noisy to call (p >= {alpha:g})"}
+
+
+def throughput_problem(verdict: Verdict, pol: GatePolicy, what: str = "throughput") -> Problem:
+    """A throughput verdict that did not pass in one line: how many of the gated series, by which rule, and the
+    worst, e.g. "throughput: 13 of 13 series below 0.95x their median before; worst GPU 0 d2h_gbs -8.5%"."""
+    gated = {k: f for k, f in verdict.figures.items() if f.get("gated", True)}
+    bad = sorted((f for f in gated.items() if f[1]["status"] == verdict.status),
+                 key=lambda kf: (list(RULES).index(kf[1]["rule"]), -(kf[1].get("drop") or 0)))
+    said = {rule: RULES[rule].format(floor=pol.floor, drop=1 - pol.floor, alpha=pol.alpha, min_samples=pol.min_samples)
+            for rule in RULES if any(f["rule"] == rule for _, f in bad)}
+    how = next(iter(said.values())) if len(said) == 1 else (
+        f"{'failed' if verdict.status == 'fail' else 'inconclusive'} ("
+        + ", ".join(f"{sum(f['rule'] == rule for _, f in bad)} {text.split(' (')[0]}" for rule, text in said.items())
+        + ")")
+    (gpu, metric), f = bad[0]
+    change = f" {f['change']:+.1%}" if f.get("change") is not None else f" ({f['rule']})"
+    return Problem(what, f"{what}: {len(bad)} of {len(gated)} series {how}; worst {series_label(gpu, metric)}{change}",
+                   verdict.status)
 
 
 # ---- health ------------------------------------------------------------------------------------
@@ -306,8 +381,8 @@ def _nvml_event(code: int, gpu: str) -> dict[str, Any]:
             "action": entry.get("action"), "source": entry.get("source", "fleetctl default for codes not in the table")}
 
 
-def _xid_lines(after: dict[str, Any], pol: GatePolicy) -> tuple[list[str], list[str]]:
-    """New Xid events after the change -> (failing lines, warning lines)."""
+def _xid_lines(after: dict[str, Any], pol: GatePolicy) -> tuple[list[Problem], list[str]]:
+    """New Xid events after the change -> (failing ones, warning lines)."""
     health = after["health"]
     events = [dict(classify_override(e, pol.xid_overrides), gpu=e["pci_bus_id"]) for e in health["xid"]["events"]]
     pci_by_uuid = {g.get("uuid"): g.get("pci_bus_id") for g in health["gpus"] if g.get("uuid")}
@@ -319,10 +394,13 @@ def _xid_lines(after: dict[str, Any], pol: GatePolicy) -> tuple[list[str], list[
             events.append(classify_override(_nvml_event(n["code"], gpu), pol.xid_overrides))
     bad, low = [], []
     for e in events:
-        line = (f"new Xid {e['code']} ({e.get('name') or 'unnamed'}) on {e['gpu']}: severity {e['severity']} "
-                f"[{e.get('source') or 'no source'}]" + (f" -> {e['action']}" if e.get("action") else ""))
-        (bad if severity_rank(e["severity"]) >= severity_rank(pol.xid_fail_on) else low).append(line)
-    return bad, [f"{line} (below {pol.xid_fail_on}: warning)" for line in low]
+        short = f"new Xid {e['code']} ({e.get('name') or 'unnamed'}) on {e['gpu']}: severity {e['severity']}"
+        line = short + f" [{e.get('source') or 'no source'}]" + (f" -> {e['action']}" if e.get("action") else "")
+        if severity_rank(e["severity"]) >= severity_rank(pol.xid_fail_on):
+            bad.append(Problem("Xid", line, weight=severity_rank(e["severity"]), short=short))
+        else:
+            low.append(f"{line} (below {pol.xid_fail_on}: warning)")
+    return bad, low
 
 
 FABRIC_OK = ("completed", "not_supported")
@@ -383,19 +461,20 @@ def pcie_lines(prev: dict[str, Any] | None, g: dict[str, Any], same_boot: bool, 
 def judge_health(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAULTS,
                  expected_gpus: int | None = None) -> Verdict:
     """Probe results (whole documents) -> Verdict on their "health"; Xid events after are already new."""
-    fails, notes = [], []
+    fails: list[Problem] = []
+    notes = []
     hb, ha = before["health"], after["health"]
     if after["driver"]["state"] != "loaded":
-        fails.append(f"the driver is {after['driver']['state'].replace('_', ' ')}")
+        fails.append(Problem("driver", f"the driver is {after['driver']['state'].replace('_', ' ')}"))
     want = max(hb["gpu_count"], expected_gpus or 0)
     if ha["gpu_count"] < want:
-        fails.append(f"{ha['gpu_count']} GPUs answer after, {want} expected "
-                     f"({hb['gpu_count']} before" + (f", {expected_gpus} in the baseline)" if expected_gpus else ")"))
+        fails.append(Problem("GPU count", f"{ha['gpu_count']} GPUs answer after, {want} expected ({hb['gpu_count']} before"
+                             + (f", {expected_gpus} in the baseline)" if expected_gpus else ")")))
     lost_before = {g["index"] for g in hb["gpus"] if g.get("lost")}
     for g in ha["gpus"]:
         if g.get("lost"):
-            fails.append(f"GPU {g['index']} is lost (NVML counts it but cannot open it)"
-                         + (" - lost before the change too" if g["index"] in lost_before else ""))
+            fails.append(Problem("GPU lost", f"GPU {g['index']} is lost (NVML counts it but cannot open it)"
+                                 + (" - lost before the change too" if g["index"] in lost_before else "")))
     bad, low = _xid_lines(after, pol)
     fails += bad
     notes += low
@@ -409,19 +488,25 @@ def judge_health(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy 
         was = (prev["ecc"]["uncorrected_volatile"] or 0) if prev and same_driver_load else 0
         now = g["ecc"]["uncorrected_volatile"] or 0
         if now > was:
-            fails.append(f"GPU {g['index']}: uncorrectable ECC errors {was} -> {now}")
+            fails.append(Problem("ECC", f"GPU {g['index']}: uncorrectable ECC errors {was} -> {now}", weight=now - was))
         rows, prev_rows = g.get("remapped_rows") or {}, (prev or {}).get("remapped_rows") or {}
-        for flag, what in (("failure", "row remapping FAILED"), ("pending", "row remap pending (reset needed)")):
-            if rows.get(flag):
-                (notes if prev_rows.get(flag) else fails).append(
-                    f"GPU {g['index']}: {what}" + (" - already before the change" if prev_rows.get(flag) else ""))
+        for flag, what, weight in (("failure", "row remapping FAILED", 1),
+                                   ("pending", "row remap pending (reset needed)", 0)):
+            if prev_rows.get(flag) and rows.get(flag):
+                notes.append(f"GPU {g['index']}: {what} - already before the change")
+            elif rows.get(flag):
+                fails.append(Problem("row remap", f"GPU {g['index']}: {what}", weight=weight))
         if g.get("recovery_action") not in (None, "None"):
-            fails.append(f"GPU {g['index']}: the driver asks for recovery action '{g['recovery_action']}'")
+            fails.append(Problem("recovery action",
+                                 f"GPU {g['index']}: the driver asks for recovery action '{g['recovery_action']}'"))
         bad, low = pcie_lines(prev, g, same_boot, same_driver_load, pol.pcie_replays_fail)
-        fails += bad
+        fails += [Problem("PCIe", line, weight=int(": fatal " in line)) for line in bad]
         notes += low
-    fails += interconnect_lines(hb.get("interconnect"), ha.get("interconnect"), same_driver_load, pol.nvlink_errors_fail)
-    return Verdict("fail" if fails else "pass", fails + notes if fails or notes else ["GPU health unchanged: no new faults"])
+    fails += [Problem("interconnect", line) for line in
+              interconnect_lines(hb.get("interconnect"), ha.get("interconnect"), same_driver_load,
+                                 pol.nvlink_errors_fail)]
+    reasons = [p.text for p in fails] + notes
+    return Verdict("fail" if fails else "pass", reasons or ["GPU health unchanged: no new faults"], problems=fails)
 
 
 def judge(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAULTS,
@@ -431,14 +516,14 @@ def judge(before: dict[str, Any], after: dict[str, Any], pol: GatePolicy = DEFAU
     broken = {k: v for k, v in after.get("errors", {}).items() if k.startswith("throughput")}
     tp = judge_throughput(before["throughput"], after["throughput"], pol, broken)
     status = worst([health.status, tp.status])
-    reasons = health.reasons + tp.reasons
+    reasons, problems = health.reasons + tp.reasons, health.problems + tp.problems
     blind = {k: v for k, v in after.get("errors", {}).items() if k in ("nvml", "xid")}
-    if blind:
-        # Nothing read is not the same as nothing wrong.
-        status = worst([status, "inconclusive"])
-        reasons += [f"could not check {k}: {v}" for k, v in blind.items()]
+    # Nothing read is not the same as nothing wrong; nor is a throughput measured before and broken after.
+    unread = [Problem("could not check", f"could not check {k}: {v}", "inconclusive") for k, v in blind.items()]
     if before["throughput"] and before["throughput"]["samples"] and after["throughput"] is None and broken:
-        # Measured before, and the measurement broke after: not evidence of health.
+        unread += [Problem("throughput", f"throughput could not be measured after: {k}: {v}", "inconclusive")
+                   for k, v in broken.items()]
+    if unread:
         status = worst([status, "inconclusive"])
-        reasons += [f"throughput could not be measured after: {k}: {v}" for k, v in broken.items()]
-    return Verdict(status, reasons, tp.figures)
+        reasons += [p.text for p in unread]
+    return Verdict(status, reasons, tp.figures, problems + unread)

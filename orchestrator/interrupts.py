@@ -15,6 +15,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+from .exitcodes import Exit
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _state: dict[str, int | None] = {"deferring": 0, "pending": None}
 
@@ -25,8 +27,8 @@ class Interrupted(BaseException):
         super().__init__(signal.Signals(signum).name)
 
     @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
+    def exit_code(self) -> Exit:
+        return Exit.for_signal(self.signum)
 
     @property
     def name(self) -> str:

@@ -3,9 +3,10 @@
 `--notify CMD` runs CMD without a shell (split into words first, then the placeholders {event} {severity} {kind}
 {campaign} {host} {target} {state} {run} filled in per word, as the drain hooks do), the event as JSON on stdin,
 killed with its process group after the timeout. `--webhook URL` POSTs the event (as it is, or shaped for Slack or
-Microsoft Teams) with urllib: TLS verified (`--webhook-ca FILE` adds a private CA, nothing turns verification off),
-redirects not followed, 3 tries with exponential backoff (1 s, 2 s; one try while the target keeps failing), headers
-from `--webhook-headers FILE` and `$FLEETCTL_WEBHOOK_HEADERS` (`Name: value` lines, for tokens).
+Microsoft Teams) with urllib3: TLS verified (`--webhook-ca FILE` adds a private CA, nothing turns verification off),
+redirects not followed, 3 tries (urllib3's backoff: the second at once, the third 2 s later, or when the server's
+Retry-After says, up to 30 s; one try while the target keeps failing), headers from `--webhook-headers FILE` and
+`$FLEETCTL_WEBHOOK_HEADERS` (`Name: value` lines, for tokens).
 
 A notification that fails is one line on stderr and a record in the history; it never stops or changes what
 fleetctl was doing, nor its exit code. Header values and webhook URL paths (Slack's secret) are never shown or
@@ -18,7 +19,6 @@ neither a campaign nor the other targets).
 from __future__ import annotations
 
 import contextlib
-import http.client
 import ipaddress
 import json
 import os
@@ -32,13 +32,11 @@ import stat
 import subprocess
 import sys
 import threading
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+import urllib3
 
 from . import __version__, redact
 from .errors import InputError
@@ -48,9 +46,9 @@ FORMATS = ("json", "slack", "teams")
 PLACEHOLDERS = ("event", "severity", "kind", "campaign", "host", "target", "state", "run")
 HEADERS_ENV = "FLEETCTL_WEBHOOK_HEADERS"
 TRIES = 3
-BACKOFF_S = 1.0  # before the second try; doubled before each later one
-MAX_RETRY_AFTER_S = 30.0
-DEFAULT_TIMEOUT_S = 10.0
+BACKOFF_S = 1.0  # urllib3's backoff factor: the second try at once, the third after 2 s
+MAX_RETRY_AFTER_S = 30  # the longest wait before a try, whatever the server's Retry-After says
+RETRY_STATUSES = frozenset({408, 425, 429, *range(500, 600)})
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 RESERVED_HEADERS = ("content-type", "content-length", "host", "transfer-encoding", "connection")
 PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,30}")  # a typo worth naming; anything else is not named
@@ -209,25 +207,37 @@ class Command:
         return None
 
 
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an error: following it would carry the headers (tokens) to wherever it points."""
+class Tries(urllib3.Retry):
+    """urllib3's Retry, which takes a Retry-After that is neither seconds nor an HTTP date for none (urllib3 would
+    fail the delivery)."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 (urllib's signature)
-        return None
+    def parse_retry_after(self, retry_after: str) -> float:
+        try:
+            return super().parse_retry_after(retry_after)
+        except urllib3.exceptions.InvalidHeader:
+            return 0.0  # the backoff's wait
 
 
-def retry_after(value: str | None) -> float | None:
-    with contextlib.suppress(TypeError, ValueError):
-        return min(max(float(value), 0.0), MAX_RETRY_AFTER_S)  # seconds; an HTTP date is ignored
-    return None
+def underlying(e: BaseException) -> BaseException:
+    """The socket, TLS or HTTP error under urllib3's wrappers (what ran out the tries, the error a connection or
+    protocol error was raised from)."""
+    while isinstance(e, urllib3.exceptions.HTTPError):
+        inner = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) else \
+            e.__cause__ or next((a for a in e.args if isinstance(a, BaseException)), None)
+        if inner is None:
+            return e
+        e = inner
+    return e
 
 
 class Webhook:
     def __init__(self, url: str, fmt: str, headers: list[tuple[str, str, str]], context: ssl.SSLContext,
                  timeout_s: float):
         self.url, self.fmt, self.timeout_s = url, fmt, timeout_s
-        self.headers = {name: value for name, value, _ in headers}
-        self.opener = urllib.request.build_opener(NoRedirect(), urllib.request.HTTPSHandler(context=context))
+        self.headers = {"Content-Type": "application/json; charset=utf-8", "User-Agent": f"fleetctl/{__version__}",
+                        **{name: value for name, value, _ in headers}}
+        self.pool = urllib3.PoolManager(ssl_context=context, timeout=urllib3.Timeout(connect=timeout_s,
+                                                                                      read=timeout_s))
         self.failing = False  # the last notification failed every try: one try each until one gets through
 
     def describe(self) -> str:
@@ -236,51 +246,57 @@ class Webhook:
     def deliver(self, payload: dict[str, Any], body: bytes) -> str | None:
         data = json.dumps(shape(payload, self.fmt)).encode() if self.fmt != "json" else body
         tries = 1 if self.failing else TRIES
-        for attempt in range(1, tries + 1):
-            error, again, wait = self.post(data)
-            if error is None:
-                self.failing = False
-                return None
-            if not again or attempt == tries:
+        # What may be retried: a connection or an answer that failed (timeout, reset) and the statuses that say
+        # "later"; never a TLS error, a redirect (it would carry the headers elsewhere) or another 4xx. urllib3's
+        # Retry decides and waits (backoff, Retry-After); each try is bounded here as a whole.
+        retry = Tries(total=tries - 1, other=0, redirect=False, raise_on_status=False, allowed_methods=None,
+                      status_forcelist=RETRY_STATUSES, backoff_factor=BACKOFF_S, backoff_max=MAX_RETRY_AFTER_S,
+                      retry_after_max=MAX_RETRY_AFTER_S)
+        while True:
+            status, reason, error = self.bounded_try(data, 2 * self.timeout_s)
+            try:
+                if error is not None:
+                    retry = retry.increment("POST", self.url, error=error)
+                    retry.sleep()
+                elif retry.is_retry("POST", status.status, "Retry-After" in status.headers):
+                    retry = retry.increment("POST", self.url, response=status)
+                    retry.sleep(status)
+                else:
+                    break
+            except urllib3.exceptions.MaxRetryError as e:
+                reason = reason or self.describe_error(underlying(e))
                 break
-            time.sleep(max(BACKOFF_S * 2 ** (attempt - 1), wait or 0.0))
-        self.failing = True
-        return error + (f" ({attempt} tries)" if attempt > 1 else "")
+        took = len(retry.history) + 1
+        self.failing = reason is not None
+        return None if reason is None else reason + (f" ({took} tries)" if took > 1 else "")
 
-    def post(self, data: bytes) -> tuple[str | None, bool, float | None]:
-        """(error or None, worth another try, the server's Retry-After), within twice the timeout in all: the
-        socket timeout bounds each read, and a server that answers a byte at a time would hold it for ever. A try
-        cut short is left to finish in its daemon thread, which the process does not wait for."""
-        done: dict[str, tuple[str | None, bool, float | None]] = {}
-        worker = threading.Thread(target=lambda: done.setdefault("r", self._post(data)), daemon=True)
+    def bounded_try(self, data: bytes, limit_s: float) -> tuple[Any, str | None, Exception | None]:
+        """One try within LIMIT_S in all (the timeout bounds each read, and a server that answers a byte at a time
+        would hold a try for ever): (response, the failure it means or None, the error that stopped it or None).
+        A try cut short is left to finish in its daemon thread, which the process does not wait for."""
+        done: dict[str, tuple[Any, str | None, Exception | None]] = {}
+        worker = threading.Thread(target=lambda: done.setdefault("r", self.one_try(data)), daemon=True)
         worker.start()
-        worker.join(2 * self.timeout_s)
-        if "r" not in done:
-            return f"no complete answer in {2 * self.timeout_s:g}s", True, None
-        return done["r"]
+        worker.join(limit_s)
+        if "r" in done:
+            return done["r"]
+        why = f"no complete answer in {limit_s:g}s"
+        return None, why, urllib3.exceptions.ReadTimeoutError(None, self.url, why)  # type: ignore[arg-type]
 
-    def _post(self, data: bytes) -> tuple[str | None, bool, float | None]:
-        request = urllib.request.Request(self.url, data=data, method="POST", headers={
-            "Content-Type": "application/json; charset=utf-8", "User-Agent": f"fleetctl/{__version__}",
-            **self.headers})
+    def one_try(self, data: bytes) -> tuple[Any, str | None, Exception | None]:
         try:
-            with self.opener.open(request, timeout=self.timeout_s) as response:
-                response.read(1 << 16)
-            return None, False, None
-        except urllib.error.HTTPError as e:
-            with contextlib.suppress(Exception):
-                e.close()
-            if 300 <= e.code < 400:
-                return f"HTTP {e.code} {one_line(e.reason, 80)}: redirects are not followed", False, None
-            again = e.code >= 500 or e.code in (408, 425, 429)
-            return f"HTTP {e.code} {one_line(e.reason, 80)}", again, retry_after(e.headers.get("Retry-After"))
-        except urllib.error.URLError as e:
-            reason = e.reason
-            return self.describe_error(reason), not isinstance(reason, ssl.SSLCertVerificationError), None
-        except (OSError, http.client.HTTPException) as e:  # a read timeout, a reset, a malformed answer
-            return self.describe_error(e), True, None
+            response = self.pool.request("POST", self.url, body=data, headers=self.headers, retries=False,
+                                         redirect=False, preload_content=False)
+        except urllib3.exceptions.HTTPError as e:
+            return None, self.describe_error(underlying(e)), e
+        with response:
+            response.read(1 << 16, decode_content=False)  # bounded: the answer is not used
+        if response.status < 300:
+            return response, None, None
+        reason = f"HTTP {response.status} {one_line(response.reason or '', 80)}"
+        return response, (reason + ": redirects are not followed" if response.status < 400 else reason), None
 
-    def describe_error(self, e: object) -> str:
+    def describe_error(self, e: BaseException) -> str:
         if isinstance(e, ssl.SSLCertVerificationError):
             return f"TLS: certificate not trusted ({one_line(e.verify_message, 120)})"
         if isinstance(e, ssl.SSLError):
@@ -293,8 +309,6 @@ class Webhook:
             return f"cannot resolve the host name ({one_line(e.strerror, 80)})"
         if isinstance(e, OSError) and e.strerror:
             return one_line(e.strerror, 120)
-        if isinstance(e, str):
-            return one_line(e, 120)
         return type(e).__name__  # never str(e): an exception's text could quote what was sent
 
 

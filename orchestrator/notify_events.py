@@ -34,7 +34,9 @@ from typing import Any, Iterator
 from . import __version__
 from .audit import blocking
 from .campaign import transitions
+from .campaign.transitions import HostState
 from .campaign.journal import Journal
+from .exitcodes import Exit
 from .notify import Dispatch, Failure, Notifier, warn
 from .store import now
 
@@ -202,8 +204,8 @@ class CampaignNotes:
 
     def rolled_back(self, r):
         hosts = self.journal.hosts(self.cid)
-        broken = [h["host"] for h in hosts if h["state"] == "rollback_failed"]
-        back = [h["host"] for h in hosts if h["state"] == "rolled_back"]
+        broken = [h["host"] for h in hosts if h["state"] == HostState.ROLLBACK_FAILED]
+        back = [h["host"] for h in hosts if h["state"] == HostState.ROLLED_BACK]
         reason = self.journal.campaign(self.cid)["reason"]
         text = f"{self.head()} rolled back ({len(back)} host{'s' if len(back) != 1 else ''} back on their " \
                f"recorded packages)" + (f": {reason}" if reason else "")
@@ -214,7 +216,7 @@ class CampaignNotes:
                           f"nothing for the fleet; why it failed: {self.show()}", reason=reason)
 
     def halted(self, r):
-        held = [h["host"] for h in self.journal.hosts(self.cid) if h["state"] == "held"]
+        held = [h["host"] for h in self.journal.hosts(self.cid) if h["state"] == HostState.HELD]
         return self.event(
             r, "halted", "critical", f"{self.head()} halted for a person: {r.get('reason')}",
             f"look at the held hosts ({names(held)}): {self.show()}; then accept them and go on: "
@@ -236,9 +238,9 @@ class CampaignNotes:
     def done(self, r):
         hosts = self.journal.hosts(self.cid)
         failed = [h["host"] for h in hosts if h["state"] in transitions.FAILED]
-        broken = [h["host"] for h in hosts if h["state"] == "rollback_failed"]
+        broken = [h["host"] for h in hosts if h["state"] == HostState.ROLLBACK_FAILED]
         left_out = [h["name"] for h in self.plan()["excluded"]]
-        ok = [h["host"] for h in hosts if h["state"] == "done"]
+        ok = [h["host"] for h in hosts if h["state"] == HostState.DONE]
         text = f"{self.head()} done: {len(ok)} host{'s' if len(ok) != 1 else ''} on the new driver"
         if broken:
             return self.event(r, "done", "critical", text + f"; rollback FAILED on {names(broken)}",
@@ -295,7 +297,7 @@ class RunNotes:
 
 def run_payload(run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The `findings` event of an audit or probe run (RUN: runs.Run), or None when it found nothing."""
-    if summary["exit_code"] == 0:
+    if summary["exit_code"] == Exit.OK:
         return None
     kind = run.kind
     unreachable = [h["name"] for h in hosts if not h["reachable"]]

@@ -36,20 +36,20 @@ from typing import Any
 
 import copy
 
-from . import audit, baseline as baseline_mod, controls, policy, runs, schemas
+from . import audit, baseline as baseline_mod, controls, runs, schemas, settings
 from .campaign import packages
 from .errors import InputError
+from .exitcodes import Exit
 from .store import Store
 
-EXIT_OK, EXIT_UNREACHABLE = 0, 3
-DEFAULT_RAMP = "1,10%,50%,100%"
-DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # README "Planning an upgrade": later waves fail at >= 2 hosts or 10%
+DEFAULT_RAMP = settings.WAVES.default
+DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # docs/upgrades.md "Planning": later waves fail at >= 2 hosts or 10%
 VERSION_RE = re.compile(r"[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?")  # whole string (fullmatch): no "570.86.15\n"
 # ASCII digits, at most 9 a part: Fraction() and str() refuse numbers of thousands of digits (ValueError)
 _STEP_RE = re.compile(r"^(?:(?P<count>[0-9]{1,9})|(?P<percent>[0-9]{1,9}(?:\.[0-9]{1,9})?)%)$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlanOptions:
     target: str
     waves: str = DEFAULT_RAMP
@@ -177,7 +177,7 @@ def boot_risks(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def on_target(facts: dict[str, Any], running: str, target: str) -> dict[str, Any]:
     """FACTS as they would be once the campaign moved the host from RUNNING to TARGET: the driver's version and
-    branch, the CUDA version of the target's branch (the table: policy.CUDA_BY_BRANCH), the flavor the target's
+    branch, the CUDA version of the target's branch (the table: controls.CUDA_BY_BRANCH), the flavor the target's
     packages install, and a fabric manager package moved with the driver where the host has one."""
     after = copy.deepcopy(facts)
     d = after["driver"]
@@ -196,10 +196,11 @@ def target_problems(entry: dict[str, Any], base: baseline_mod.Baseline, running:
     """The findings the audit would give on TARGET that fail at or above the campaign's severity, of the controls
     whose outcome follows from the driver version alone."""
     pol = base.policy_for(list(entry["groups"]))
-    floor = policy.severity_rank(pol.get("campaign", {}).get("fail_on", "medium"))
+    floor = controls.severity_rank(pol.get("campaign", {}).get("fail_on", "medium"))
     judged = set(controls.with_role("target"))
-    return [f for f in policy.evaluate(on_target(entry["facts"], running, target), pol)
-            if f["control"] in judged and f["status"] in ("fail", "error") and policy.severity_rank(f["severity"]) >= floor]
+    return [f for f in controls.evaluate(on_target(entry["facts"], running, target), pol)
+            if f["control"] in judged and f["status"] in ("fail", "error")
+            and controls.severity_rank(f["severity"]) >= floor]
 
 
 def classify(entry: dict[str, Any], base: baseline_mod.Baseline, target: str) -> tuple[str, str | None, str]:
@@ -224,7 +225,7 @@ def classify(entry: dict[str, Any], base: baseline_mod.Baseline, target: str) ->
         more = f" (+{len(risky) - 1} more)" if len(risky) > 1 else ""
         return "excluded", "boot_at_risk", (f"next boot at risk: {risky[0]['control']}: {risky[0]['message']}{more}; "
                                             "fix it (fleetctl audit shows how) before upgrading this host")
-    running = policy.running_version(facts)
+    running = controls.running_version(facts)
     if running is None:  # only where the baseline lowered driver.loaded below critical
         return "excluded", "unhealthy", "unhealthy: no nvidia kernel module loaded: no running version to move from"
     if running == target:
@@ -274,7 +275,7 @@ def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]],
     for e in entries:
         verdict, code, detail = classify(e, base, target)
         if verdict == "wave":
-            change = "upgrade" if policy.version_tuple(target) > policy.version_tuple(detail) else "downgrade"
+            change = "upgrade" if controls.version_tuple(target) > controls.version_tuple(detail) else "downgrade"
             eligible.append({"name": e["name"], "groups": list(e["groups"]), "from_version": detail, "change": change})
         else:
             (skipped if verdict == "skipped" else excluded).append(
@@ -326,7 +327,7 @@ def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
         unreachable = sum(1 for h in hosts if not h["reachable"])
         summary = {"hosts": len(hosts), "eligible": sum(w["size"] for w in plan["waves"]), "waves": len(plan["waves"]),
                    "skipped": len(plan["skipped"]), "excluded": len(plan["excluded"]), "unreachable": unreachable,
-                   "exit_code": EXIT_UNREACHABLE if unreachable else EXIT_OK,
+                   "exit_code": Exit.UNREACHABLE if unreachable else Exit.OK,
                    "duration_s": round(time.monotonic() - started, 3)}
         # The run's summary column carries the plan itself (what `upgrade` acts on); facts and findings go where
         # an audit's go.

@@ -6,14 +6,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import baseline as baseline_mod, gate, inputs, inventory, resources, runner, runs, schemas
-from .audit import EXIT_OK, EXIT_UNREACHABLE, xid_overrides
+from . import baseline as baseline_mod, gate, inputs, inventory, resources, runner, runs, schemas, settings
+from .audit import xid_overrides
+from .exitcodes import Exit
 from .store import Store
 
-EXIT_UNHEALTHY = 1
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProbeOptions:
     inventory: str | None = None
     limit: str | None = None
@@ -21,9 +20,9 @@ class ProbeOptions:
     throughput: bool = False
     engine: str | None = None  # None: the host's gpu_probe_engine inventory variable, else builtin
     command: str | None = None
-    samples: int = 10
-    warmup_s: float = 20.0
-    trial_s: float = 1.0
+    samples: int = settings.SAMPLES.value
+    warmup_s: float = settings.WARMUP.value
+    trial_s: float = settings.TRIAL.value
     forks: int | None = None
     preflight: bool = True
 
@@ -102,7 +101,7 @@ def run(opts: ProbeOptions, store: Store, argv: list[str], notifier=None) -> dic
         unhealthy = sum(1 for h in hosts if h["reachable"] and h["health"]["status"] != "pass")
         summary = {"hosts": len(hosts), "reachable": len(hosts) - unreachable, "unreachable": unreachable,
                    "healthy": len(hosts) - unreachable - unhealthy, "unhealthy": unhealthy,
-                   "exit_code": EXIT_UNREACHABLE if unreachable else (EXIT_UNHEALTHY if unhealthy else EXIT_OK),
+                   "exit_code": Exit.UNREACHABLE if unreachable else (Exit.FINDINGS if unhealthy else Exit.OK),
                    "duration_s": round(time.monotonic() - started, 3)}
         sent = notifier.after_run(run_, summary, hosts) if notifier else None  # notify_events.RunNotes: findings
         if sent:

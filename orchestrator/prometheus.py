@@ -21,12 +21,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
 from .campaign.journal import Journal
+from .campaign.transitions import TERMINAL, CampaignState
 from .report import selected
 from .store import Store
 from . import timefmt
 
-# name (as exposed) -> (help, labels). The one list of what fleetctl exports: the README, the dashboard test and
-# the alert-rule tests read it.
+# name (as exposed) -> (help, labels). The one list of what fleetctl exports: the docs' metrics page, the dashboard test
+# and the alert-rule tests read it.
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     # audit (also a plan's or a campaign's planning audit): each host's latest
     "fleetctl_host_reachable": ("1 when the host answered its latest audit, 0 when it was unreachable.", ("host",)),
@@ -50,11 +51,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
                               "label's unit (gpu empty: host-wide; peer: the GPU a p2p sample copied to).",
                               ("host", "gpu", "peer", "metric", "unit")),
     # campaigns: each host's latest
-    "fleetctl_campaign_host_state": ("1 for the host's state in its latest upgrade campaign (done, held, failed, "
-                                     "rolled_back, rollback_failed, or the step it is at).",
+    "fleetctl_campaign_host_state": ("1 for the host's state in its latest upgrade campaign "
+                                     f"({', '.join(TERMINAL)}, or the step it is at).",
                                      ("campaign", "host", "state")),
-    "fleetctl_campaign_state": ("1 for the state of each campaign that is some host's latest (running, soaking, "
-                                "halted, done, rolling_back, rolled_back, aborted).", ("campaign", "target", "state")),
+    "fleetctl_campaign_state": ("1 for the state of each campaign that is some host's latest "
+                                f"({', '.join(CampaignState)}).", ("campaign", "target", "state")),
     "fleetctl_campaign_soak_remaining_seconds": ("Time left of the soak a campaign is in (soaking campaigns that are "
                                                  "some host's latest).", ("campaign",)),
     "fleetctl_campaign_soak_host_status": ("1 for the status of the host's latest soak observation in its latest "
@@ -69,7 +70,6 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fleetctl_history_chain_head_age_seconds": ("Age of the newest record of the history's hash chain when these "
                                                 "metrics were made.", ()),
 }
-AUDIT_METRICS = tuple(list(METRICS)[:6])
 PROBE_METRICS = tuple(list(METRICS)[6:11])
 
 
@@ -220,7 +220,7 @@ def history_families(store: Store, limit: str | None = None, now: float | None =
     for cid, (target, state) in sorted(campaigns.items()):
         out.gauge("fleetctl_campaign_state", 1, campaign=cid, target=target, state=state)
     for r in journal.soak_states(sorted(campaigns)):
-        if r["state"] == "soaking" and r["soak_until"]:
+        if r["state"] == CampaignState.SOAKING and r["soak_until"]:
             out.gauge("fleetctl_campaign_soak_remaining_seconds", max(0.0, unix(r["soak_until"]) - now),
                       campaign=r["id"])
     latest_campaign = {r["host"]: r["id"] for r in journal.latest_host_states()}

@@ -22,7 +22,9 @@ import jinja2
 
 from . import __version__, chain, schemas, timefmt
 from .errors import InputError, OperationError
+from .sanitize import one_line
 from .campaign.journal import Journal
+from .campaign.transitions import CampaignState, HostState
 from .store import Store, now, operator
 
 CSV_FIELDS = ("host", "groups", "audit_run", "audited_at", "control", "severity", "status", "message",
@@ -131,7 +133,8 @@ def campaigns(store: Store, since_ts: str | None, until_ts: str | None) -> list[
                     "from_versions": sorted({json.loads(h["before"])["version"] for h in hosts if h["before"]}),
                     "waves": len(plan["waves"]), "reason": c["reason"],
                     "hosts": [{"name": h["host"], "state": h["state"], "reason": h["reason"]} for h in hosts],
-                    "rolled_back": [h["host"] for h in hosts if h["state"] in ("rolled_back", "rollback_failed")]})
+                    "rolled_back": [h["host"] for h in hosts
+                                    if h["state"] in (HostState.ROLLED_BACK, HostState.ROLLBACK_FAILED)]})
     return out
 
 
@@ -166,16 +169,23 @@ def to_csv(report: dict[str, Any]) -> str:
 
 # ---- HTML: one self-contained file, charts drawn as inline SVG (no script, no network) -------------------
 
+CHAR_PX, BAR_PX = 8, 480  # room per character of 12 px text (DejaVu Sans: digits 7.6, "%" 11.4), the longest bar
+
+
 def _bars(rows: list[tuple[str, float, str]], maximum: float, unit: str = "") -> str:
-    """Horizontal bars: (label, value, colour)."""
-    height, width = 22 * len(rows) + 10, 640
-    parts = [f'<svg class="chart" role="img" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">']
-    for i, (label, value, colour) in enumerate(rows):
+    """Horizontal bars: (label, value, colour). The labels' column and the room after the longest bar are as wide
+    as their longest text: no label overlaps a bar or is cut off at the edge."""
+    values = [f"{value:g}{unit}" for _, value, _ in rows]
+    left = CHAR_PX * max(len(label) for label, _, _ in rows) + 12
+    height, width = 22 * len(rows) + 10, left + BAR_PX + 12 + CHAR_PX * max(map(len, values))
+    parts = [f'<svg class="chart" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg">']
+    for i, ((label, value, colour), text) in enumerate(zip(rows, values)):
         y = 5 + 22 * i
-        length = 0 if maximum <= 0 else 380 * value / maximum
+        length = 0 if maximum <= 0 else BAR_PX * value / maximum
         parts.append(f'<text x="0" y="{y + 15}" font-size="12">{escape(label)}</text>'
-                     f'<rect x="220" y="{y + 3}" width="{length:.1f}" height="16" fill="{colour}"/>'
-                     f'<text x="{226 + length:.1f}" y="{y + 15}" font-size="12">{value:g}{unit}</text>')
+                     f'<rect x="{left}" y="{y + 3}" width="{length:.1f}" height="16" fill="{colour}"/>'
+                     f'<text x="{left + 6 + length:.1f}" y="{y + 15}" font-size="12">{text}</text>')
     return "".join(parts) + "</svg>"
 
 
@@ -189,7 +199,8 @@ def charts(report: dict[str, Any]) -> dict[str, str]:
     outcomes: dict[str, int] = {}
     for c in report["campaigns"]:
         outcomes[c["state"]] = outcomes.get(c["state"], 0) + 1
-    colours = {"done": "#2e7d32", "rolled_back": "#c62828", "halted": "#ef6c00", "aborted": "#757575"}
+    colours = {CampaignState.DONE: "#2e7d32", CampaignState.ROLLED_BACK: "#c62828", CampaignState.HALTED: "#ef6c00",
+               CampaignState.ABORTED: "#757575"}
     empty = '<p class="muted">Nothing in the period.</p>'
     return {"controls": _bars(controls, 100, "%") if controls else empty,
             "drivers": _bars(drivers, max(n for _, n, _ in drivers)) if drivers else empty,
@@ -198,9 +209,13 @@ def charts(report: dict[str, Any]) -> dict[str, str]:
                                max(outcomes.values())) if outcomes else empty}
 
 
+SUMMARY_CHARS = 200  # a reason longer than this (one recorded before 0.2) shows folded, its start as the summary
+
+
 def to_html(report: dict[str, Any]) -> str:
     env = jinja2.Environment(loader=jinja2.PackageLoader("orchestrator", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]))
+    env.filters["summary"] = lambda text: one_line(text or "", SUMMARY_CHARS)
     return env.get_template("report.html.j2").render(r=report, charts=charts(report))
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from . import __version__, baseline as baseline_mod, interrupts, inventory, runner
+from .errors import InputError, OperationError
+from .exitcodes import Exit
 from .store import Store
 
 
@@ -37,17 +39,19 @@ def prepare(inventory_path: str | None, limit: str | None,
 @contextmanager
 def recorded(store: Store, kind: str, argv: list[str], fleet: inventory.Fleet, base: baseline_mod.Baseline,
              limit: str | None) -> Iterator[Run]:
-    """A run in the history for the block's duration; marked failed (and re-raised) if the block raises."""
+    """A run in the history for the block's duration; marked failed (and re-raised) if the block raises, with the
+    code fleetctl exits with."""
     run_id, run_uuid = store.begin_run(kind, argv, fleet.source, limit, base)
     try:
         yield Run(run_id, run_uuid, kind, fleet, base, limit)
     except BaseException as e:
         with interrupts.deferred():  # the record is written whole, a second signal waits for it
             if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):  # never findings: the run was stopped
-                code = e.exit_code if isinstance(e, interrupts.Interrupted) else 130
+                code = e.exit_code if isinstance(e, interrupts.Interrupted) else Exit.INTERRUPTED
                 store.fail_run(run_id, f"interrupted by {getattr(e, 'name', 'SIGINT')}", code, status="interrupted")
             else:
-                store.fail_run(run_id, f"{type(e).__name__}: {e}", 1)
+                code = e.exit_code if isinstance(e, (InputError, OperationError)) else Exit.INTERNAL
+                store.fail_run(run_id, f"{type(e).__name__}: {e}", code)
         raise
 
 

@@ -217,32 +217,9 @@ def drain(name: str, reason: str, timeout: float = TIMEOUT_S) -> None:
     _update(name, "state=drain", f"reason={reason_text(reason) or 'fleetctl'}", timeout=timeout)
 
 
-def down(name: str, reason: str, timeout: float = TIMEOUT_S) -> None:
-    """Mark NAME down with REASON (Slurm requeues or kills what runs there: only restore() uses it)."""
-    _update(name, "state=down", f"reason={reason_text(reason) or 'fleetctl'}", timeout=timeout)
-
-
 def resume(name: str, timeout: float = TIMEOUT_S) -> None:
     """Return NAME to service (Slurm refuses a node that is neither drained nor down: a SlurmError)."""
     _update(name, "state=resume", timeout=timeout)
-
-
-def restore(name: str, prior: Node, timeout: float = TIMEOUT_S) -> None:
-    """Give NAME back the state PRIOR records, as far as `scontrol update` sets states: drained (or draining)
-    with PRIOR's reason, down with PRIOR's reason, down and drained, or in service. Flags Slurm sets itself
-    (NOT_RESPONDING, COMPLETING, reservations: MAINT, RESERVED) are not fleetctl's to set and are left as they are.
-    Nothing is done where the node is already so."""
-    now = node(name, timeout)
-    if (now.down, now.drained_or_draining, now.reason if now.down or now.drained_or_draining else None) == \
-            (prior.down, prior.drained_or_draining, prior.reason if prior.down or prior.drained_or_draining else None):
-        return
-    if now.down or now.drained_or_draining:
-        resume(name, timeout)  # from a clean slate: a drain flag left over would outlive a `state=down`
-    reason = prior.reason or "restored by fleetctl"
-    if prior.down:
-        down(name, reason, timeout)
-    if prior.drained_or_draining:
-        drain(name, reason, timeout)
 
 
 # -- jobs that ended: the job completion log -----------------------------------------------------------------------

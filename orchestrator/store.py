@@ -18,12 +18,13 @@ from typing import Any
 
 from . import __version__, chain, timefmt
 from .errors import OperationError
+from .exitcodes import Exit
 
 
 class HistoryError(OperationError):
     """The history cannot be read or written (read-only, full, damaged, busy): an operating error, not a bug."""
 
-    exit_code = 74  # EX_IOERR
+    exit_code = Exit.HISTORY
 
 
 def history_error(path: Path, e: BaseException) -> HistoryError:
@@ -44,28 +45,46 @@ def history_error(path: Path, e: BaseException) -> HistoryError:
     return HistoryError(f"{path}: the history: {why}")
 
 
-def process_identity() -> dict[str, Any]:
-    """This process as the history names it: a pid and its kernel start time name one process."""
+def process_start(pid: int) -> float | None:
+    """When process PID started, in seconds since boot (psutil's creation time less the boot time, so that a clock
+    step changes neither): a pid and its start name one process. None: no such process; psutil.AccessDenied where
+    it may not be told."""
+    import psutil  # here: `fleetctl check` reads the history and never imports psutil
+
     try:
-        start = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        start = None
-    return {"node": socket.getfqdn(), "pid": os.getpid(), "start": start}
+        return round(psutil.Process(pid).create_time() - psutil.boot_time(), 2)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def process_identity() -> dict[str, Any]:
+    """This process as the history names it (runs.process, campaigns.driver)."""
+    return {"node": socket.getfqdn(), "pid": os.getpid(), "start": process_start(os.getpid())}
+
+
+def process_alive(identity: dict[str, Any]) -> bool | None:
+    """Whether the process IDENTITY (process_identity) names is alive; None where it is another machine's or psutil
+    is denied it: not ours to judge, so a live process is never taken for gone. An older fleetctl wrote "start" as
+    /proc/PID/stat's field 22 (clock ticks since boot, a string): the same reading, in other units."""
+    if identity.get("node") != socket.getfqdn():
+        return None
+    import psutil
+
+    start = identity.get("start")
+    if isinstance(start, str):
+        start = int(start) / os.sysconf("SC_CLK_TCK")
+    try:
+        started = process_start(identity["pid"])
+    except psutil.AccessDenied:
+        return None
+    return started is not None and (start is None or abs(started - start) < 0.005)
 
 
 def process_gone(identity: str | None) -> bool:
     """Whether the process recorded as IDENTITY (JSON) is gone from this machine (a run it left `running` was
     interrupted: a crash, kill -9, a history that could not be written at its end)."""
-    if not identity:
-        return False
-    d = json.loads(identity)
-    if d.get("node") != socket.getfqdn():
-        return False  # another machine's: not ours to judge
-    try:
-        start = Path(f"/proc/{d['pid']}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return True
-    return start != d.get("start")
+    return bool(identity) and process_alive(json.loads(identity)) is False
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -188,7 +207,7 @@ class Store:
             self.db.execute("PRAGMA foreign_keys=ON")
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise OperationError(f"{self.path} was written by a newer fleetctl (history schema {version})")
+                raise HistoryError(f"{self.path} was written by a newer fleetctl (history schema {version})")
             self.db.executescript(SCHEMA + chain.SCHEMA)
             for table, column in (("host_results", "groups"), ("runs", "process")):
                 if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
@@ -241,17 +260,33 @@ class Store:
         """Every host's facts and findings, and the run's end, in one transaction."""
         with self.db:
             self.db.execute("BEGIN")
-            for h in hosts:
-                self.db.execute("INSERT INTO host_results (run_id, host, reachable, error, groups, facts)"
-                                " VALUES (?, ?, ?, ?, ?, ?)",
-                                (run_id, h["name"], int(h["reachable"]), h.get("error"), json.dumps(h.get("groups", [])),
-                                 json.dumps(h["facts"], sort_keys=True) if h.get("facts") is not None else None))
-                self.db.executemany(
-                    "INSERT INTO findings (run_id, host, control, severity, status, message, evidence, remediation)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(run_id, h["name"], f["control"], f["severity"], f["status"], f["message"],
-                      json.dumps(f["evidence"], sort_keys=True), f["remediation"]) for f in h["findings"]])
+            self._insert_hosts(run_id, hosts)
             self.seal_run(run_id, exit_code, summary, "done")
+
+    def record_hosts(self, run_id: int, hosts: list[dict[str, Any]]) -> None:
+        """Every host's facts and findings in one transaction, the run left open: a campaign's planning audit, whose
+        run ends with the campaign (close_run)."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self._insert_hosts(run_id, hosts)
+
+    def close_run(self, run_id: int, exit_code: int, summary: dict[str, Any]) -> None:
+        """The end of a run whose hosts were recorded already (record_hosts)."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.seal_run(run_id, exit_code, summary, "done")
+
+    def _insert_hosts(self, run_id: int, hosts: list[dict[str, Any]]) -> None:
+        for h in hosts:
+            self.db.execute("INSERT INTO host_results (run_id, host, reachable, error, groups, facts)"
+                            " VALUES (?, ?, ?, ?, ?, ?)",
+                            (run_id, h["name"], int(h["reachable"]), h.get("error"), json.dumps(h.get("groups", [])),
+                             json.dumps(h["facts"], sort_keys=True) if h.get("facts") is not None else None))
+            self.db.executemany(
+                "INSERT INTO findings (run_id, host, control, severity, status, message, evidence, remediation)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, h["name"], f["control"], f["severity"], f["status"], f["message"],
+                  json.dumps(f["evidence"], sort_keys=True), f["remediation"]) for f in h["findings"]])
 
     def seal_run(self, run_id: int, exit_code: int | None, summary: dict[str, Any], status: str) -> None:
         """Close the run and add it to the hash chain (inside the caller's transaction)."""
@@ -383,8 +418,4 @@ class Store:
     def chain_last(self) -> sqlite3.Row | None:
         """The tamper-evident chain's newest record (seq, at), or None."""
         return self.db.execute("SELECT seq, at FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
-
-
-def open_store() -> Store:
-    return Store()
 

@@ -33,6 +33,7 @@ from typing import Iterator
 
 from . import __version__, store as store_mod
 from .errors import InputError, OperationError
+from .exitcodes import Exit
 from .files import write_atomically
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
@@ -105,14 +106,6 @@ def timespan(seconds: float) -> str:
             parts.append(f"{ms // size}{unit}")
             ms %= size
     return " ".join(parts) or "0"
-
-
-def duration_arg(seconds: float) -> str:
-    """SECONDS as fleetctl's DURATION (upgrade.parse_duration reads it back): '3h', '90m', '45s', '0.5s'."""
-    if seconds == int(seconds):
-        s = int(seconds)
-        return f"{s // 3600}h" if s % 3600 == 0 else f"{s // 60}m" if s % 60 == 0 else f"{s}s"
-    return f"{round(seconds, 3)}s"
 
 
 def calendar(expression: str, flag: str) -> str:
@@ -226,13 +219,14 @@ def render(units: Units) -> dict[str, str]:
     env = env_lines(units.environment)
     if units.audit:
         a = units.audit
+        carried = " ".join(str(int(c)) for c in (Exit.FINDINGS, Exit.UNREACHABLE))
         if a.metrics_file:
-            codes = ("# Exit codes: 0 compliant, 1 findings, 3 hosts unreachable, 2 input error, 70 a bug. The "
-                     "findings and\n# unreachable hosts are in the metrics file (and its alert rules), so only 2 "
-                     "and 70 fail the unit.\nSuccessExitStatus=1 3\n")
+            codes = (f"# The findings and unreachable hosts (exit {carried}) are in the metrics file (and its alert "
+                     f"rules):\n# they do not fail the unit; every other code but 0 does (fleetctl audit --help)."
+                     f"\nSuccessExitStatus={carried}\n")
         else:
-            codes = ("# Exit codes: 0 compliant; 1 findings, 3 hosts unreachable, 2 input error and 70 (a bug) "
-                     "fail the unit,\n# for `systemctl --failed` and OnFailure= (no metrics file carries them).\n")
+            codes = ("# Every exit code but 0 fails the unit (fleetctl audit --help), for `systemctl --failed` and "
+                     "OnFailure=\n# (no metrics file carries the findings).\n")
         out[f"{AUDIT}.service"] = (
             header(f"{AUDIT}.service")
             + "[Unit]\nDescription=fleetctl: audit the GPU fleet against the baseline\n"
@@ -293,7 +287,8 @@ def systemd_manages(unit_dir: Path) -> bool:
 
 
 def systemctl(*args: str, check: bool = True) -> str:
-    """systemctl's output; a failure (with CHECK) is one line, exit 1 (the unit files are written by then)."""
+    """systemctl's output; a failure (with CHECK) is one line, an OperationError (the unit files are written by
+    then)."""
     try:
         done = subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as e:

@@ -3,89 +3,62 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from . import audit, baseline as baseline_mod, interrupts, inventory, notify, notify_events, plan, runs
-from .campaign import hooks, packages, progress, scheduler, soak, steps, transitions
-from .campaign.engine import READ_ONLY_STEPS, Engine, Parts, accept_held, later, request_rollback
+from . import audit, baseline as baseline_mod, interrupts, inventory, notify, notify_events, plan, runs, settings
+from .campaign import hooks, packages, progress, scheduler, steps, transitions
+from .campaign.transitions import CampaignState, HostState
+from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
-from .campaign.options import CampaignOptions, HookOptions, IdleOptions, ProbeSettings
+from .campaign.options import CampaignOptions, IdleOptions, ProbeSettings
 from .errors import InputError, OperationError
+from .exitcodes import Exit
 from .store import Store
 from .timefmt import parse as parse_time
 
-INTERRUPTIBLE = ("running", "soaking", "rolling_back")
-
-EXIT_HOSTS_FAILED = transitions.EXIT_HOSTS_OFF_TARGET
-EXIT_NEEDS_PERSON = transitions.EXIT_NEEDS_PERSON
-MAX_DURATION_S = 366 * 86400
-ROLLBACK_SCOPES = ("campaign", "wave")
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class UpgradeOptions:
+    """What `fleetctl upgrade` was given (durations in seconds); the defaults are the settings' (settings.py)."""
     target: str
-    waves: str = plan.DEFAULT_RAMP
+    waves: str = settings.WAVES.value
     inventory: str | None = None
     limit: str | None = None
     baseline: str | None = None
     forks: int | None = None
     preflight: bool = True
-    soak_s: tuple[float, ...] = (7200.0, 1800.0)  # soak.DEFAULT_SOAK
-    soak_interval_s: float = soak.DEFAULT_INTERVAL_S
-    soak_grace_s: float = soak.DEFAULT_GRACE_S
+    soak_s: tuple[float, ...] = settings.SOAK.value
+    soak_interval_s: float = settings.SOAK_INTERVAL.value
+    soak_grace_s: float = settings.SOAK_GRACE.value
     canary: str | None = None
-    canary_max_failures: int = 0
+    canary_max_failures: int = settings.CANARY_MAX_FAILURES.value
     window_s: float | None = None
-    rollback_scope: str = "campaign"
+    rollback_scope: str = settings.ROLLBACK_SCOPE.value
     drain_preset: str | None = None
     drain: str | None = None
     undrain: str | None = None
-    hook_timeout_s: float = 900.0
-    idle_timeout_s: int = 300
-    idle_poll_s: int = 10
-    samples: int = 10
-    warmup_s: float = 20.0
-    trial_s: float = 1.0
-
-
-def parse_duration(text: str, flag: str, allow_zero: bool = False) -> float:
-    """'90m', '2h', '45s', '3600' -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    try:
-        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
-    except ValueError:
-        raise InputError(f"{flag} {text!r}: not a duration (e.g. 90m, 2h, 3600)") from None
-    if value != value or value < 0 or (value == 0 and not allow_zero):
-        raise InputError(f"{flag} {text!r}: must be above zero")
-    if value > MAX_DURATION_S:
-        raise InputError(f"{flag} {text!r}: longer than a year")
-    return value
-
-
-def parse_soaks(text: str, flag: str = "--soak") -> tuple[float, ...]:
-    """'2h,30m,10m' -> one soak length per gap between waves (the last repeated); '300' -> every gap."""
-    parts = [p.strip() for p in str(text).split(",")]
-    if not all(parts):
-        raise InputError(f"{flag} {text!r}: an empty length (e.g. 2h,30m)")
-    return tuple(parse_duration(p, flag, allow_zero=True) for p in parts)
+    idle_timeout_s: float = settings.IDLE_TIMEOUT.value
+    samples: int = settings.SAMPLES.value
+    warmup_s: float = settings.WARMUP.value
+    trial_s: float = settings.TRIAL.value
 
 
 def campaign_options(opts: UpgradeOptions) -> CampaignOptions:
-    h = hooks.resolve(opts.drain_preset, opts.drain, opts.undrain, opts.hook_timeout_s)
-    if opts.rollback_scope not in ROLLBACK_SCOPES:
-        raise InputError(f"--rollback-scope {opts.rollback_scope!r}: choose campaign or wave")
+    h = hooks.resolve(opts.drain_preset, opts.drain, opts.undrain)
+    if opts.rollback_scope not in settings.ROLLBACK_SCOPE.choices:
+        raise InputError(f"--rollback-scope {opts.rollback_scope!r}: choose "
+                         f"{' or '.join(settings.ROLLBACK_SCOPE.choices)}")
     if opts.canary is not None and not opts.canary.strip():
         raise InputError("--canary: an empty command")
+    idle_s = math.ceil(opts.idle_timeout_s)  # the role's idle wait takes whole seconds
     return CampaignOptions(
         forks=opts.forks, soak_s=list(opts.soak_s), soak_interval_s=opts.soak_interval_s,
         soak_grace_s=opts.soak_grace_s, canary=opts.canary, canary_max_failures=opts.canary_max_failures,
         rollback_scope=opts.rollback_scope,
         window_end=later(opts.window_s) if opts.window_s else None,
-        hooks=HookOptions(drain=h.drain, undrain=h.undrain, timeout_s=h.timeout_s, slurm=h.slurm),
-        idle=IdleOptions(timeout_s=opts.idle_timeout_s, poll_s=min(opts.idle_poll_s, max(1, opts.idle_timeout_s // 5))),
+        hooks=h, idle=IdleOptions(timeout_s=idle_s, poll_s=min(IdleOptions.poll_s, max(1, idle_s // 5))),
         probe=ProbeSettings(samples=opts.samples, warmup_s=opts.warmup_s, trial_s=opts.trial_s))
 
 
@@ -166,24 +139,25 @@ def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod
         raise
 
 
-def exit_code(journal: Journal, cid: int) -> int | None:
+def exit_code(journal: Journal, cid: int) -> Exit | None:
     """The campaign's exit code; None while it is running (or stopped by a crash mid-way). A host whose rollback
     failed needs a person whatever else happened (6); a campaign done with hosts off the target, failed and
     rolled back or left out at plan, is not a success (1)."""
     c = journal.campaign(cid)
     code = transitions.CAMPAIGN_EXIT.get(c["state"])
     hosts = journal.hosts(cid)
-    if code is not None and any(r["state"] == "rollback_failed" for r in hosts):
-        return EXIT_NEEDS_PERSON
-    if c["state"] == "done" and (any(r["state"] in transitions.FAILED for r in hosts)
+    if code is not None and any(r["state"] == HostState.ROLLBACK_FAILED for r in hosts):
+        return Exit.NEEDS_PERSON
+    if c["state"] == CampaignState.DONE and (any(r["state"] in transitions.FAILED for r in hosts)
                                  or json.loads(c["plan"])["excluded"]):
-        return EXIT_HOSTS_FAILED
+        return Exit.FINDINGS
     return code
 
 
 def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
-          live: Live | None, notifier: notify.Notifier | None = None) -> tuple[int | None, int, str]:
-    """(campaign id or None, exit code, text for the operator)."""
+          live: Live | None, notifier: notify.Notifier | None = None) -> tuple[int | None, Exit, str]:
+    """(campaign id or None, exit code, text for the operator). The run is recorded from the planning audit to the
+    campaign's end: it is closed with the campaign's outcome and exit code (a rolled-back campaign's run says 4)."""
     ramp = plan.parse_ramp(opts.waves)
     plan.parse_target(opts.target)
     options = campaign_options(opts)
@@ -193,21 +167,36 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
         made, entries = make_plan(opts, fleet, base, ramp, journal.locks(), options)
         hosts = sum(w["size"] for w in made["waves"])
         summary = {"hosts": len(entries), "eligible": hosts, "waves": len(made["waves"]), "dry_run": dry_run,
-                   "exit_code": 0}
-        store.finish_run(run_.id, 0, {**summary, "plan": made}, entries)
-    if dry_run:
-        return None, 0, dry_run_text(made, entries, options, base)
-    if not hosts and made["excluded"] and all(h["code"] in plan.REFUSED for h in made["excluded"]):
-        raise InputError(f"no host's baseline allows {made['target']}: " + "; ".join(
-            f"{h['name']}: {h['reason']}" for h in made["excluded"][:5]) + (
-            f" (and {len(made['excluded']) - 5} more)" if len(made["excluded"]) > 5 else ""))
-    if not hosts:
-        # Hosts left out with a reason are off the target: an unattended window must not report success.
-        return None, EXIT_HOSTS_FAILED if made["excluded"] else 0, "nothing to upgrade: " + "; ".join(
-            f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
-    cid, _ = journal.create(run_.id, made, options)
+                   "plan": made}
+        if dry_run:
+            store.finish_run(run_.id, Exit.OK, {**summary, "exit_code": Exit.OK}, entries)
+            return None, Exit.OK, dry_run_text(made, entries, options, base)
+        if not hosts and made["excluded"] and all(h["code"] in plan.REFUSED for h in made["excluded"]):
+            raise InputError(f"no host's baseline allows {made['target']}: " + "; ".join(
+                f"{h['name']}: {h['reason']}" for h in made["excluded"][:5]) + (
+                f" (and {len(made['excluded']) - 5} more)" if len(made["excluded"]) > 5 else ""))
+        if not hosts:
+            # Hosts left out with a reason are off the target: an unattended window must not report success.
+            code = Exit.FINDINGS if made["excluded"] else Exit.OK
+            store.finish_run(run_.id, code, {**summary, "exit_code": code}, entries)
+            return None, code, "nothing to upgrade: " + "; ".join(
+                f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
+        store.record_hosts(run_.id, entries)  # the planning audit now; the run ends with the campaign
+        cid, _ = journal.create(run_.id, made, options)
+        return cid, *driven(store, journal, run_, cid, fleet, base, live, notifier, summary)
+
+
+def driven(store: Store, journal: Journal, run_: runs.Run, cid: int, fleet: inventory.Fleet,
+           base: baseline_mod.Baseline, live: Live | None, notifier: notify.Notifier | None,
+           summary: dict[str, Any]) -> tuple[Exit, str]:
+    """Drive the campaign, then close RUN_ with where the campaign stands and its exit code (every command that
+    drives a campaign, upgrade, resume and rollback, has a run of its own: `report`, `metrics` and a plain query
+    of the runs agree with `campaign show`). A campaign stopped by a signal leaves its run interrupted."""
     drive(journal, cid, fleet, base, live, notifier)
-    return cid, exit_code(journal, cid), summary_text(journal, cid)
+    code = exit_code(journal, cid)
+    store.close_run(run_.id, code, {**summary, "campaign": cid, "state": journal.campaign(cid)["state"],
+                                    "exit_code": code})
+    return code, summary_text(journal, cid)
 
 
 def load_for(store: Store, journal: Journal, cid: int, inventory_path: str | None,
@@ -232,7 +221,7 @@ def campaign_row(journal: Journal, cid: int):
 
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
            window_s: float | None, live: Live | None,
-           notifier: notify.Notifier | None = None) -> tuple[int, str]:
+           notifier: notify.Notifier | None = None, argv: list[str] | None = None) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if c["state"] in transitions.CAMPAIGN_TERMINAL:
@@ -242,49 +231,51 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
                                          + summary_text(journal, cid))
     journal.claim(cid)  # first: of two resumes at once, the second refuses here before it changes anything
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
-    if window_s:
-        journal.update_options(cid, window_end=later(window_s))
-    if c["state"] == "halted":
-        accept_held(journal, cid)
-    drive(journal, cid, fleet, base, live, notifier)
-    return exit_code(journal, cid), summary_text(journal, cid)
+    with runs.recorded(store, "campaign", argv or [], fleet, base, None) as run_:
+        if window_s:
+            journal.update_options(cid, window_end=later(window_s))
+        if c["state"] == CampaignState.HALTED:
+            accept_held(journal, cid)
+        return driven(store, journal, run_, cid, fleet, base, live, notifier, {"resumed": True})
 
 
 def interrupted(journal: Journal) -> list[int]:
     """Campaigns the history shows at work (running, soaking, rolling back) whose process is gone: a crash, a
     reboot of the control node, a kill. Halted ones wait for a person and are not among them."""
     return [c["id"] for c in journal.campaigns()
-            if c["state"] in INTERRUPTIBLE and not driven_elsewhere(c["driver"])]
+            if c["state"] in transitions.CAMPAIGN_AT_WORK and not driven_elsewhere(c["driver"])]
 
 
 def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: str | None, window_s: float | None,
-                       live: Live | None, notifier: notify.Notifier | None = None) -> tuple[int, str]:
+                       live: Live | None, notifier: notify.Notifier | None = None,
+                       argv: list[str] | None = None) -> tuple[Exit, str]:
     """`campaign resume --interrupted` (a maintenance window's unit runs it before anything new): every interrupted
     campaign, oldest first. Exit 0 when there is none; else the highest of their exit codes."""
     ids = interrupted(Journal(store))
     if not ids:
-        return 0, "no interrupted campaign\n"
+        return Exit.OK, "no interrupted campaign\n"
     codes, texts = [], []
     for cid in ids:
-        code, text = resume(store, cid, inventory_path, baseline_path, window_s, live, notifier)
-        codes.append(code if code is not None else 1)
+        code, text = resume(store, cid, inventory_path, baseline_path, window_s, live, notifier, argv)
+        codes.append(code if code is not None else Exit.INTERNAL)  # a drive ends in a state with a code
         texts.append(f"campaign {cid}: " + text if len(ids) > 1 else text)
     return max(codes), "".join(texts)
 
 
 def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
-             live: Live | None, notifier: notify.Notifier | None = None) -> tuple[int, str]:
+             live: Live | None, notifier: notify.Notifier | None = None,
+             argv: list[str] | None = None) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if ("%s" % c["state"], "rollback_requested") not in transitions.CAMPAIGN_TABLE:
         raise InputError(f"campaign {cid} is {c['state']}: "
-                         + ("resume it first" if c["state"] in ("running", "soaking", "rolling_back")
+                         + ("resume it first" if c["state"] in transitions.CAMPAIGN_AT_WORK
                             else "nothing to roll back"))
     journal.claim(cid)  # refused while another fleetctl drives it
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
-    request_rollback(journal, cid, "manual rollback (fleetctl rollback)")
-    drive(journal, cid, fleet, base, live, notifier)
-    return exit_code(journal, cid), summary_text(journal, cid)
+    with runs.recorded(store, "campaign", argv or [], fleet, base, None) as run_:
+        request_rollback(journal, cid, "manual rollback (fleetctl rollback)")
+        return driven(store, journal, run_, cid, fleet, base, live, notifier, {"rollback": True})
 
 
 def abort(store: Store, cid: int) -> str:
@@ -292,16 +283,16 @@ def abort(store: Store, cid: int) -> str:
     c = campaign_row(journal, cid)
     if c["state"] in transitions.CAMPAIGN_TERMINAL:
         raise InputError(f"campaign {cid} is already {c['state']}")
-    if c["state"] == "rolling_back":
+    if c["state"] == CampaignState.ROLLING_BACK:
         raise InputError(f"campaign {cid} is rolling back: let it finish (fleetctl campaign resume {cid})")
-    if driven_elsewhere(c["driver"]) and c["state"] != "halted":
+    if driven_elsewhere(c["driver"]) and c["state"] != CampaignState.HALTED:
         journal.request_abort(cid)
         return f"campaign {cid}: abort requested; it stops before its next wave\n"
     # Hosts mid-step, and (while running) failed hosts the campaign changed whose wave was not judged yet: the
     # wave's decision (perhaps a rollback) is still owed to them.
     midway = [f"{r['host']} ({r['state']})" for r in journal.hosts(cid)
-              if (not transitions.is_terminal(r["state"]) and r["state"] not in READ_ONLY_STEPS)
-              or (c["state"] == "running" and r["state"] == "failed" and r["changed"])]
+              if (not transitions.is_terminal(r["state"]) and r["state"] not in transitions.READ_ONLY_STATES)
+              or (c["state"] == CampaignState.RUNNING and r["state"] == HostState.FAILED and r["changed"])]
     if midway:
         raise InputError(f"campaign {cid} stopped with hosts mid-way: {', '.join(midway)}; "
                          f"resume it (fleetctl campaign resume {cid}) or roll it back after")
@@ -350,19 +341,24 @@ def soak_document(journal: Journal, c) -> dict[str, Any]:
     options = json.loads(c["options"])
     records = journal.soak_records(c["id"])
     remaining = None
-    if c["state"] == "soaking" and c["soak_until"]:
+    if c["state"] == CampaignState.SOAKING and c["soak_until"]:
         until = parse_time(c["soak_until"])
         remaining = round(max(0.0, (until - datetime.now(until.tzinfo)).total_seconds()), 1)
     hosts: dict[str, dict[str, Any]] = {}
     for r in records:
-        h = hosts.setdefault(r["host"], {"checks": 0, "gates": 0, "failed_canary_runs": 0, "last": None})
+        h = hosts.setdefault(r["host"], {"checks": 0, "gates": 0, "failed_canary_runs": 0, "last": None,
+                                         "gate_verdicts": []})
         h["checks" if r["kind"] == "check" else "gates"] += 1
+        if r["kind"] == "gate":  # the end-of-soak gate's verdicts in full (campaign show --verbose)
+            h["gate_verdicts"].append({"gap": r["gap"], "at": r["at"], "status": r["status"],
+                                       **{k: r["detail"][k] for k in ("gate", "canary_gate") if k in r["detail"]}})
         h["failed_canary_runs"] += not r["detail"].get("canary", {}).get("ok", True)
         h["last"] = {"at": r["at"], "gap": r["gap"], "kind": r["kind"], "status": r["status"], "reason": r["reason"],
                      "seen": r["detail"].get("seen", [])}
     last = records[-1] if records else None
-    return {"soaking": c["state"] == "soaking", "after_wave": c["wave"] - 1 if c["state"] == "soaking" else None,
-            "until": c["soak_until"] if c["state"] == "soaking" else None, "remaining_s": remaining,
+    soaking = c["state"] == CampaignState.SOAKING
+    return {"soaking": soaking, "after_wave": c["wave"] - 1 if soaking else None,
+            "until": c["soak_until"] if soaking else None, "remaining_s": remaining,
             "lengths_s": options.get("soak_s"), "interval_s": options.get("soak_interval_s"),
             "grace_s": options.get("soak_grace_s"), "canary": options.get("canary"),
             "canary_max_failures": options.get("canary_max_failures"),
@@ -407,12 +403,12 @@ def summary_text(journal: Journal, cid: int) -> str:
     states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     code = exit_code(journal, cid)
     text = f"campaign {cid} to {c['target']}: {c['state']} ({states}); exit {code}"
-    if c["reason"] and c["state"] != "done":
+    if c["reason"] and c["state"] != CampaignState.DONE:
         text += f"\nreason: {c['reason']}"
     excluded = json.loads(c["plan"])["excluded"]
     if excluded:
         text += "\nleft out at plan, not on the target: " + "; ".join(f"{h['name']}: {h['reason']}" for h in excluded)
-    broken = [r["host"] for r in journal.hosts(cid) if r["state"] == "rollback_failed"]
+    broken = [r["host"] for r in journal.hosts(cid) if r["state"] == HostState.ROLLBACK_FAILED]
     if broken:
         text += (f"\nNEEDS A PERSON: the rollback failed on {', '.join(broken)}: neither on the recorded packages nor "
                  f"known good (fleetctl campaign show {cid})")

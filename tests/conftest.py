@@ -29,7 +29,7 @@ if str(COLLECTIONS) not in sys.path:
 # a lab needs about a core, and the suite ran in 37 minutes with two labs, 53 with one (27 since the activation reads
 # its state in two module calls, not nine). The race a kill -9 after a campaign's last record then lost (`campaign
 # resume` of a finished campaign exited 2) is gone: it answers with the campaign's code.
-# Sums: lab-a 1234, lab-b 1418; the unit tests (~460 worker-seconds) fill the gap on lab-a's worker, then both.
+# Sums: lab-a 1294, lab-b 1418; the unit tests (~460 worker-seconds) fill the gap on lab-a's worker, then both.
 LAB_SCOPES = {
     "test_lab_crash": "lab-a",          # 376
     "test_lab_soak": "lab-a",           # 338
@@ -40,6 +40,7 @@ LAB_SCOPES = {
     "test_lab_hosts": "lab-a",          # 21
     "test_lab_health_checks": "lab-a",  # 10
     "test_lab_fabric_health": "lab-a",  # 9
+    "test_lab_readme_tour": "lab-a",    # 60
     "test_lab_upgrade": "lab-b",        # 806
     "test_lab_interconnect": "lab-b",   # 157
     "test_lab_fleet": "lab-b",          # 121

@@ -33,7 +33,8 @@ class Request:
 
 @dataclass
 class Receiver:
-    """SCRIPT: the answers in order (an HTTP status, or "hang"); once used up, FALLBACK for every request."""
+    """SCRIPT: the answers in order (an HTTP status, (status, headers), or "hang"); once used up, FALLBACK for every
+    request."""
 
     script: list = field(default_factory=list)
     fallback: int | str = 200
@@ -57,9 +58,12 @@ class Receiver:
                 if answer == "hang":
                     receiver.release.wait(60)
                     return
+                answer, headers = answer if isinstance(answer, tuple) else (answer, {})
                 self.send_response(answer)
                 if 300 <= answer < 400:
                     self.send_header("Location", f"http://127.0.0.1:{receiver.port}/elsewhere")
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")

@@ -15,6 +15,7 @@ from ..store import now
 from ..timefmt import parse as parse_time, stamp
 from . import soak, steps, transitions
 from .journal import Journal
+from .transitions import CampaignState, HostState
 from .options import Campaign
 
 
@@ -66,20 +67,20 @@ class Engine:
         self.ctx = steps.Context(journal, self.cid, campaign.target, fleet, base, self.options)
 
     # ---- the campaign table ------------------------------------------------------------------------------
-    def run(self) -> str:
+    def run(self) -> CampaignState:
         """Work until the campaign is done, rolled back, aborted or halted for a person; returns that state."""
         self.journal.claim(self.cid)
         while True:
             c = self.journal.campaign(self.cid)
-            if c["state"] == "running":
+            if c["state"] == CampaignState.RUNNING:
                 self.run_wave(c)
-            elif c["state"] == "soaking":
+            elif c["state"] == CampaignState.SOAKING:
                 self.soak(c)
-            elif c["state"] == "rolling_back":
+            elif c["state"] == CampaignState.ROLLING_BACK:
                 self.advance(self.hosts_in_rollback())
                 self.journal.transition(self.cid, "rollback_finished", summary=self.tally())
             else:
-                return c["state"]
+                return CampaignState(c["state"])
 
     def run_wave(self, c) -> None:
         wave = c["wave"]
@@ -103,21 +104,19 @@ class Engine:
             moves = {"roll_back": [r["host"] for r in everyone
                                    if self.options.rollback_scope == "campaign" or r["wave"] == wave],
                      "cancel": [r["host"] for r in everyone if r["wave"] > wave]}
-            reasons = "; ".join(f"{h}: {rows[h]['reason']}" for h in failed)
             self.journal.transition(self.cid, "wave_failed", moves=moves, wave=wave,
                                     reason=f"wave {wave} failed ({len(failed)} of {len(rows)} hosts, "
-                                           f"{budget['rule']}): {reasons}")
+                                           f"{budget['rule']}): {first_host(failed, rows)}")
             return
-        lone = [h for h in failed if rows[h]["state"] == "failed" and rows[h]["changed"]]
+        lone = [h for h in failed if rows[h]["state"] == HostState.FAILED and rows[h]["changed"]]
         if lone:  # within budget: only the failed hosts go back, the campaign goes on
             self.journal.move(self.cid, "host_rollback", "roll_back", lone, reason="failed within the wave's budget")
             self.advance(lone)
             return self.run_wave(self.journal.campaign(self.cid))
-        held = [h for h, r in rows.items() if r["state"] == "held"]
+        held = [h for h, r in rows.items() if r["state"] == HostState.HELD]
         if held:
             self.journal.transition(self.cid, "host_held", wave=wave,
-                                    reason="inconclusive gate, measured twice: "
-                                           + "; ".join(f"{h}: {rows[h]['reason']}" for h in held))
+                                    reason=f"inconclusive gate, measured twice: {first_host(held, rows)}")
         elif wave == len(self.plan["waves"]):
             self.journal.transition(self.cid, "last_wave_passed", wave=wave, summary=self.tally())
         else:
@@ -179,7 +178,7 @@ class Engine:
             if len(failed) >= budget["fail_at"]:
                 over.append(f"wave {wave} ({len(failed)} of {len(members)} hosts, {budget['rule']})")
         reasons = {h: r for h, r in failures.items()}
-        text = "; ".join(f"{h}: {r}" for h, r in sorted(failures.items()))
+        text = first_host(sorted(failures), {h: {"reason": r} for h, r in failures.items()})
         if over:
             failed_waves = {int(w.split()[1]) for w in over}
             moves = {"roll_back": [r["host"] for r in rows
@@ -231,10 +230,17 @@ class Engine:
         self.ctx.befores = {r["host"]: json.loads(r["before"]) for r in self.journal.hosts(self.cid) if r["before"]}
 
     def hosts_in_rollback(self) -> list[str]:
-        return [r["host"] for r in self.journal.hosts(self.cid) if r["state"].startswith("rollback_")]
+        return [r["host"] for r in self.journal.hosts(self.cid) if r["state"] in transitions.IN_ROLLBACK]
 
     def tally(self) -> dict[str, int]:
         return self.journal.tally(self.cid)
+
+
+def first_host(hosts: list[str], rows: Mapping[str, Mapping[str, str | None]]) -> str:
+    """Why HOSTS failed, in one line: the first one's reason (ROWS: host -> its row) and how many more hosts (each
+    host's own reason stays on its row)."""
+    more = f" (+{len(hosts) - 1} more host{'s' if len(hosts) > 2 else ''})" if len(hosts) > 1 else ""
+    return f"{hosts[0]}: {rows[hosts[0]]['reason']}{more}"
 
 
 def request_rollback(journal: Journal, cid: int, reason: str) -> None:
@@ -245,5 +251,5 @@ def request_rollback(journal: Journal, cid: int, reason: str) -> None:
 
 def accept_held(journal: Journal, cid: int) -> None:
     """fleetctl campaign resume of a halted campaign: the operator accepts held hosts (they are undrained)."""
-    held = [r["host"] for r in journal.hosts(cid) if r["state"] == "held"]
+    held = [r["host"] for r in journal.hosts(cid) if r["state"] == HostState.HELD]
     journal.transition(cid, "resumed", reason=None, moves={"accept": held}, accepted=held, at=now())

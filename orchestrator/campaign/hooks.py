@@ -29,24 +29,25 @@ PRESETS = {
 PLACEHOLDERS = ("host", "node", "campaign")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Hooks:
+    """A campaign's drain hooks (CampaignOptions.hooks; the history keeps them under these keys)."""
     drain: str | None = None
     undrain: str | None = None
-    timeout_s: float = 900.0
+    timeout_s: float = 900.0  # each hook command's
     slurm: bool = False  # fleetctl's own Slurm drains (campaign/scheduler.py), not templates
 
 
-def resolve(preset: str | None, drain: str | None, undrain: str | None, timeout_s: float = 900.0) -> Hooks:
+def resolve(preset: str | None, drain: str | None, undrain: str | None) -> Hooks:
     """--drain-preset and/or explicit templates (explicit wins), checked now: a bad template is an input error.
     `--drain-preset slurm` alone is fleetctl's Slurm integration (drains it owns, campaign/scheduler.py); with a
     template of the operator's, the templates run as given (the preset's scontrol commands fill the other side)."""
     if preset and preset not in PRESETS:
         raise InputError(f"--drain-preset {preset!r}: unknown (choose from {', '.join(PRESETS)})")
     if preset == "slurm" and drain is None and undrain is None:
-        return Hooks(None, None, timeout_s, slurm=True)
+        return Hooks(slurm=True)
     d, u = PRESETS[preset or "none"]
-    hooks = Hooks(d if drain is None else drain, u if undrain is None else undrain, timeout_s)
+    hooks = Hooks(drain=d if drain is None else drain, undrain=u if undrain is None else undrain)
     for flag, template in (("--drain", hooks.drain), ("--undrain", hooks.undrain)):
         if template is not None:
             argv(template, {"host": "h", "node": "h", "campaign": "1"}, flag)

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import OperationError
 from .. import chain
-from ..store import Store, now, operator
+from ..store import Store, now, operator, process_alive, process_identity
 from . import transitions
 from .options import Campaign, CampaignOptions
 
@@ -93,25 +91,12 @@ CREATE TABLE IF NOT EXISTS host_locks (
 """
 
 
-def process_start(pid: int) -> str | None:
-    """The kernel's start time of PID (field 22 of /proc/PID/stat): a pid and its start name one process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
 def driven_elsewhere(driver: str | None) -> bool:
-    """Whether the process recorded as driving a campaign (JSON {node, pid, start}) is alive and not this one."""
+    """Whether the process recorded as driving a campaign (process_identity) is alive and not this one."""
     if not driver:
         return False
-    d, me = json.loads(driver), this_process()
-    return d != me and d["node"] == me["node"] and process_start(d["pid"]) == d["start"]
-
-
-def this_process() -> dict[str, Any]:
-    return {"node": socket.getfqdn(), "pid": os.getpid(), "start": process_start(os.getpid())}
+    d = json.loads(driver)
+    return d["pid"] != os.getpid() and process_alive(d) is True
 
 
 class Journal:
@@ -158,9 +143,9 @@ class Journal:
             stamp = now()
             cur = db.execute(
                 "INSERT INTO campaigns (run_id, target, state, wave, options, plan, driver, created_at, updated_at)"
-                " VALUES (?, ?, 'running', 1, ?, ?, ?, ?, ?)",
-                (run_id, plan["target"], json.dumps(options.as_dict(), sort_keys=True), json.dumps(plan, sort_keys=True),
-                 json.dumps(this_process()), stamp, stamp))
+                " VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)",
+                (run_id, plan["target"], transitions.CAMPAIGN_START, json.dumps(options.as_dict(), sort_keys=True),
+                 json.dumps(plan, sort_keys=True), json.dumps(process_identity()), stamp, stamp))
             cid = cur.lastrowid
             locked = []
             position = 0
@@ -174,7 +159,8 @@ class Journal:
                                (h["name"], cid, stamp))
                     position += 1
                     db.execute("INSERT INTO campaign_hosts (campaign_id, host, wave, position, state, updated_at)"
-                               " VALUES (?, ?, ?, ?, 'precheck', ?)", (cid, h["name"], wave["index"], position, stamp))
+                               " VALUES (?, ?, ?, ?, ?, ?)",
+                               (cid, h["name"], wave["index"], position, transitions.HOST_START, stamp))
             self._event(db, cid, "campaign_started", target=plan["target"],
                         waves=[[h["name"] for h in w["hosts"]] for w in plan["waves"]], locked_elsewhere=locked)
         self._flush()
@@ -202,7 +188,7 @@ class Journal:
             if row and driven_elsewhere(row[0]):
                 raise OperationError(f"campaign {cid} is being driven by pid {json.loads(row[0])['pid']} "
                                      "on this machine")
-            db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(this_process()), cid))
+            db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(process_identity()), cid))
 
     def transition(self, cid: int, event: str, reason: str | None = None, wave: int | None = None,
                    soak_until: str | None = None, moves: dict[str, list[str]] | None = None,
@@ -224,7 +210,7 @@ class Journal:
                            (host_state, (host_reasons or {}).get(host), now(), cid, host))
             if new in transitions.CAMPAIGN_TERMINAL:
                 db.execute("DELETE FROM host_locks WHERE campaign_id=?", (cid,))
-            if soak_until and new == "soaking":
+            if soak_until and new == transitions.CampaignState.SOAKING:
                 data["soak_until"] = soak_until
             self._event(db, cid, event, state_from=state, state=new, reason=reason, wave=wave,
                         hosts=hosts or None, **data)

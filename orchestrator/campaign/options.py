@@ -8,8 +8,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-DEFAULT_INTERVAL_S = 60.0  # a soak check every minute
-DEFAULT_GRACE_S = 300.0  # unreachable this long during a soak: a failure
+from .. import settings
+from .hooks import Hooks
 
 
 def soak_length(soak_s: float | list[float], gap: int) -> float:
@@ -19,45 +19,38 @@ def soak_length(soak_s: float | list[float], gap: int) -> float:
     return float(soak_s)
 
 
-@dataclass(frozen=True)
-class HookOptions:
-    drain: str | None = None
-    undrain: str | None = None
-    timeout_s: float = 900.0
-    slurm: bool = False  # drains fleetctl owns (campaign/scheduler.py) instead of command templates
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IdleOptions:
-    timeout_s: int = 300
+    timeout_s: int = int(settings.IDLE_TIMEOUT.value)  # whole seconds: the nvidia_driver role's idle wait takes them
     poll_s: int = 10
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProbeSettings:
-    samples: int = 10
-    warmup_s: float = 20.0
-    trial_s: float = 1.0
+    samples: int = settings.SAMPLES.value
+    warmup_s: float = settings.WARMUP.value
+    trial_s: float = settings.TRIAL.value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CampaignOptions:
-    rollback_scope: str = "campaign"
+    """The defaults are those of a campaign recorded before its key existed (no soak then)."""
+    rollback_scope: str = settings.ROLLBACK_SCOPE.value
     forks: int | None = None
     window_end: str | None = None
     soak_s: float | list[float] = 0
-    soak_interval_s: float = DEFAULT_INTERVAL_S
-    soak_grace_s: float = DEFAULT_GRACE_S
+    soak_interval_s: float = settings.SOAK_INTERVAL.value
+    soak_grace_s: float = settings.SOAK_GRACE.value
     canary: str | None = None
-    canary_max_failures: int = 0
-    hooks: HookOptions = field(default_factory=HookOptions)
+    canary_max_failures: int = settings.CANARY_MAX_FAILURES.value
+    hooks: Hooks = field(default_factory=Hooks)
     idle: IdleOptions = field(default_factory=IdleOptions)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CampaignOptions:
         flat = {k: v for k, v in d.items() if k not in ("hooks", "idle", "probe") and k in cls.__dataclass_fields__}
-        return cls(**flat, hooks=HookOptions(**d.get("hooks", {})), idle=IdleOptions(**d.get("idle", {})),
+        return cls(**flat, hooks=Hooks(**d.get("hooks", {})), idle=IdleOptions(**d.get("idle", {})),
                    probe=ProbeSettings(**d.get("probe", {})))
 
     def as_dict(self) -> dict[str, Any]:

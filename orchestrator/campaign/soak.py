@@ -27,10 +27,10 @@ from .. import gate, probe, slurm
 from ..timefmt import parse, stamp
 from . import scheduler
 from .journal import Journal
-from .options import DEFAULT_GRACE_S, DEFAULT_INTERVAL_S, soak_length  # noqa: F401 (soak.DEFAULT_*)
+from .options import soak_length
 from .context import Context
+from .transitions import HostState
 
-DEFAULT_SOAK = "2h,30m"  # the canary soaks for hours, later waves less: see the README
 GATE_STEPS = ("probe_again", "probe_after")  # the gate probe a changed host passed last, newest first
 
 
@@ -48,7 +48,7 @@ def length(options: dict[str, Any], gap: int) -> float:
 
 def watched(journal: Journal, cid: int) -> list[str]:
     """The hosts the campaign changed that are on the target now (done): every earlier wave's, not only the last."""
-    return [r["host"] for r in journal.hosts(cid) if r["changed"] and r["state"] == "done"]
+    return [r["host"] for r in journal.hosts(cid) if r["changed"] and r["state"] == HostState.DONE]
 
 
 def failing(journal: Journal, cid: int) -> dict[str, str]:
@@ -105,16 +105,18 @@ def _unreachable(ctx: Context, host: str, error: str | None) -> Observation:
                        {"seen": [f"unreachable: {error}"]})
 
 
-def _health(ctx: Context, host: str, ref: dict[str, Any], result: dict[str, Any]) -> tuple[list[str], list[str]]:
+def _health(ctx: Context, host: str, ref: dict[str, Any],
+            result: dict[str, Any]) -> tuple[list[gate.Problem], list[str]]:
     """(failures, notes) of one probe result against the host's gate probe."""
     pol = ctx.policy(host)
     expected = max(ctx.befores.get(host, {}).get("gpus") or 0, pol.get("gpus", {}).get("count") or 0)
     verdict = gate.judge_health(ref, result, gate.gate_policy(pol), expected or None)
-    fails = list(verdict.reasons) if verdict.status == "fail" else []
-    notes = [] if verdict.status == "fail" else [r for r in verdict.reasons if not r.startswith("GPU health unchanged")]
+    fails = list(verdict.problems)
+    notes = [r for r in verdict.reasons[len(fails):] if not r.startswith("GPU health unchanged")]
     was, now = ref["host"]["boot_id"], result["host"]["boot_id"]
     if was and now and was != now:
-        fails.insert(0, f"the host rebooted during the soak without fleetctl asking (boot id {was[:8]} -> {now[:8]})")
+        fails.insert(0, gate.Problem("reboot", f"the host rebooted during the soak without fleetctl asking (boot id "
+                                               f"{was[:8]} -> {now[:8]})"))
     notes += [f"could not check {k}: {v}" for k, v in result.get("errors", {}).items() if k in ("nvml", "xid")]
     return fails, notes
 
@@ -167,9 +169,13 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
                 why = ([run["error"]] if not run["ok"] else []) + [
                     f"Slurm job {j['id']} ({j['name']}) ended {j['state']}, exit {j['exit_code']}" for j in jobs[:5]]
                 line = f"{what} ({failed} failed run(s), at most {limit} allowed): " + "; ".join(why)
-                (fails if failed > limit else notes).append(line)
-        detail["seen"] = fails + notes
-        out[host] = Observation("fail", "soak: " + "; ".join(fails), detail) if fails else Observation("ok", None, detail)
+                if failed > limit:
+                    fails.append(gate.Problem("canary runs", line))
+                else:
+                    notes.append(line)
+        detail["seen"] = [p.text for p in fails] + notes
+        out[host] = (Observation("fail", ("end of the soak: " if final else "soak: ") + gate.one_line(fails), detail)
+                     if fails else Observation("ok", None, detail))
     return out
 
 
@@ -191,23 +197,23 @@ def slurm_jobs_failed(ctx: Context, hosts: list[str]) -> tuple[dict[str, list[di
 
 
 def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: dict[str, Any],
-                      notes: list[str]) -> list[str]:
+                      notes: list[str]) -> list[gate.Problem]:
     """The end-of-soak gate's throughput: against probe_before (the existing gate), and the canary command's
-    metrics, its last run against its first. An inconclusive verdict is a note: the wave's own gate passed."""
+    metrics, its last run against its first. An inconclusive verdict is a note: the wave's own gate passed. The
+    verdicts in full go to DETAIL ("gate", "canary_gate"); what failed, one problem each."""
     pol = gate.gate_policy(ctx.policy(host))
-    fails = []
     before = (ctx.journal.step_detail(ctx.campaign, host, "probe_before") or {}).get("probe") or {}
     broken = {k: v for k, v in result.get("errors", {}).items() if k.startswith("throughput")}
     verdict = gate.judge_throughput(before.get("throughput"), result.get("throughput"), pol, broken)
     detail["gate"] = verdict.as_dict()
-    if verdict.status != "pass":
-        (fails if verdict.status == "fail" else notes).extend(
-            f"throughput at the end of the soak, gate {verdict.status}: {r}" for r in verdict.reasons)
+    fails = verdict.problems if verdict.status == "fail" else []
+    if verdict.status == "inconclusive":
+        notes.append(f"throughput at the end of the soak, inconclusive: {verdict.summary()}")
     runs = [r["detail"]["canary"]["throughput"] for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")
             if r["detail"].get("canary", {}).get("ok") and r["detail"]["canary"].get("engine") == "command"]
     if len(runs) >= 2:
-        canary = gate.judge_throughput(runs[0], runs[-1], pol)
+        canary = gate.judge_throughput(runs[0], runs[-1], pol, what="canary metrics")
         detail["canary_gate"] = canary.as_dict()
         if canary.status == "fail":
-            fails += [f"canary metrics, last run against the first: {r}" for r in canary.reasons]
+            fails += canary.problems
     return fails

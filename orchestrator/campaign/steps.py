@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .. import audit, gate, plan, policy, probe, runner
-from .. import controls
+from .. import audit, controls, gate, plan, probe, runner
 from . import hooks, packages, scheduler, transitions
 from .context import Context, Outcome, activation
 
@@ -52,7 +51,7 @@ def precheck(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
         else:
             facts = entry["facts"]
             before = {"version": detail, "boot_id": facts["host"]["boot_id"],
-                      "gpus": len(policy.live_gpus(facts)),
+                      "gpus": len(controls.live_gpus(facts)),
                       "packages": packages.driver_versioned(facts["driver"]["packages"], detail),
                       "held": facts["driver"]["held"], "nvlink_up": nvlink_up(facts),
                       "interconnect": {f["control"]: f["status"] for f in entry["findings"]
@@ -89,7 +88,7 @@ def probe_before(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
                               ctx.policy(name).get("gpus", {}).get("count"))
         detail = {"probe": entry["probe"], "verdict": v.status, "reasons": v.reasons}
         out[name] = Outcome("ok" if v.status == "pass" else "fail",
-                            None if v.status == "pass" else "unhealthy before the change: " + "; ".join(v.reasons),
+                            None if v.status == "pass" else f"unhealthy before the change: {v.summary()}",
                             detail)
     return out
 
@@ -105,7 +104,7 @@ def _gate(ctx: Context, hosts: list[str], reference_step: str) -> dict[str, Outc
         v = gate.judge(before, entry["probe"], gate.gate_policy(pol), pol.get("gpus", {}).get("count"))
         detail = {"probe": entry["probe"], "verdict": v.status, "reasons": v.reasons, "figures": v.as_dict()}
         outcome = {"pass": "ok", "fail": "fail", "inconclusive": "inconclusive"}[v.status]
-        out[name] = Outcome(outcome, None if outcome == "ok" else f"gate {v.status}: " + "; ".join(v.reasons), detail)
+        out[name] = Outcome(outcome, None if outcome == "ok" else f"gate {v.status}: {v.summary()}", detail)
     return out
 
 
@@ -314,11 +313,11 @@ def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str],
         want, facts = version_of(name), entry["facts"]
         d = facts["driver"]
         problems = []
-        running = policy.running_version(facts)
+        running = controls.running_version(facts)
         if d["state"] != "loaded" or running != want:
             problems.append(f"driver {d['state'].replace('_', ' ')}, module {d['module_version']}, "
                             f"userspace {d['userspace_version']} (want {want})")
-        gpus = policy.live_gpus(facts)
+        gpus = controls.live_gpus(facts)
         expected = ctx.befores[name].get("gpus")
         if expected is not None and len(gpus) < expected:
             problems.append(f"{len(gpus)} of {expected} GPUs answer NVML")

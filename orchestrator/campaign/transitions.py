@@ -8,23 +8,73 @@ every host in the earliest state (table order), so each step is one playbook run
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+from ..exitcodes import Exit
+
+
+class HostState(StrEnum):
+    """A host's state in a campaign: the step it does next (a row of HOST_TABLE), or a terminal state. StrEnum: the
+    history, the JSON documents and the event log hold the very same strings."""
+    PRECHECK = "precheck"
+    PROBE_BEFORE = "probe_before"
+    DRAIN = "drain"
+    WAIT_IDLE = "wait_idle"
+    INSTALL = "install"
+    ACTIVATE = "activate"
+    VERIFY = "verify"
+    PROBE_AFTER = "probe_after"
+    PROBE_AGAIN = "probe_again"
+    UNDRAIN = "undrain"
+    RELEASE = "release"
+    ROLLBACK_DRAIN = "rollback_drain"
+    ROLLBACK_WAIT_IDLE = "rollback_wait_idle"
+    ROLLBACK_INSTALL = "rollback_install"
+    ROLLBACK_ACTIVATE = "rollback_activate"
+    ROLLBACK_VERIFY = "rollback_verify"
+    ROLLBACK_PROBE = "rollback_probe"
+    ROLLBACK_UNDRAIN = "rollback_undrain"
+    DONE = "done"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    HELD = "held"
+    ROLLED_BACK = "rolled_back"
+    ROLLBACK_FAILED = "rollback_failed"
+    NOT_STARTED = "not_started"
+
+
+class CampaignState(StrEnum):
+    """A campaign's state (CAMPAIGN_TABLE)."""
+    RUNNING = "running"
+    SOAKING = "soaking"
+    HALTED = "halted"
+    DONE = "done"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+
+
+H, C = HostState, CampaignState
 
 
 @dataclass(frozen=True)
 class Row:
-    state: str
-    step: str
-    ok: str
-    fail: str
-    inconclusive: str | None = None
-    skip: str | None = None
+    state: HostState  # names the step a host in it does next
+    ok: HostState
+    fail: HostState
+    inconclusive: HostState | None = None
+    skip: HostState | None = None
     # what the step is: each is read by whoever needs it, none is kept anywhere else
     runner: str = ""             # the function of campaign/steps.py that runs it (steps.STEPS)
     read_only: bool = False      # only looks: a wave whose hosts ran nothing else may still be stopped cleanly
     hook: bool = False           # runs the drain/undrain hook on the control node, not a playbook
     changes_host: bool = False   # changes packages: once it has begun, the host is "changed" (a rollback concerns it)
 
-    def next(self, outcome: str) -> str:
+    @property
+    def step(self) -> str:
+        return self.state.value
+
+    def next(self, outcome: str) -> HostState:
         target = getattr(self, outcome)
         if target is None:
             raise ValueError(f"step {self.step}: outcome {outcome!r} has no transition from {self.state}")
@@ -34,67 +84,69 @@ class Row:
 _ = None
 LOOKS, HOOK, CHANGES = {"read_only": True}, {"hook": True}, {"changes_host": True}
 HOST_TABLE = (
-    # state              step                ok                   fail              inconclusive      skip
-    #                    runner (steps.py)   what the step is
-    Row("precheck",          "precheck",          "probe_before",      "failed",         _,                "skipped",
-        runner="precheck",                        **LOOKS),
-    Row("probe_before",      "probe_before",      "drain",             "failed",
-        runner="probe_before",                    **LOOKS),
-    Row("drain",             "drain",             "wait_idle",         "release",
-        runner="drain",                           **HOOK),
-    Row("wait_idle",         "wait_idle",         "install",           "release",
+    # state (the step)      ok                    fail               inconclusive       skip
+    #   runner (steps.py)                      what the step is
+    Row(H.PRECHECK,           H.PROBE_BEFORE,       H.FAILED,          _,                 H.SKIPPED,
+        runner="precheck",                     **LOOKS),
+    Row(H.PROBE_BEFORE,       H.DRAIN,              H.FAILED,
+        runner="probe_before",                 **LOOKS),
+    Row(H.DRAIN,              H.WAIT_IDLE,          H.RELEASE,
+        runner="drain",                        **HOOK),
+    Row(H.WAIT_IDLE,          H.INSTALL,            H.RELEASE,
         runner="wait_idle"),
-    Row("install",           "install",           "activate",          "failed",
-        runner="install",                         **CHANGES),
-    Row("activate",          "activate",          "verify",            "failed",
+    Row(H.INSTALL,            H.ACTIVATE,           H.FAILED,
+        runner="install",                      **CHANGES),
+    Row(H.ACTIVATE,           H.VERIFY,             H.FAILED,
         runner="activate"),
-    Row("verify",            "verify",            "probe_after",       "failed",
+    Row(H.VERIFY,             H.PROBE_AFTER,        H.FAILED,
         runner="verify"),
-    Row("probe_after",       "probe_after",       "undrain",           "failed",         "probe_again",
+    Row(H.PROBE_AFTER,        H.UNDRAIN,            H.FAILED,          H.PROBE_AGAIN,
         runner="probe_after"),
-    Row("probe_again",       "probe_again",       "undrain",           "failed",         "held",
+    Row(H.PROBE_AGAIN,        H.UNDRAIN,            H.FAILED,          H.HELD,
         runner="probe_after"),
-    Row("undrain",           "undrain",           "done",              "failed",
-        runner="undrain",                         **HOOK),
-    Row("release",           "release",           "failed",            "failed",
-        runner="undrain",                         **HOOK),
+    Row(H.UNDRAIN,            H.DONE,               H.FAILED,
+        runner="undrain",                      **HOOK),
+    Row(H.RELEASE,            H.FAILED,             H.FAILED,
+        runner="undrain",                      **HOOK),
     # rollback to the exact versions recorded before the campaign touched the host
-    Row("rollback_drain",    "rollback_drain",    "rollback_wait_idle", "rollback_failed",
-        runner="drain",                           **HOOK),
-    Row("rollback_wait_idle", "rollback_wait_idle", "rollback_install", "rollback_failed",
+    Row(H.ROLLBACK_DRAIN,     H.ROLLBACK_WAIT_IDLE, H.ROLLBACK_FAILED,
+        runner="drain",                        **HOOK),
+    Row(H.ROLLBACK_WAIT_IDLE, H.ROLLBACK_INSTALL,   H.ROLLBACK_FAILED,
         runner="wait_idle"),
-    Row("rollback_install",  "rollback_install",  "rollback_activate", "rollback_failed",
+    Row(H.ROLLBACK_INSTALL,   H.ROLLBACK_ACTIVATE,  H.ROLLBACK_FAILED,
         runner="rollback_install"),
-    Row("rollback_activate", "rollback_activate", "rollback_verify",   "rollback_failed",
+    Row(H.ROLLBACK_ACTIVATE,  H.ROLLBACK_VERIFY,    H.ROLLBACK_FAILED,
         runner="rollback_activate"),
-    Row("rollback_verify",   "rollback_verify",   "rollback_probe",    "rollback_failed",
+    Row(H.ROLLBACK_VERIFY,    H.ROLLBACK_PROBE,     H.ROLLBACK_FAILED,
         runner="rollback_verify"),
-    Row("rollback_probe",    "rollback_probe",    "rollback_undrain",  "rollback_failed", "rollback_undrain",
+    Row(H.ROLLBACK_PROBE,     H.ROLLBACK_UNDRAIN,   H.ROLLBACK_FAILED, H.ROLLBACK_UNDRAIN,
         runner="rollback_probe"),
-    Row("rollback_undrain",  "rollback_undrain",  "rolled_back",       "rollback_failed",
-        runner="undrain",                         **HOOK),
+    Row(H.ROLLBACK_UNDRAIN,   H.ROLLED_BACK,        H.ROLLBACK_FAILED,
+        runner="undrain",                      **HOOK),
 )
 HOST_ROWS = {r.state: r for r in HOST_TABLE}
 ORDER = {r.state: i for i, r in enumerate(HOST_TABLE)}
 
 # Terminal host states. A host counts against its wave's budget when it ends failed, held for a person
 # does not; "changed" (the install step began) decides whether a rollback concerns it.
-TERMINAL = ("done", "skipped", "failed", "held", "rolled_back", "rollback_failed", "not_started")
-FAILED = ("failed", "rolled_back", "rollback_failed")
-ROLLBACK_START = "rollback_drain"
+TERMINAL = (H.DONE, H.SKIPPED, H.FAILED, H.HELD, H.ROLLED_BACK, H.ROLLBACK_FAILED, H.NOT_STARTED)
+FAILED = (H.FAILED, H.ROLLED_BACK, H.ROLLBACK_FAILED)
+HOST_START = HOST_TABLE[0].state
+ROLLBACK_START = H.ROLLBACK_DRAIN
+IN_ROLLBACK = tuple(s for s in HostState if s.startswith("rollback_"))  # the rollback's steps and rollback_failed
 # Read off the host table, for those who ask by name.
 READ_ONLY_STEPS = tuple(r.step for r in HOST_TABLE if r.read_only)
+READ_ONLY_STATES = tuple(r.state for r in HOST_TABLE if r.read_only)  # hosts in them have changed nothing yet
 HOOK_STEPS = tuple(r.step for r in HOST_TABLE if r.hook)
-CHANGES_HOST = tuple(r.step for r in HOST_TABLE if r.changes_host)
 
 
 @dataclass(frozen=True)
 class Move:
     """Hosts put in a state outside the host table: of the hosts named, those the move concerns go to TO."""
-    to: str
-    changed: bool = False                   # only hosts the campaign changed
-    only: tuple[str, ...] | None = None     # only hosts in one of these states
-    never: tuple[str, ...] = ()             # never hosts in one of these states
+    to: HostState
+    changed: bool = False                         # only hosts the campaign changed
+    only: tuple[HostState, ...] | None = None     # only hosts in one of these states
+    never: tuple[HostState, ...] = ()             # never hosts in one of these states
 
     def concerns(self, state: str, changed: bool) -> bool:
         return ((changed or not self.changed) and (self.only is None or state in self.only)
@@ -103,10 +155,10 @@ class Move:
 
 MOVES = {
     # move         -> host state         which of the hosts named it concerns
-    "roll_back":   Move(ROLLBACK_START,  changed=True, never=("rolled_back", "rollback_failed")),
-    "cancel":      Move("not_started"),                      # a later wave that will not run
-    "accept":      Move("undrain",       only=("held",)),    # the operator accepts a held host
-    "abandon":     Move("not_started",   only=READ_ONLY_STEPS),  # aborted before anything changed it
+    "roll_back":   Move(ROLLBACK_START,  changed=True, never=(H.ROLLED_BACK, H.ROLLBACK_FAILED)),
+    "cancel":      Move(H.NOT_STARTED),                        # a later wave that will not run
+    "accept":      Move(H.UNDRAIN,       only=(H.HELD,)),      # the operator accepts a held host
+    "abandon":     Move(H.NOT_STARTED,   only=READ_ONLY_STATES),  # aborted before anything changed it
 }
 # The events that move hosts between the tables, and how; Journal.transition (and Journal.move, for a host's own
 # rollback within its wave's budget) apply them in the event's transaction, in this order.
@@ -132,33 +184,35 @@ def moves_for(event: str, moves: dict[str, list[str]]) -> list[tuple[str, Move, 
 
 CAMPAIGN_TABLE = {
     # (state, event)                      -> next state
-    ("running", "wave_passed"):           "soaking",
-    ("running", "last_wave_passed"):      "done",
-    ("running", "wave_failed"):           "rolling_back",
-    ("running", "host_held"):             "halted",
-    ("running", "abort_requested"):       "aborted",
-    ("soaking", "soaked"):                "running",
+    (C.RUNNING, "wave_passed"):           C.SOAKING,
+    (C.RUNNING, "last_wave_passed"):      C.DONE,
+    (C.RUNNING, "wave_failed"):           C.ROLLING_BACK,
+    (C.RUNNING, "host_held"):             C.HALTED,
+    (C.RUNNING, "abort_requested"):       C.ABORTED,
+    (C.SOAKING, "soaked"):                C.RUNNING,
     # the watched soak (campaign/soak.py): a changed host failed a check; over its wave's budget the campaign
     # rolls back (scope as for a failed wave), within it that host rolls back alone and the soak goes on
-    ("soaking", "soak_failed"):           "rolling_back",
-    ("soaking", "soak_host_failed"):      "soaking",
-    ("soaking", "window_closed"):         "halted",
-    ("soaking", "abort_requested"):       "aborted",
-    ("running", "window_closed"):         "halted",
-    ("halted", "resumed"):                "running",
-    ("halted", "abort_requested"):        "aborted",
-    ("halted", "rollback_requested"):     "rolling_back",
-    ("done", "rollback_requested"):       "rolling_back",
-    ("aborted", "rollback_requested"):    "rolling_back",
-    ("rolling_back", "rollback_finished"): "rolled_back",
+    (C.SOAKING, "soak_failed"):           C.ROLLING_BACK,
+    (C.SOAKING, "soak_host_failed"):      C.SOAKING,
+    (C.SOAKING, "window_closed"):         C.HALTED,
+    (C.SOAKING, "abort_requested"):       C.ABORTED,
+    (C.RUNNING, "window_closed"):         C.HALTED,
+    (C.HALTED, "resumed"):                C.RUNNING,
+    (C.HALTED, "abort_requested"):        C.ABORTED,
+    (C.HALTED, "rollback_requested"):     C.ROLLING_BACK,
+    (C.DONE, "rollback_requested"):       C.ROLLING_BACK,
+    (C.ABORTED, "rollback_requested"):    C.ROLLING_BACK,
+    (C.ROLLING_BACK, "rollback_finished"): C.ROLLED_BACK,
 }
-CAMPAIGN_TERMINAL = ("done", "rolled_back", "aborted")
-CAMPAIGN_EXIT = {"done": 0, "rolled_back": 4, "halted": 5, "aborted": 5}
-EXIT_HOSTS_OFF_TARGET = 1  # done, but hosts failed (each rolled back within the budget) or were left out at plan
-EXIT_NEEDS_PERSON = 6  # a host could not be rolled back: neither on its recorded packages nor known good
+CAMPAIGN_START = C.RUNNING
+CAMPAIGN_TERMINAL = (C.DONE, C.ROLLED_BACK, C.ABORTED)
+CAMPAIGN_AT_WORK = (C.RUNNING, C.SOAKING, C.ROLLING_BACK)  # a process drives it (a crash leaves it so)
+# A campaign's exit code by its state. Besides: done with hosts off the target (failed, each rolled back within
+# the budget, or left out at plan) is Exit.FINDINGS, and a host whose rollback failed makes it Exit.NEEDS_PERSON.
+CAMPAIGN_EXIT = {C.DONE: Exit.OK, C.ROLLED_BACK: Exit.ROLLED_BACK, C.HALTED: Exit.HALTED, C.ABORTED: Exit.HALTED}
 
 
-def campaign_next(state: str, event: str) -> str:
+def campaign_next(state: str, event: str) -> CampaignState:
     try:
         return CAMPAIGN_TABLE[(state, event)]
     except KeyError:

@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from .. import audit as audit_mod
+from .. import audit as audit_mod, settings
+from ..exitcodes import documented
 from ..files import writable
 from ..store import Store
 from . import options, render
@@ -19,18 +20,16 @@ from .output import run_notes, stored_argv, write_report
 @options.baseline("Baseline YAML (blessed matrix). Default: the embedded one.")
 @options.fmt("table", "json", "prometheus")
 @options.output()
-@click.option("--fail-on", type=click.Choice(audit_mod.FAIL_ON_CHOICES), default="high", show_default=True,
-              help="Exit 1 when a control fails at or above this severity.")
+@options.option(settings.FAIL_ON)
 @options.forks()
 @options.no_preflight()
 @click.option("-a", "--all", "show_all", is_flag=True, help="Table: show passing controls too.")
 @options.notifications
+@documented("audit")
 def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_preflight, show_all) -> None:
-    """Audit driver, nouveau, persistence, container runtime and GPU health against the baseline.
-
-    Exit codes: 0 compliant, 1 findings at or above --fail-on, 2 usage or input error, 3 hosts unreachable.
-    """
-    opts = audit_mod.AuditOptions(inventory_path, limit, baseline, fail_on, forks, not no_preflight)
+    """Audit driver, nouveau, persistence, container runtime and GPU health against the baseline."""
+    opts = audit_mod.AuditOptions(inventory=inventory_path, limit=limit, baseline=baseline, fail_on=fail_on,
+                                  forks=forks, preflight=not no_preflight)
     writable(output)
     with Store() as store:
         report = audit_mod.run(opts, store, stored_argv(), run_notes())

@@ -13,12 +13,18 @@ from rich.text import Text
 
 from .. import timefmt, upgrade
 from ..campaign.progress import describe
-from ..sanitize import clean_line
+from ..campaign.transitions import CampaignState, HostState
+from ..gate import median_text, series_label
+from ..sanitize import clean_line, one_line
 from ..store import Store
-from .render import safe
+from .render import STATUS_STYLE, safe
 
-STATE_STYLE = {"done": "green", "skipped": "dim", "failed": "bold red", "held": "bold yellow",
-               "rolled_back": "magenta", "rollback_failed": "bold red", "not_started": "dim"}
+H = HostState  # a campaign done or rolled back looks as a host does
+STATE_STYLE = {H.DONE: "green", H.SKIPPED: "dim", H.FAILED: "bold red", H.HELD: "bold yellow",
+               H.ROLLED_BACK: "magenta", H.ROLLBACK_FAILED: "bold red", H.NOT_STARTED: "dim"}
+# Characters of a campaign's reason in `campaign list`, on one line: a reason recorded by an earlier fleetctl may
+# name every series of a gate (`campaign show` has it whole).
+LISTED_REASON = 200
 
 
 class LiveView:
@@ -49,7 +55,7 @@ class LiveView:
         for h in sorted(self.hosts.values(), key=lambda h: (h["wave"], h["position"])):
             style = STATE_STYLE.get(h["state"], "cyan")
             t.add_row(str(h["wave"]), safe(h["host"]), safe(h["state"], style), safe(h.get("step") or ""),
-                      safe((h.get("reason") or "")[:120]))
+                      safe(one_line(h.get("reason") or "", LISTED_REASON)))
         for line in self.recent[-5:]:
             t.add_row("", "", "", "", safe(clean_line(line), "dim"))
         return t
@@ -70,7 +76,7 @@ class LiveView:
             self.last_check = f"{record['at'][11:19]}: {describe(record)}"[:200]
         elif record.get("state") and record.get("state_from") != record["state"]:
             until = record.get("soak_until")
-            self.soak_until = timefmt.parse(until) if record["state"] == "soaking" and until else None
+            self.soak_until = timefmt.parse(until) if record["state"] == CampaignState.SOAKING and until else None
         self.recent.append(f"{record['at'][11:19]} {record.get('host') or ''} {describe(record)}"[:150])
         self.live.refresh()
 
@@ -90,11 +96,12 @@ def list_table(store: Store, console: Console) -> None:
         style = STATE_STYLE.get(c["state"], "cyan")
         t.add_row(str(c["id"]), safe(c["target"]), safe(c["state"], style), f"{c['wave']}/{c['waves']}",
                   safe(", ".join(f"{n} {s}" for s, n in sorted(c["hosts"].items()))), safe(c["created_at"][:19]),
-                  safe(c["operator"]), safe((c["reason"] or "")[:100]))
+                  safe(c["operator"]), safe(one_line(c["reason"] or "", LISTED_REASON)))
     console.print(t)
 
 
-def show_table(doc: dict[str, Any], console: Console) -> None:
+def show_table(doc: dict[str, Any], console: Console, verbose: bool = False) -> None:
+    """The hosts and their one-line reasons; VERBOSE: every gate's reasons in full and its series, one row each."""
     c = doc["campaign"]
     t = Table(title=safe(f"campaign {c['id']} to {c['target']}: {c['state']}", "table.title"), title_justify="left")
     for col in ("Wave", "Host", "From", "State", "Steps", "Reason"):
@@ -117,7 +124,45 @@ def show_table(doc: dict[str, Any], console: Console) -> None:
                                           f"{h['last']['at'][11:19]}: {seen}"[:300])))
     if c["reason"]:
         console.print(Text(clean_line(f"reason: {c['reason']}")))
+    if verbose:
+        gates_table(doc, console)
     console.print(Text(clean_line(f"exit {c['exit_code']}; event log: {doc['event_log']}")))
+
+
+def gates(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(host, which gate, its verdict) for every gate a host did not pass: the gate steps' and the soak's."""
+    out = []
+    for h in doc["hosts"]:
+        out += [(h["name"], s["step"], s["detail"]["figures"]) for s in h["steps"]
+                if s["status"] in ("fail", "inconclusive") and (s["detail"] or {}).get("figures")]
+    for name, h in doc["soak"]["hosts"].items():
+        out += [(name, f"{what} after wave {g['gap']}", g[key]) for g in h.get("gate_verdicts", [])
+                for key, what in (("gate", "end-of-soak gate"), ("canary_gate", "canary metrics"))
+                if (g.get(key) or {}).get("status", "pass") != "pass"]
+    return out
+
+
+def gates_table(doc: dict[str, Any], console: Console) -> None:
+    """campaign show --verbose: each failed gate's reasons in full, then its series (GPU, metric) one row each."""
+    t = Table(title="gate series", title_justify="left")
+    for col in ("Host", "Gate", "Series", "Before", "After", "Change", "p", "n", "Status"):
+        t.add_column(col, overflow="fold", justify="left" if col in ("Host", "Gate", "Series", "Status") else "right")
+    for host, which, verdict in gates(doc):
+        for reason in verdict["reasons"]:
+            console.print(Text(clean_line(f"{host} {which}: {reason}")))
+        for f in verdict["figures"]:
+            t.add_row(safe(host), safe(which), safe(series_label(f["gpu"], f["metric"])),
+                      _num(f.get("median_before"), median_text), _num(f.get("median_after"), median_text),
+                      _num(f.get("change"), "{:+.1%}".format), _num(f.get("p_value"), "{:.2g}".format),
+                      f"{f.get('n_before', '')}/{f.get('n_after', '')}",
+                      safe(" ".join(str(f[k]) for k in ("status", "rule") if f.get(k)),
+                           STATUS_STYLE.get(f.get("status"), "")))
+    if t.row_count:
+        console.print(t)
+
+
+def _num(value: float | None, text: Callable[[float], str]) -> str:
+    return "" if value is None else text(value)
 
 
 def live(console: Console) -> Callable[[list[dict[str, Any]], str], LiveView] | None:

@@ -8,7 +8,8 @@ import sys
 import click
 
 from .. import check as check_mod
-from ..policy import severity_rank
+from ..exitcodes import documented
+from ..controls import severity_rank
 from ..sanitize import clean_line
 from . import options
 
@@ -45,12 +46,11 @@ def text(report: dict) -> str:
 @click.option("--textfile", metavar="DIR",
               help=f"Also write the results to DIR/{check_mod.TEXTFILE_NAME} (atomically), for node_exporter.")
 @options.fmt("table", "json")
+@documented("check")
 def check(baseline, groups, use_slurm, node, textfile, fmt) -> None:
     """Evaluate the audit's controls on this machine itself (no SSH, no Ansible), e.g. as Slurm's
-    HealthCheckProgram or a job prolog.
-
-    Exit codes: 0 healthy, 1 a critical control failed or could not be verified (drain this node), 2 usage or
-    input error.
+    HealthCheckProgram or a job prolog. A critical control that failed or could not be verified: drain this node
+    (exit 1).
     """
     report = check_mod.run(check_mod.CheckOptions(baseline, tuple(groups), use_slurm, node, textfile))
     click.echo(json.dumps(report, indent=2) if fmt == "json" else text(report), nl=fmt == "json")

@@ -6,12 +6,15 @@ from __future__ import annotations
 import click
 from click.shell_completion import get_completion_class
 
+from ..exitcodes import documented
+
 SHELLS = ("bash", "zsh", "fish")
 
 
 @click.command()
 @click.argument("shell", type=click.Choice(SHELLS))
 @click.pass_context
+@documented("completion")
 def completion(ctx: click.Context, shell: str) -> None:
     """Print the completion script for SHELL.
 

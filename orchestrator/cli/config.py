@@ -4,12 +4,13 @@ defaults of the commands' flags; `config show` offers each key as a flag of its 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 
-from .. import config as config_mod, schemas
-from ..config import KEYS, Key
+from .. import config as config_mod
+from ..config import KEYS
+from ..settings import Setting
+from ..exitcodes import documented
 from . import options
 
 META = "fleetctl.config"  # the root context's meta key of the config file in use
@@ -26,31 +27,9 @@ def apply(ctx: click.Context) -> None:
         ctx.default_map = config_mod.merge(ctx.default_map or {}, config_mod.default_map(cfg.values))
 
 
-def builtin_default(root: click.Command, key: Key) -> Any:
-    """The default of KEY's flag, as the first command that has it declares it."""
-    for path in key.commands:
-        command = root
-        for part in path:
-            command = command.get_command(None, part) if isinstance(command, click.Group) else None
-            if command is None:
-                break
-        if command is None:
-            continue
-        for param in command.params:
-            if param.name == key.param:
-                default = param.default
-                if isinstance(default, (tuple, list)):
-                    return list(default)
-                return default if isinstance(default, (str, int, float)) else None  # None, or click's UNSET
-    return None
-
-
-def option_type(key: Key) -> click.ParamType | None:
-    spec = schemas.validator("config").schema["properties"][key.name]
-    if "enum" in spec:
-        return click.Choice(spec["enum"])
-    return {"integer": click.INT, "number": click.FLOAT}.get(spec.get("type")) if isinstance(spec.get("type"), str) \
-        else None
+def option_type(key: Setting) -> click.ParamType | None:
+    """As the file has it: words, numbers and choices, checked as the file is (config.effective)."""
+    return click.Choice(key.choices) if key.kind == "choice" else click.INT if key.kind == "int" else None
 
 
 @click.group("config")
@@ -69,11 +48,11 @@ def show_options(f):
 @options.fmt("table", "json")
 @show_options
 @click.pass_context
+@documented("config show")
 def config_show(ctx, fmt, **flags) -> None:
     """Each key's effective value and where it came from: flag, the file, or the built-in default.
 
     Give a command's flags to see what wins over the file."""
-    root = ctx.find_root()
-    cfg = root.meta.get(META) or config_mod.load()
-    doc = config_mod.effective(cfg, flags, lambda key: builtin_default(root.command, key))
+    cfg = ctx.find_root().meta.get(META) or config_mod.load()
+    doc = config_mod.effective(cfg, flags)
     click.echo(json.dumps(doc, indent=2) if fmt == "json" else config_mod.text(doc), nl=fmt == "json")

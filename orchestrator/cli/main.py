@@ -1,4 +1,5 @@
-"""fleetctl's root command and its exit codes (the README: flags and exit codes are relied on by scripts and cron).
+"""fleetctl's root command and main(), which turns what a command raises into its exit code (orchestrator/exitcodes.py:
+flags and exit codes are relied on by scripts and cron).
 
 Each command group is a module of this package; the services they call (orchestrator/*.py) return data and events
 and never import click or rich. A command's module is imported when that command is used (BUILTIN), so `fleetctl
@@ -14,12 +15,9 @@ import click
 
 from .. import __version__, interrupts, logs
 from ..errors import InputError, OperationError
+from ..exitcodes import Exit, documented
 from . import plugins
 from ..sanitize import clean_line
-
-EXIT_USAGE = 2
-EXIT_INTERNAL = 70  # a fleetctl bug: never confused with "findings" (1) by a script
-
 
 # command name -> (module of this package, its attribute): fleetctl's own commands, imported on first use.
 BUILTIN = {"audit": ("audit", "audit"), "check": ("check", "check"), "probe": ("probe", "probe"),
@@ -49,6 +47,7 @@ class Root(click.Group):
 @click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
+@documented()
 def cli(ctx) -> None:
     """Keep NVIDIA GPU fleets on a known-good driver baseline.
 
@@ -69,10 +68,10 @@ def main() -> None:
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("fleetctl: aborted", err=True)
-        sys.exit(130)
+        sys.exit(Exit.INTERRUPTED)
     except click.ClickException as e:  # usage errors: one line, exit 2
         click.echo(f"fleetctl: error: {clean_line(e.format_message())}", err=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(Exit.USAGE)
     except (InputError, OperationError) as e:
         click.echo(f"fleetctl: error: {clean_line(e)}", err=True)
         sys.exit(e.exit_code)
@@ -80,10 +79,10 @@ def main() -> None:
         name = e.name if isinstance(e, interrupts.Interrupted) else "SIGINT"
         hint = getattr(e, "hint", None)
         click.echo(f"fleetctl: interrupted ({name})" + (f": {hint}" if hint else ""), err=True)
-        sys.exit(e.exit_code if isinstance(e, interrupts.Interrupted) else 130)
+        sys.exit(e.exit_code if isinstance(e, interrupts.Interrupted) else Exit.INTERRUPTED)
     except Exception as e:  # a bug: one line for the operator, the traceback with FLEETCTL_DEBUG=1
         if os.environ.get("FLEETCTL_DEBUG"):
             raise
         click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {clean_line(e)}", err=True)
-        sys.exit(EXIT_INTERNAL)
+        sys.exit(Exit.INTERNAL)  # never confused with "a check failed" (1) by a script
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..exitcodes import documented
 from ..files import writable
 from ..store import Store
 from . import options
@@ -13,6 +14,7 @@ from .output import emit
 @click.command()
 @options.output("Write to FILE atomically (e.g. node_exporter's textfile directory) instead of stdout.")
 @options.limit(options.HOST_PATTERNS_HELP)
+@documented("metrics")
 def metrics(output, limit) -> None:
     """Every host's latest state in the history as Prometheus metrics (no host is contacted): controls, driver,
     GPUs, Xids, probe medians, campaign states, and the age of the history's chain head."""

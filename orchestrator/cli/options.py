@@ -1,6 +1,7 @@
-"""The options the commands share, each declared once (as pip's cli/cmdoptions.py declares its options): a command
-takes one as a decorator, `@options.inventory()`, and may word the help for itself. The notification flags and the
-notifier they build are here too: the services are given the notifier, they never look for it."""
+"""The options the commands share (as pip's cli/cmdoptions.py declares its options): a command takes one as a
+decorator, `@options.inventory()`, and may word the help for itself. A setting's option follows from its one
+declaration in orchestrator/settings.py (`option(settings.SOAK)`), its time flags read by Duration. The notification
+flags and the notifier they build are here too: the services are given the notifier, they never look for it."""
 
 from __future__ import annotations
 
@@ -9,24 +10,66 @@ from typing import Callable
 
 import click
 
-from .. import notify
+from .. import notify, settings
 from ..notify import build as build_notifier  # the wrapper's `notify` parameter hides the module
+from ..settings import Setting
 
 CAMPAIGN_ID = click.IntRange(1, 2**63 - 1)  # what SQLite can look up: a bigger number is a usage error, not a crash
 NOTIFIER = "fleetctl.notifier"  # the context's meta key of the command's notifier
 
-INVENTORY_HELP = "Ansible inventory. Default: localhost over the local connection."
 OWN_INVENTORY_HELP = "Default: the campaign's own."
 OWN_BASELINE_HELP = "Default: the campaign's own (unchanged)."
 PREFLIGHT_HELP = "Skip the SSH reachability and host-key pre-flight."
-FORKS_HELP = "Hosts worked on at once (default: all, up to 64)."
 OUTPUT_HELP = "Write the report to FILE (atomically) instead of stdout."
 HOST_PATTERNS_HELP = "Hosts or groups (shell patterns, comma separated)."
-WAVES_HELP = "Cumulative wave targets: host counts or percentages of the eligible hosts, ending at 100%."
 
 
-def inventory(help: str = INVENTORY_HELP) -> Callable:
-    return click.option("-i", "--inventory", "inventory_path", metavar="INVENTORY", help=help)
+class Duration(click.ParamType):
+    """A duration flag (settings.Setting.duration): 90, 90s, 5m, 2h -> seconds; a comma list of them for a
+    `durations` setting (--soak) -> a tuple. Out of the setting's bounds, or not a duration: a usage error."""
+
+    name = "duration"
+
+    def __init__(self, setting: Setting):
+        self.setting = setting
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):  # converted already
+            return value
+        try:
+            return self.setting.parse(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+    @staticmethod
+    def text(value: float | tuple[float, ...]) -> str:
+        """VALUE as a word this type reads back (a systemd unit's command line)."""
+        return ",".join(map(settings.duration_text, value)) if isinstance(value, tuple) else \
+            settings.duration_text(value)
+
+
+def param_type(s: Setting) -> click.ParamType | None:
+    if s.kind == "int":
+        return click.IntRange(s.minimum, s.maximum)
+    if s.kind == "choice":
+        return click.Choice(s.choices)
+    return Duration(s) if s.timed else None
+
+
+def option(s: Setting, help: str | None = None, **changes) -> Callable:
+    """S as a click option; HELP: the command's own wording of it; CHANGES: click.option's arguments where a
+    command takes it otherwise (upgrade's --samples minimum)."""
+    flags = [s.short, s.flag] if s.short else [s.flag]
+    help = help or s.help
+    if s.timed and s.bounds:
+        help = f"{help.rstrip('.')} ({s.bounds})."
+    return click.option(*flags, s.param, **{"type": param_type(s), "default": s.default, "multiple": s.many,
+                                            "show_default": s.default is not None, "metavar": s.metavar,
+                                            "help": help, **changes})
+
+
+def inventory(help: str | None = None) -> Callable:
+    return option(settings.INVENTORY, help)
 
 
 def limit(help: str) -> Callable:
@@ -34,7 +77,7 @@ def limit(help: str) -> Callable:
 
 
 def baseline(help: str) -> Callable:
-    return click.option("-b", "--baseline", metavar="BASELINE", help=help)
+    return option(settings.BASELINE, help)
 
 
 def output(help: str = OUTPUT_HELP) -> Callable:
@@ -46,8 +89,8 @@ def fmt(*choices: str) -> Callable:
     return click.option("--format", "fmt", type=click.Choice(list(choices)), default=choices[0], show_default=True)
 
 
-def forks(help: str = FORKS_HELP) -> Callable:
-    return click.option("--forks", type=click.IntRange(1, 1000), help=help)
+def forks(help: str | None = None) -> Callable:
+    return option(settings.FORKS, help)
 
 
 def no_preflight(help: str = PREFLIGHT_HELP) -> Callable:
@@ -58,26 +101,24 @@ def target(required: bool = True, help: str = "Target driver version, e.g. 570.8
     return click.option("--to", "target", required=required, metavar="VERSION", help=help)
 
 
-def waves(default: str) -> Callable:
-    return click.option("--waves", default=default, show_default=True, metavar="RAMP", help=WAVES_HELP)
+def waves() -> Callable:
+    return option(settings.WAVES)
 
 
-def window(help: str) -> Callable:
-    return click.option("--window", metavar="DURATION", help=help)
+def window(help: str | None = None) -> Callable:
+    return option(settings.WINDOW, help)
 
 
 def samples(minimum: int, help: str | None = None) -> Callable:
-    return click.option("--samples", type=click.IntRange(minimum, 1000), default=10, show_default=True, help=help)
+    return option(settings.SAMPLES, help, type=click.IntRange(minimum, settings.SAMPLES.maximum))
 
 
 def warmup(help: str | None = None) -> Callable:
-    return click.option("--warmup", "warmup_s", type=click.FloatRange(0, 600), default=20.0, show_default=True,
-                        help=help)
+    return option(settings.WARMUP, help)
 
 
 def trial(help: str | None = None) -> Callable:
-    return click.option("--trial", "trial_s", type=click.FloatRange(0.01, 60), default=1.0, show_default=True,
-                        help=help)
+    return option(settings.TRIAL, help)
 
 
 def campaign_id(required: bool = True) -> Callable:
@@ -98,27 +139,13 @@ def notifications(f: Callable) -> Callable:
                                                                     webhook_ca, notify_timeout)
         return f(*args, **kwargs)
 
-    flags = [
-        click.option("--notify", "notify", multiple=True, metavar="CMD",
-                     help="Run CMD on this machine for each event (no shell; the event as JSON on stdin; "
-                          "placeholders {event} {severity} {kind} {campaign} {host} {target} {state} {run}). "
-                          "Repeatable."),
-        click.option("--webhook", "webhook", multiple=True, metavar="URL",
-                     help="POST each event to URL (TLS verified, 3 tries). Repeatable."),
-        click.option("--webhook-format", type=click.Choice(notify.FORMATS), default="json", show_default=True,
-                     help="The event as it is, a Slack message or a Microsoft Teams Adaptive Card."),
-        click.option("--webhook-headers", metavar="FILE",
-                     help=f"HTTP headers for the webhooks ('Name: value' lines; also ${notify.HEADERS_ENV}); never "
-                          "shown or recorded."),
-        click.option("--webhook-ca", metavar="FILE", help="Also trust this CA (PEM) for https webhooks."),
-        click.option("--notify-timeout", type=click.FloatRange(0.1, 600), default=notify.DEFAULT_TIMEOUT_S,
-                     metavar="SECONDS", show_default=True,
-                     help="Seconds for each --notify command and each webhook try."),
-    ]
-    for flag in reversed(flags):
-        command = flag(command)
+    for s in reversed(NOTIFICATIONS):
+        command = option(s)(command)
     return command
 
+
+NOTIFICATIONS = (settings.NOTIFY, settings.WEBHOOK, settings.WEBHOOK_FORMAT, settings.WEBHOOK_HEADERS,
+                 settings.WEBHOOK_CA, settings.NOTIFY_TIMEOUT)
 
 
 def notifier() -> notify.Notifier | None:

@@ -8,6 +8,7 @@ import sys
 import click
 
 from .. import plan as plan_mod
+from ..exitcodes import documented
 from ..files import writable
 from ..store import Store
 from . import options, render
@@ -19,20 +20,20 @@ from .output import emit, stored_argv, terminal
 @options.inventory()
 @options.limit("Ansible host pattern to restrict the plan to.")
 @options.baseline("Baseline YAML (blessed versions, failure budget).")
-@options.waves(plan_mod.DEFAULT_RAMP)
+@options.waves()
 @options.fmt("table", "json")
 @options.output("Write the plan to FILE instead of stdout.")
 @options.forks()
 @options.no_preflight()
+@documented("plan")
 def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_preflight) -> None:
     """Plan canary waves to move the fleet's driver to VERSION (nothing is changed on any host).
 
     Hosts already on VERSION are skipped; unreachable, unhealthy, driverless hosts and hosts whose baseline does
-    not bless VERSION are excluded, each with its reason.
-
-    Exit codes: 0 plan made, 2 usage or input error, 3 hosts unreachable (excluded; the plan is still made).
+    not bless VERSION are excluded, each with its reason; unreachable ones make it exit 3 (the plan is still made).
     """
-    opts = plan_mod.PlanOptions(target, waves, inventory_path, limit, baseline, forks, not no_preflight)
+    opts = plan_mod.PlanOptions(target=target, waves=waves, inventory=inventory_path, limit=limit, baseline=baseline,
+                                forks=forks, preflight=not no_preflight)
     writable(output)
     with Store() as store:
         report = plan_mod.run(opts, store, stored_argv())

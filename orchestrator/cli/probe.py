@@ -7,6 +7,7 @@ import sys
 import click
 
 from .. import probe as probe_mod
+from ..exitcodes import documented
 from ..files import writable
 from ..store import Store
 from . import options, render
@@ -22,27 +23,26 @@ from .output import run_notes, stored_argv, write_report
               help="Throughput engine (default: the host's gpu_probe_engine inventory variable, else builtin).")
 @click.option("--command", "canary", metavar="CMD", help="Canary workload for --engine command (prints JSON metrics).")
 @options.samples(1)
-@options.warmup("Seconds.")
-@options.trial("Seconds per sample.")
+@options.warmup()
+@options.trial()
 @options.fmt("table", "json", "prometheus")
 @options.output()
 @options.forks()
 @options.no_preflight()
 @options.notifications
+@documented("probe")
 def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, warmup_s, trial_s, fmt, output, forks,
           no_preflight) -> None:
-    """GPU health (NVML, Xid, ECC, remaps, PCIe, clocks) and, with --throughput, GEMM and bandwidth samples.
-
-    Exit codes: 0 healthy, 1 a host unhealthy, 2 usage or input error, 3 hosts unreachable.
-    """
+    """GPU health (NVML, Xid, ECC, remaps, PCIe, clocks) and, with --throughput, GEMM and bandwidth samples."""
     if engine == "command" and not canary:
         raise click.UsageError("--engine command needs --command CMD")
     if canary and ("{{" in canary or "{%" in canary):
         # Ansible would evaluate it as a template on this machine before the host ever ran it.
         raise click.UsageError("--command may not contain '{{' or '{%'")
     writable(output)
-    opts = probe_mod.ProbeOptions(inventory_path, limit, baseline, throughput, engine, canary, samples, warmup_s,
-                                  trial_s, forks, not no_preflight)
+    opts = probe_mod.ProbeOptions(inventory=inventory_path, limit=limit, baseline=baseline, throughput=throughput,
+                                  engine=engine, command=canary, samples=samples, warmup_s=warmup_s, trial_s=trial_s,
+                                  forks=forks, preflight=not no_preflight)
     with Store() as store:
         report = probe_mod.run(opts, store, stored_argv(), run_notes())
     write_report(report, fmt, output, render.print_probe)

@@ -11,7 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from ..plan import EXIT_OK as PLAN_OK
+from ..exitcodes import Exit
 from ..sanitize import clean, clean_line
 
 def safe(value: object, style: str = "") -> Text:
@@ -63,7 +63,7 @@ def summary_line(report: dict[str, Any]) -> Text:
         parts.append(f"{s['unreachable']} unreachable")
     counts = s["findings"]
     detail = ", ".join(f"{counts[k]} {k}" for k in ("fail", "error", "warn") if counts[k])
-    style = "bold green" if s["exit_code"] == 0 else ("bold red" if s["exit_code"] == 1 else "bold magenta")
+    style = {Exit.OK: "bold green", Exit.FINDINGS: "bold red"}.get(s["exit_code"], "bold magenta")
     return Text(" - ".join(parts) + (f" ({detail})" if detail else "")
                 + f"; fail-on {s['fail_on']}; exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}",
                 style=style)
@@ -108,7 +108,7 @@ def print_probe(report: dict[str, Any], console: Console) -> None:
     s = report["summary"]
     line = Text(f"{s['hosts']} hosts: {s['healthy']} healthy, {s['unhealthy']} unhealthy, {s['unreachable']} unreachable;"
                 f" exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}",
-                style="bold green" if s["exit_code"] == 0 else "bold red")
+                style="bold green" if s["exit_code"] == Exit.OK else "bold red")
     console.print(Group(probe_table(report), line))
 
 
@@ -155,7 +155,7 @@ def plan_summary_line(report: dict[str, Any]) -> Text:
                       for g in report["target_groups"] if not g["takes_target"])
             + f"; ramp {','.join(report['ramp'])}; baseline {report['run']['baseline']['name']}"
             + f"; exit {s['exit_code']}; {s['duration_s']:.1f}s; run #{report['run']['id']}")
-    return Text(clean_line(text), style="bold green" if s["exit_code"] == PLAN_OK else "bold magenta")
+    return Text(clean_line(text), style="bold green" if s["exit_code"] == Exit.OK else "bold magenta")
 
 
 def print_plan(report: dict[str, Any], console: Console) -> None:

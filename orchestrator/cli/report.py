@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..exitcodes import Exit, documented
 from ..files import writable
 from ..store import HistoryError, Store
 from . import options
@@ -22,6 +23,7 @@ from .output import emit
 @options.limit(options.HOST_PATTERNS_HELP)
 @click.option("--sign", "sign_key", metavar="KEY", help="ed25519 private key (PEM): write FILE.sig next to -o FILE.")
 @click.pass_context
+@documented("report")
 def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
     """Compliance exports from the history (and `report verify`: is the history intact).
 
@@ -49,14 +51,15 @@ def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
 @click.option("--signature", "signature", metavar="FILE.sig", help="Check an export's detached signature instead.")
 @click.option("--file", "signed_file", metavar="FILE", help="The signed export (default: named in FILE.sig).")
 @click.option("--key", metavar="PUBKEY", help="The signer's ed25519 public key (PEM) the signature must be from.")
+@documented("report verify")
 def report_verify(head, signature, signed_file, key) -> None:
     """Check the history's hash chain and name the first broken record (or, with --signature, an export's
-    signature). Exit 0 intact, 1 broken."""
+    signature)."""
     from .. import chain, signing
     if signature:
         ok, line = signing.verify(signature, signed_file, key)
         click.echo(line)
-        sys.exit(0 if ok else 1)
+        sys.exit(Exit.OK if ok else Exit.FINDINGS)
     try:
         with Store(readonly=True) as store:
             verdict = chain.verify(store.db, head)
@@ -65,10 +68,10 @@ def report_verify(head, signature, signed_file, key) -> None:
         if "damaged" not in str(e):
             raise
         click.echo(f"history damaged: {e}")
-        sys.exit(1)
+        sys.exit(Exit.FINDINGS)
     click.echo(verdict.line())
     if lingering:
         click.echo(f"note: run{'s' if len(lingering) > 1 else ''} {', '.join(map(str, lingering))} never finished: "
                    "the process that ran them is gone (a crash, kill -9, a history that could not be written); "
                    "unfinished runs are not in the chain, and the next recorded run closes them as interrupted")
-    sys.exit(0 if verdict.ok else 1)
+    sys.exit(Exit.OK if verdict.ok else Exit.FINDINGS)

@@ -9,9 +9,10 @@ import os
 import click
 from click.core import ParameterSource
 
-from .. import plan as plan_mod, runs, systemd, upgrade as upgrade_mod
+from .. import plan as plan_mod, runs, settings, systemd
 from ..campaign import hooks
 from ..errors import InputError
+from ..exitcodes import documented
 from . import options
 
 
@@ -40,22 +41,16 @@ def parse(root: click.Group, argv: list[str]) -> click.Context:
 
 
 def check_commands(root: click.Group, units: systemd.Units) -> None:
-    """Every command line of UNITS as fleetctl will parse it, and the upgrade's values as the upgrade reads them
-    (target, ramp, durations, drain templates): refused here rather than at 02:00 on a Saturday."""
+    """Every command line of UNITS as fleetctl will parse it (durations too), and the upgrade's values as the upgrade
+    reads them (target, ramp, drain templates): refused here rather than at 02:00 on a Saturday."""
     if units.audit:
         parse(root, units.audit.argv)
     if units.window:
         parse(root, units.window.resume_argv)
         p = parse(root, units.window.upgrade_argv).params
         plan_mod.parse_target(p["target"])
-        upgrade_mod.parse_duration(p["window"], "--window")
         if p.get("waves") is not None:
             plan_mod.parse_ramp(p["waves"])
-        if p.get("soak") is not None:
-            upgrade_mod.parse_soaks(p["soak"])
-        for key, flag in (("soak_interval", "--soak-interval"), ("soak_grace", "--soak-grace")):
-            if p.get(key) is not None:
-                upgrade_mod.parse_duration(p[key], flag, allow_zero=key == "soak_grace")
         hooks.resolve(p.get("drain_preset"), p.get("drain"), p.get("undrain"))
 
 
@@ -69,12 +64,8 @@ def option_words(param: click.Option, value) -> list[str]:
             return [name]
         off = next((o for o in param.secondary_opts if o.startswith("--")), None)
         return [off] if off else []
-    values = value if param.multiple else [value]
-    words = []
-    for v in values:
-        words.append(name)
-        words.extend(str(x) for x in (v if isinstance(v, tuple) else (v,)))
-    return words
+    word = param.type.text if isinstance(param.type, options.Duration) else str
+    return [w for v in (value if param.multiple else [value]) for w in (name, word(v))]
 
 
 def given_words(ctx: click.Context, params: dict, passthrough: list[click.Option]) -> list[tuple[str, list[str]]]:
@@ -135,12 +126,12 @@ def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list
             + extra("audit")
         audit = systemd.AuditUnit(systemd.calendar(p["audit_schedule"], "--audit-schedule"), argv, metrics)
     if p["window"] is not None:
-        duration_s = upgrade_mod.parse_duration(p["duration"], "--duration")
-        margin_s = upgrade_mod.parse_duration(p["margin"], "--margin", allow_zero=True) if p["margin"] else 0.0
+        duration_s, margin_s = p["duration"], p["margin"] or 0.0
         if margin_s >= duration_s:
-            raise InputError(f"--margin {p['margin']}: not shorter than --duration {p['duration']}")
+            raise InputError(f"--margin {settings.duration_text(margin_s)}: not shorter than --duration "
+                             f"{settings.duration_text(duration_s)}")
         target = plan_mod.parse_target(p["target"])
-        soft = systemd.duration_arg(duration_s - margin_s)
+        soft = settings.duration_text(duration_s - margin_s)
         # The resume takes the campaign's own inventory and baseline (a changed baseline is for a person to
         # accept), and the window.
         resume = [exe, "campaign", "resume", "--interrupted", "--window", soft, *extra("campaign", "resume")]
@@ -179,11 +170,8 @@ def systemd_group(root: click.Group) -> click.Group:
     @click.option("--audit-output", metavar="FILE",
                   help="The audit writes Prometheus metrics to FILE (e.g. node_exporter's textfile directory).")
     @click.option("--window", metavar="CALENDAR", help="When the maintenance window opens: 'Sat 02:00'.")
-    @click.option("--duration", metavar="DURATION", help="How long the window lasts: 3h, 90m.")
-    @click.option("--margin", metavar="DURATION",
-                  help="No wave starts in the window's last DURATION: the campaign halts between waves for a "
-                       "person (default 0: a wave still running when the window ends is stopped, and resumed by "
-                       "the next window).")
+    @options.option(settings.WINDOW_DURATION)
+    @options.option(settings.WINDOW_MARGIN)
     @options.target(required=False, help="Target driver version of the window's upgrade.")
     @options.inventory("Ansible inventory for both units. Default: localhost.")
     @options.baseline("Baseline YAML for both units.")
@@ -193,6 +181,7 @@ def systemd_group(root: click.Group) -> click.Group:
     @click.option("--notify", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
     @click.option("--webhook", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
     @click.pass_context
+    @documented("systemd install")
     def install_cmd(ctx, **params) -> None:
         """Write the units (and enable the timers where systemd runs): an audit on --audit-schedule and/or an
         upgrade to --to in each --window of --duration. The window's start first resumes a campaign a crash
@@ -206,6 +195,7 @@ def systemd_group(root: click.Group) -> click.Group:
 
     @group.command("uninstall")
     @options.unit_dir(systemd.DEFAULT_UNIT_DIR)
+    @documented("systemd uninstall")
     def uninstall_cmd(unit_dir) -> None:
         """Disable and remove the units `systemd install` wrote (others of the same names are left alone)."""
         for line in systemd.uninstall(unit_dir):

@@ -15,6 +15,7 @@ CUDA_BY_BRANCH = {"535": "12.2", "545": "12.3", "550": "12.4", "555": "12.5", "5
          "install the blessed driver: fleetctl upgrade --to VERSION, or your distro's nvidia-driver package",
          roles=("restored_on_rollback", "judged_by_verify"))
 def driver_installed(facts, policy):
+    """Fails when there is no kernel module, no `libnvidia-ml` and no driver package."""
     d = facts["driver"]
     if d["state"] == "not_installed":
         return failed("no NVIDIA driver is installed (no kernel module, no libnvidia-ml, no driver package)",
@@ -27,6 +28,7 @@ def driver_installed(facts, policy):
          "load it (modprobe nvidia) or reboot; check dmesg for why it did not load",
          roles=("health", "restored_on_rollback", "judged_by_verify"))
 def driver_loaded(facts, policy):
+    """Fails when the driver is installed but the `nvidia` module is not loaded."""
     state = facts["driver"]["state"]
     if state == "not_installed":
         return not_applicable("no driver installed")
@@ -41,6 +43,8 @@ def driver_loaded(facts, policy):
          "reboot (or unload and reload the nvidia modules) so the running module matches the installed userspace",
          roles=("health", "restored_on_rollback", "judged_by_verify"))
 def driver_version_match(facts, policy):
+    """Fails when the loaded module is not the installed userspace's version (NVML: "Driver/library version
+    mismatch")."""
     d = facts["driver"]
     if d["state"] in ("not_installed", "not_loaded"):
         return not_applicable("no module loaded")
@@ -55,6 +59,7 @@ def driver_version_match(facts, policy):
          "move the host to a blessed version: fleetctl upgrade --to VERSION",
          roles=("target", "restored_on_rollback"))
 def driver_version_allowed(facts, policy):
+    """Fails when the running version is not in the baseline's branches / exact versions."""
     rules = policy.get("driver", {})
     if not rules.get("branches") and not rules.get("versions"):
         return None
@@ -75,6 +80,7 @@ def driver_version_allowed(facts, policy):
          "install the required flavor (e.g. nvidia-driver-XXX-open for the open kernel module)",
          roles=("target", "restored_on_rollback"))
 def driver_flavor(facts, policy):
+    """Fails when the kernel module's flavor (open or proprietary) differs from the baseline."""
     wanted = policy.get("driver", {}).get("flavor")
     if wanted in (None, "any"):
         return None
@@ -90,6 +96,8 @@ def driver_flavor(facts, policy):
          "pin the version: apt-mark hold <packages> (Debian/Ubuntu) or dnf versionlock add <packages> (EL)",
          roles=("restored_on_rollback", "judged_by_verify", "verify_always"))
 def driver_held(facts, policy):
+    """Fails when the driver packages are not held (`apt-mark hold` / `dnf versionlock`); warns for a runfile
+    install."""
     if not policy.get("driver", {}).get("held"):
         return None
     pkgs = [p for p in facts["driver"]["packages"] if p["role"] == "driver"]
@@ -112,6 +120,7 @@ def driver_held(facts, policy):
          "move to a driver branch whose CUDA version covers every workload image",
          roles=("target", "restored_on_rollback"))
 def driver_cuda_support(facts, policy):
+    """Fails when the driver's CUDA version is below a workload image's CUDA."""
     wanted = policy.get("workloads", {}).get("cuda")
     if not wanted:
         return None
@@ -135,8 +144,14 @@ def driver_cuda_support(facts, policy):
          "precompiled module package for it, or make the boot loader start a kernel that has one",
          roles=("boot_risk", "restored_on_rollback", "judged_by_verify", "verify_always"))
 def driver_next_boot(facts, policy):
-    """A kernel update whose nvidia module was never built (no headers, a failed DKMS build, an unsigned module)
-    loses the driver at the next reboot: critical drift before the reboot happens."""
+    """Fails when the kernel the host boots next (grub-reboot / saved default in grubenv, else grub.cfg's first entry,
+    else Boot Loader Specification entries, else the newest `/boot/vmlinuz-*`) has no nvidia module under
+    `/lib/modules/KERNEL`, or one of another version than the installed driver: the outage after an unattended kernel
+    update whose DKMS build never happened, found before the reboot (`dkms status` for that kernel in the message); not
+    applicable where no kernel image is under `/boot` (VMs and containers whose kernel comes from outside); the
+    campaign's verify fails a host on it; baseline `driver.next_boot: false` turns it off. A kernel update whose nvidia
+    module was never built (no headers, a failed DKMS build, an unsigned module) loses the driver at the next reboot:
+    critical drift before the reboot happens."""
     if not policy.get("driver", {}).get("next_boot", True):
         return None
     d, boot = facts["driver"], facts.get("boot")

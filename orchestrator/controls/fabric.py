@@ -10,6 +10,7 @@ from .registry import control
          "install nvidia-fabricmanager of exactly the driver's version and enable it",
          roles=("target", "restored_on_rollback"))
 def fabricmanager_version(facts, policy):
+    """Fails when NVSwitches are present and the fabric manager is missing, not running, or not the driver's version."""
     mode = policy.get("fabric_manager", {}).get("required")
     fm = facts["fabric_manager"]
     if mode is None or mode == "never" or (mode == "auto" and not fm["nvswitch_present"]):

@@ -17,6 +17,7 @@ LEAK_MIB, leaked_mib = _GPUS.LEAK_MIB, _GPUS.leaked_mib
          "check for a GPU that fell off the bus (Xid 79), reseat or RMA; a reboot may bring it back",
          roles=("health", "judged_by_verify"))
 def gpu_count(facts, policy):
+    """Fails when fewer GPUs answer than expected (baseline count, and every NVIDIA GPU on the PCI bus)."""
     if facts["driver"]["state"] != "loaded":
         return not_applicable("the driver is not answering")
     expected = policy.get("gpus", {}).get("count")
@@ -35,6 +36,7 @@ def gpu_count(facts, policy):
          "nvidia-smi -e 1 (or 0), then reset the GPU or reboot for it to take effect",
          roles=("health",))
 def gpu_ecc(facts, policy):
+    """Fails when ECC mode differs from the baseline."""
     wanted = policy.get("gpus", {}).get("ecc")
     gpus = live_gpus(facts)
     if wanted is None or not gpus:
@@ -51,6 +53,7 @@ def gpu_ecc(facts, policy):
          "drain the host and reset the GPU; repeated uncorrectable errors mean RMA",
          roles=("health",))
 def gpu_ecc_errors(facts, policy):
+    """Fails on uncorrectable ECC errors since the last reset (warns: only in the GPU's lifetime)."""
     gpus = [g for g in live_gpus(facts) if g["ecc"]["enabled"]]
     if not gpus:
         return not_applicable("no GPU with ECC on")
@@ -69,6 +72,7 @@ def gpu_ecc_errors(facts, policy):
          "a pending remap needs a GPU reset; a remap failure means the GPU should be RMA'd",
          roles=("health",))
 def gpu_remapped_rows(facts, policy):
+    """Fails when a row remap is pending or failed (warns: uncorrectable remaps over the limit)."""
     limit = policy.get("gpus", {}).get("max_uncorrectable_remapped_rows")
     gpus = [g for g in live_gpus(facts) if g.get("remapped_rows")]
     if not gpus:
@@ -90,6 +94,7 @@ def gpu_remapped_rows(facts, policy):
          "a pending retirement needs a reboot; many retired pages mean RMA",
          roles=("health",))
 def gpu_retired_pages(facts, policy):
+    """Fails when retired pages are over the limit or pending (pre-Ampere GPUs)."""
     limit = policy.get("gpus", {}).get("max_retired_pages")
     gpus = [g for g in live_gpus(facts) if g.get("retired_pages")]
     if limit is None:
@@ -108,6 +113,7 @@ def gpu_retired_pages(facts, policy):
          "nvidia-smi -mig 1 (or 0) on each GPU, then reset it",
          roles=("health",))
 def gpu_mig(facts, policy):
+    """Fails when MIG mode differs from the baseline."""
     wanted = policy.get("gpus", {}).get("mig")
     if wanted is None:
         return None
@@ -124,6 +130,7 @@ def gpu_mig(facts, policy):
          "reseat the GPU or riser; a degraded link width costs host-device bandwidth",
          roles=("health",))
 def gpu_pcie(facts, policy):
+    """Fails when a PCIe link is narrower than its maximum (a lower generation alone is idle power saving)."""
     if not policy.get("gpus", {}).get("pcie_full_width"):
         return None
     gpus = [g for g in live_gpus(facts) if g.get("pcie") and g["pcie"].get("width") and g["pcie"].get("width_max")]
@@ -140,6 +147,7 @@ def gpu_pcie(facts, policy):
          "check cooling and power delivery (HW slowdown / thermal / power brake)",
          roles=("health",))
 def gpu_clocks(facts, policy):
+    """Warns when HW slowdown, thermal slowdown or power brake is active."""
     gpus = [g for g in live_gpus(facts) if g.get("clock_event_reasons")]
     if not gpus:
         return not_applicable("no clock-event reasons readable")
@@ -155,6 +163,7 @@ def gpu_clocks(facts, policy):
          "read the event's action; drain and reset for critical Xids, check the job for application Xids",
          roles=("health",))
 def gpu_xid(facts, policy):
+    """Fails on Xid events since boot at or above the baseline's `xid.fail_on` (warns below it)."""
     threshold = policy.get("xid", {}).get("fail_on", "high")
     events = facts["xid"]["events"]
     if not events:
@@ -174,6 +183,7 @@ def gpu_xid(facts, policy):
          "do what the driver asks: reset the GPU, reboot, or drain and reset",
          roles=("health",))
 def gpu_recovery_action(facts, policy):
+    """Fails when the driver reports a pending GPU recovery action (NVML)."""
     gpus = [g for g in live_gpus(facts) if g.get("recovery_action") is not None]
     if not gpus:
         return not_applicable("recovery action not reported by this driver")
@@ -196,6 +206,11 @@ def aer_counts(gpu: dict[str, Any], kind: str) -> tuple[int, dict[str, int]]:
          "a link that keeps replaying or reports uncorrectable errors needs hardware service",
          roles=("health",))
 def gpu_pcie_errors(facts, policy):
+    """Fails when the kernel counted fatal or non-fatal (uncorrectable) AER errors on a GPU's PCI device
+    (`/sys/bus/pci/devices/DEV/aer_dev_fatal`, `aer_dev_nonfatal`; named in the message), or NVML's PCIe replay counter
+    is over the baseline's `gpus.max_pcie_replays` (default baseline 100); warn on correctable AER errors; not
+    applicable where neither is readable (a VM without AER and without NVML). The probe's gate fails a host whose GPUs
+    counted new fatal/non-fatal AER errors, or more new replays than that limit, across the change."""
     limit = policy.get("gpus", {}).get("max_pcie_replays")
     gpus = [g for g in live_gpus(facts) if g.get("pcie")]
     read = [g for g in gpus if g["pcie"].get("aer") or g["pcie"].get("replay_count") is not None]
@@ -233,6 +248,9 @@ def gpu_pcie_errors(facts, policy):
          "(nvidia-smi -r -i N) or reboot",
          roles=("health",))
 def gpu_memory_leak(facts, policy):
+    """Fails when a GPU holds more memory than `gpus.max_unowned_memory_mib` (default 256 MiB) beyond the driver's
+    reserved memory (NVML's v2 memory info, nvidia-smi's `reserved` line) while NVML lists no process on it: a leaked
+    context, reset the GPU. A campaign's `wait_idle` does not call such a GPU idle either."""
     limit = policy.get("gpus", {}).get("max_unowned_memory_mib", LEAK_MIB)
     gpus = [g for g in live_gpus(facts) if g.get("memory") and g["memory"].get("used_bytes") is not None]
     if not gpus:
@@ -278,6 +296,10 @@ def majority(counts: dict[str, int]) -> str | None:
          "versions in the baseline's gpus.vbios",
          roles=("health",), peers=firmware_census)
 def gpu_firmware_uniform(facts, policy, peers):
+    """Fails when a GPU's VBIOS or InfoROM image differs from the majority of the GPUs of the same model in the host's
+    inventory group (its most specific one; the message names the majority version), or its VBIOS is not in the
+    baseline's `gpus.vbios`; warn when the group has no majority; not applicable on a host with no other host of its GPU
+    model in its group."""
     pinned = policy.get("gpus", {}).get("vbios")
     gpus = [g for g in live_gpus(facts) if g.get("name")]
     if not gpus:

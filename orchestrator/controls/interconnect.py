@@ -110,6 +110,11 @@ def same_gpu(facts: dict[str, Any], ig: dict[str, Any], ref: dict[str, Any] | No
          "wires fewer links than the GPU reports, set interconnect.nvlink.links_up", reference=True,
          roles=("health", "interconnect", "judged_by_verify"))
 def gpu_nvlink(facts, policy, reference):
+    """Fails when a GPU has fewer NVLink links up than expected (baseline `interconnect.nvlink.links_up`, else what the
+    same GPU had up at the host's last passing audit, else every link it reports), naming the GPU, its slot and the
+    links down; its links' replay / recovery / CRC counters (as `nvidia-smi nvlink -e`) and failed recoveries over
+    `errors_fail` (no default); warn over `errors_warn` (default 100: counters run since the driver loaded and healthy
+    links replay now and then)."""
     ic, skip = interconnect_of(facts)
     if skip:
         return skip
@@ -194,6 +199,9 @@ def gpu_nvlink(facts, policy, reference):
          "/var/log/fabricmanager.log; a GPU that stays out of the fabric needs a GPU reset or a reboot",
          roles=("health", "interconnect", "judged_by_verify"))
 def gpu_fabric(facts, policy):
+    """Fails when on an NVSwitch host a GPU's fabric registration is not `completed`/`success`: in progress or not
+    started (CUDA error 802 until the fabric manager finishes) or failed with a status; warn on a fabric health-mask
+    condition."""
     # No `needs`: whether an unread fabric state matters depends on the host being an NVSwitch host.
     ic, skip = interconnect_of(facts)
     fm = facts.get("fabric_manager") or {}
@@ -260,6 +268,8 @@ def gpu_fabric(facts, policy):
          "out and the host's last passing audit is the reference", reference=True,
          roles=("health", "interconnect", "judged_by_verify"))
 def gpu_topology(facts, policy, reference):
+    """Fails when a GPU pair's connection differs from the baseline's `interconnect.topology` (e.g. `NV18`), or without
+    one, a pair has fewer NVLinks than at the last passing audit (NV18 -> PHB)."""
     ic, skip = interconnect_of(facts)
     if skip:
         return skip
@@ -313,6 +323,7 @@ def gpu_topology(facts, policy, reference):
          "modprobe nvidia_peermem (it ships with the driver and needs the RDMA stack: MLNX_OFED/DOCA or rdma-core) "
          "and load it at boot: echo nvidia_peermem > /etc/modules-load.d/nvidia-peermem.conf")
 def gpudirect_peermem(facts, policy):
+    """Fails when the baseline's `interconnect.peermem: true` and `nvidia_peermem` (GPUDirect RDMA) is not loaded."""
     if not policy.get("interconnect", {}).get("peermem"):
         return None
     ic, skip = interconnect_of(facts)
@@ -357,6 +368,9 @@ def _sxid_summary(events: list[dict[str, Any]]) -> str:
          "NVSwitches (reboot); an always-fatal one or one that recurs after the reboot means a hardware case with "
          "the vendor (nvidia-bug-report.sh)", roles=("health", "interconnect", "judged_by_verify"))
 def nvswitch_sxid(facts, policy):
+    """Fails on a fatal NVSwitch SXid in the kernel log since boot (the driver's Fatal / Severity 1, else the Fabric
+    Manager guide's class in fleetctl's SXid table): fails naming code, meaning, switch and links; non-fatal SXids warn;
+    not applicable without NVSwitches."""
     # No `needs`: an unread kernel log matters only on an NVSwitch host.
     if "sxid" not in facts:
         return not_applicable("no SXid facts (collected by a fleetctl without them)")
@@ -407,6 +421,8 @@ def _ib_down(port: dict[str, Any]) -> str:
          "`ibstat` / `ibv_devinfo` show the ports: check the cable and the switch port, `ip link` for RoCE; a port "
          "that stays down after reseating needs its HCA or cable replaced", roles=("health",))
 def ib_ports(facts, policy):
+    """Fails when fewer InfiniBand/RoCE ports are ACTIVE (/sys/class/infiniband) than the baseline's
+    `interconnect.ib.ports`, naming the ports down."""
     expected = policy.get("interconnect", {}).get("ib", {}).get("ports")
     if expected is None:
         return None
@@ -431,6 +447,8 @@ IB_ERROR_COUNTERS = ("link_downed", "symbol_error")
          "a port below its rate trained down (fewer lanes or a lower speed): reseat or replace the cable or "
          "transceiver; link_downed / symbol_error counting means a marginal link", roles=("health",))
 def ib_rate(facts, policy):
+    """Fails when a port is not ACTIVE/LinkUp or below the baseline's `interconnect.ib.rate` (Gb/s); warns on non-zero
+    `link_downed` / `symbol_error` counters."""
     wanted = policy.get("interconnect", {}).get("ib", {}).get("rate")
     if wanted is None:
         return None

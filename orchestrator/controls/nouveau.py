@@ -10,6 +10,7 @@ from .registry import control
          "blacklist nouveau, rebuild the initramfs (update-initramfs -u / dracut -f) and reboot",
          roles=("boot_risk", "restored_on_rollback"))
 def nouveau_not_loaded(facts, policy):
+    """Fails when `/sys/module/nouveau` exists."""
     if facts["nouveau"]["loaded"]:
         return failed("the nouveau module is loaded: the NVIDIA driver cannot bind the GPUs")
     return passed("nouveau is not loaded")
@@ -19,6 +20,7 @@ def nouveau_not_loaded(facts, policy):
          "echo 'blacklist nouveau' > /etc/modprobe.d/blacklist-nouveau.conf, then rebuild the initramfs",
          roles=("boot_risk", "restored_on_rollback"))
 def nouveau_blacklisted(facts, policy):
+    """Fails when no `blacklist nouveau` in modprobe.d (/etc, /run, /usr/lib, /lib) nor on the kernel command line."""
     if not policy.get("nouveau", {}).get("blacklisted"):
         return None
     n = facts["nouveau"]
@@ -31,6 +33,7 @@ def nouveau_blacklisted(facts, policy):
          "rebuild the initramfs after blacklisting: update-initramfs -u (Debian/Ubuntu) or dracut -f (EL)",
          roles=("restored_on_rollback",))
 def nouveau_initramfs(facts, policy):
+    """Fails when `nouveau.ko` is inside the running kernel's initramfs."""
     if not policy.get("nouveau", {}).get("absent_from_initramfs"):
         return None
     n = facts["nouveau"]

@@ -10,6 +10,7 @@ from .registry import control
          "enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)",
          roles=("restored_on_rollback",))
 def persistence_mode(facts, policy):
+    """Fails when a GPU has persistence mode off."""
     if not policy.get("persistence", {}).get("mode"):
         return None
     gpus = live_gpus(facts)
@@ -25,6 +26,7 @@ def persistence_mode(facts, policy):
          "install and enable nvidia-persistenced (systemctl enable --now nvidia-persistenced)",
          roles=("restored_on_rollback",))
 def persistence_daemon(facts, policy):
+    """Fails when `nvidia-persistenced` is not running (warns: running but not enabled)."""
     if not policy.get("persistence", {}).get("daemon"):
         return None
     if facts["driver"]["state"] == "not_installed":

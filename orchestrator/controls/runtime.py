@@ -16,6 +16,7 @@ def _engines_in_scope(facts, policy):
          "nvidia-ctk runtime configure --runtime=<docker|containerd|crio>, then restart the engine",
          roles=("restored_on_rollback",))
 def runtime_nvidia(facts, policy):
+    """Fails when docker / containerd / cri-o is installed (or required) without the nvidia runtime."""
     if "container_runtime" not in policy:
         return None
     required, engines = _engines_in_scope(facts, policy)
@@ -34,6 +35,7 @@ def runtime_nvidia(facts, policy):
          "nvidia-ctk runtime configure --runtime=<engine> --set-as-default, then restart the engine",
          roles=("restored_on_rollback",))
 def runtime_default(facts, policy):
+    """Fails when nvidia is not the engines' default runtime."""
     if not policy.get("container_runtime", {}).get("nvidia_default"):
         return None
     _, engines = _engines_in_scope(facts, policy)
@@ -50,6 +52,7 @@ def runtime_default(facts, policy):
          "upgrade nvidia-container-toolkit to the baseline's minimum",
          roles=("restored_on_rollback",))
 def runtime_toolkit(facts, policy):
+    """Fails when `nvidia-container-toolkit` is missing or older than the minimum (default 1.17.8, CVE-2025-23266)."""
     minimum = policy.get("container_runtime", {}).get("toolkit_min")
     if not minimum:
         return None
@@ -68,6 +71,7 @@ def runtime_toolkit(facts, policy):
          "regenerate it: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml (after every driver change)",
          roles=("restored_on_rollback",))
 def runtime_cdi(facts, policy):
+    """Fails when there is no CDI spec in /etc/cdi or /var/run/cdi, or one generated for another driver version."""
     if not policy.get("container_runtime", {}).get("cdi"):
         return None
     specs = facts["container_runtime"]["cdi_specs"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import schemas
+from orchestrator.exitcodes import Exit
 from tests.lab.conftest import fleetctl_lab
 
 pytestmark = pytest.mark.lab
@@ -60,4 +61,4 @@ def test_reports_from_lab_history(tmp_path):
             db.execute("UPDATE campaign_steps SET status='ok' WHERE step='probe_after' AND status='fail'")
         broken = lab.fleetctl("report", "verify")
         assert broken.returncode == 1 and "content changed" in broken.stdout
-        assert lab.fleetctl("report").returncode == 1  # no export from a broken history
+        assert lab.fleetctl("report").returncode == Exit.UNAVAILABLE  # no export from a broken history

@@ -150,12 +150,16 @@ def test_faults_during_a_later_soak_roll_back_those_hosts_within_the_budget(lab)
     by = hosts_of(doc)
     assert doc["campaign"]["state"] == "done"
     assert by["h100-04"]["state"] == "rollback_failed" and "1 of 2 GPUs answer NVML" in by["h100-04"]["reason"]
-    assert by["h100-05"]["state"] == "rolled_back" and "throughput at the end of the soak" in by["h100-05"]["reason"]
+    assert by["h100-05"]["state"] == "rolled_back" and "end of the soak: throughput: " in by["h100-05"]["reason"]
+    assert "series below 0.95x their median before; worst GPU " in by["h100-05"]["reason"]
     assert by["h100-06"]["state"] == "rolled_back" and "canary run failed" in by["h100-06"]["reason"]
     assert "exited 1" in by["h100-06"]["reason"]
     failed = {e["host"]: (e["kind"], e["reason"]) for e in events(lab, cid) if e["event"] == "soak_check_failed"}
     assert {h: kind for h, (kind, _) in failed.items()} == {"h100-04": "check", "h100-06": "check", "h100-05": "gate"}
-    assert "GPU 1 is lost" in failed["h100-04"][1] and "Xid 79" in failed["h100-04"][1]
+    assert failed["h100-04"][1].startswith("soak: new Xid 79 ") and "more: " in failed["h100-04"][1]  # one line
+    assert "GPU lost" in failed["h100-04"][1].rsplit("more: ", 1)[1]
+    seen = doc["soak"]["hosts"]["h100-04"]["last"]["seen"]  # each problem in full
+    assert any("GPU 1 is lost" in line for line in seen) and any("Xid 79" in line for line in seen)
     assert [by[h]["state"] for h in ("h100-03", "h100-07", "h100-08")] == ["done"] * 3
     assert "NEEDS A PERSON: the rollback failed on h100-04" in out
     for host, version in (("h100-03", TO), ("h100-05", FROM), ("h100-06", FROM), ("h100-07", TO), ("h100-08", TO)):

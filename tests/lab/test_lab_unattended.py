@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.exitcodes import Exit
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
 from tests.lab.test_lab_crash import boots
 from tests.lab.test_lab_upgrade import FAST, FROM, TO, assert_on, descendants, show
@@ -126,7 +127,7 @@ def test_kill_9_of_the_window_then_two_resumes_at_once_finish_the_campaign_once(
     acted = [r for r in results if "no interrupted campaign" not in r[1] and r[0] == 0]
     assert len(acted) == 1, results
     other = next(r for r in results if r is not acted[0])
-    refused = other[0] == 1 and other[2].strip().count("\n") == 0 and "is being driven by pid" in other[2]
+    refused = other[0] == Exit.UNAVAILABLE and other[2].strip().count("\n") == 0 and "is being driven by pid" in other[2]
     assert refused or (other[0] == 0 and other[1] == "no interrupted campaign\n"), results
     assert codes[0] == 0
     doc = show(lab)

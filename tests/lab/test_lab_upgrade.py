@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import schemas
+from tests.cli_helpers import runs
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
 from tests.webhook_receiver import Receiver, closed_port, recorded, recorder
 
@@ -69,6 +70,12 @@ def assert_on(lab, host: str, version: str) -> None:
     assert len(drivers) == 1, (host, s)
     assert all(v.startswith(version + "-") and held for v, held in s["packages"].values()), (host, s)
     assert s["module"] == version, (host, s)
+
+
+def campaign_runs(lab) -> list[tuple]:
+    """(status, exit code, campaign state) of each run that drove a campaign, as a plain query of the history reads."""
+    return [(r["status"], r["exit_code"], json.loads(r["summary"]).get("state")) for r in runs(lab.workdir / "home")
+            if r["kind"] == "campaign"]
 
 
 def hosts_of(doc: dict) -> dict[str, dict]:
@@ -188,12 +195,16 @@ def test_throughput_regression_fails_the_canary(tmp_path):
         canary = hosts["h100-01"]
         assert canary["state"] == "rolled_back"
         gate = next(s for s in canary["steps"] if s["step"] == "probe_after")
-        assert gate["status"] == "fail" and "gate fail" in gate["reason"] and "gemm_tflops" in gate["reason"]
+        assert gate["status"] == "fail" and gate["reason"].startswith("gate fail: throughput: ")
+        assert "series below 0.95x their median before; worst GPU " in gate["reason"]  # one line; in full:
+        assert any(r.startswith("GPU 0 gemm_tflops: median") for r in gate["detail"]["reasons"])
         for name in ("h100-02", "h100-03"):
             assert hosts[name]["state"] == "not_started" and hosts[name]["steps"] == []
         for name in hosts:
             assert_on(lab, name, FROM)
         assert "canary" in doc["campaign"]["reason"]
+        # one truth: the campaign's run is closed with its outcome when it ends, not when it started
+        assert campaign_runs(lab) == [("done", 4, "rolled_back")]
 
 
 # ---- 4. noise only: 5 campaigns in a row, no rollback ---------------------------------------------------
@@ -398,6 +409,7 @@ def test_module_reload_upgrades_and_rolls_back_without_rebooting(tmp_path):
             assert boot_id(lab, h) == boots[h]
             assert_on(lab, h, FROM)
         assert lab.audit("-b", str(baseline))[0] == 0
+        assert campaign_runs(lab) == [("done", 0, "done"), ("done", 4, "rolled_back")]  # upgrade, then rollback
 
 
 # ---- dnf hosts: exact versions held with dnf versionlock ----------------------------------------------------

@@ -7,16 +7,18 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from orchestrator import baseline as baseline_mod, inventory
-from orchestrator.campaign import engine as engine_mod, journal as journal_mod, steps, transitions
+from orchestrator.campaign import engine as engine_mod, steps, transitions
 from orchestrator.campaign.engine import Engine, Parts
 from orchestrator.campaign.journal import Journal
 from orchestrator.campaign.options import CampaignOptions
 from orchestrator.errors import OperationError
-from orchestrator.store import Store
+from orchestrator.exitcodes import Exit
+from orchestrator.store import Store, process_identity, process_start
 
 UPGRADE = ["precheck", "probe_before", "drain", "wait_idle", "install", "activate", "verify", "probe_after", "undrain"]
 ROLLBACK = ["rollback_drain", "rollback_wait_idle", "rollback_install", "rollback_activate", "rollback_verify",
@@ -194,6 +196,46 @@ def test_inconclusive_twice_halts_for_a_person_and_resume_accepts(store):
     assert states(journal, cid) == {"a": "done", "b": "done"}
 
 
+def test_each_run_that_drives_a_campaign_is_closed_with_its_outcome(store, monkeypatch):
+    """One truth in the history: `upgrade`'s run ends when the campaign stops (halted: 5), and the resume that
+    finishes it has a run of its own that says so; a plain query of the runs agrees with `campaign show`."""
+    from orchestrator import chain, runs, upgrade
+
+    held = Script({("a", "probe_after"): "inconclusive", ("a", "probe_again"): "inconclusive"})
+    journal, cid, _ = start(store, held, ["a"], ["b"])
+    fleet = inventory.Fleet("test", (inventory.Host("a", ("all",)), inventory.Host("b", ("all",))),
+                            frozenset({"all"}), {})
+    script = held
+    monkeypatch.setattr(upgrade, "drive", lambda journal, cid, fleet, base, *a: Engine(
+        journal, journal.handle(cid), fleet, base, parts(script)).run())
+    monkeypatch.setattr(upgrade, "load_for", lambda *a: (fleet, baseline_mod.load(None)))
+    first = journal.campaign(cid)["run_id"]
+    assert store.run(first)["status"] == "running"  # planned and started: not finished
+    code, _ = upgrade.driven(store, journal, runs.Run(first, "", "campaign", fleet, None, None), cid, fleet,
+                             baseline_mod.load(None), None, None, {"hosts": 2})
+    assert code == 5 and journal.campaign(cid)["state"] == "halted"
+    script = Script()
+    code, text = upgrade.resume(store, cid, None, None, None, None, argv=["campaign", "resume", str(cid)])
+    assert code == 0 and f"campaign {cid} to 570.86.15: done" in text
+    rows = store.db.execute("SELECT status, exit_code, summary, argv FROM runs WHERE kind='campaign' ORDER BY id")
+    assert [(r["status"], r["exit_code"], json.loads(r["summary"])["state"], json.loads(r["argv"])) for r in rows] \
+        == [("done", 5, "halted", []), ("done", 0, "done", ["campaign", "resume", str(cid)])]
+    assert upgrade.document(store, cid)["campaign"]["exit_code"] == 0
+    assert chain.verify(store.db).ok
+
+
+def test_a_campaign_that_rolls_back_closes_its_run_with_exit_4(store, monkeypatch):
+    from orchestrator import runs, upgrade
+
+    journal, cid, engine = start(store, Script({("a", "probe_after"): "fail"}), ["a"], ["b"])
+    monkeypatch.setattr(upgrade, "drive", lambda *a: engine.run())
+    run_id = journal.campaign(cid)["run_id"]
+    code, _ = upgrade.driven(store, journal, runs.Run(run_id, "", "campaign", None, None, None), cid, None, None,
+                             None, None, {"hosts": 2})
+    row = store.run(run_id)
+    assert (code, row["status"], row["exit_code"], json.loads(row["summary"])["state"]) == (4, "done", 4, "rolled_back")
+
+
 def test_a_closed_window_halts_before_the_next_wave(store):
     journal, cid, engine = start(store, Script(), ["a"], ["b"], window_end="2000-01-01T00:00:00Z")
     assert engine.run() == "halted"
@@ -237,7 +279,7 @@ def test_a_campaign_driven_by_a_live_process_is_not_driven_twice(store):
     journal, cid, engine = start(store, Script(), ["a"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        driver = dict(journal_mod.this_process(), pid=other.pid, start=journal_mod.process_start(other.pid))
+        driver = dict(process_identity(), pid=other.pid, start=process_start(other.pid))
         store.db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(driver), cid))
         with pytest.raises(OperationError, match="being driven by pid"):
             engine.run()
@@ -341,13 +383,18 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
     assert "exit 0" in text and len(journal.events(finished)) == events and "c" not in journal.locks()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:  # another fleetctl resumed it already: it is not interrupted, and a second resume refuses, changing nothing
-        driver = dict(journal_mod.this_process(), pid=other.pid, start=journal_mod.process_start(other.pid))
+        driver = dict(process_identity(), pid=other.pid, start=process_start(other.pid))
         store.db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(driver), crashed))
         events = len(journal.events(crashed))
         assert upgrade.interrupted(journal) == []
         with pytest.raises(OperationError, match=f"campaign {crashed} is being driven by pid {other.pid}"):
             upgrade.resume(store, crashed, None, None, None, None)
         assert len(journal.events(crashed)) == events
+        ticks = Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # as an older fleetctl wrote it
+        for old, interrupted in ((ticks, []), (str(int(ticks) - 1), [crashed])):  # the same process; a reused pid
+            store.db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(dict(driver, start=old)), crashed))
+            assert upgrade.interrupted(journal) == interrupted
+        store.db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(driver), crashed))
     finally:
         other.kill()
         other.wait()
@@ -356,9 +403,8 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
 
 # ---- the watched soak (issue 20) -----------------------------------------------------------------------------
 
-from orchestrator import upgrade as upgrade_mod  # noqa: E402
+from orchestrator import settings, upgrade as upgrade_mod  # noqa: E402
 from orchestrator.campaign import soak  # noqa: E402
-from orchestrator.errors import InputError  # noqa: E402
 
 
 def test_soak_transitions_are_in_the_campaign_table():
@@ -369,15 +415,15 @@ def test_soak_transitions_are_in_the_campaign_table():
 
 
 def test_soak_lengths_one_per_gap_the_last_repeated():
-    assert upgrade_mod.parse_soaks("2h,30m,10m") == (7200.0, 1800.0, 600.0)
-    assert upgrade_mod.parse_soaks("300") == (300.0,) and upgrade_mod.parse_soaks("0") == (0.0,)
+    assert settings.SOAK.parse("2h,30m,10m") == (7200.0, 1800.0, 600.0)
+    assert settings.SOAK.parse("300") == (300.0,) and settings.SOAK.parse("0") == (0.0,)
     options = {"soak_s": [7200.0, 1800.0]}
     assert [soak.length(options, gap) for gap in (1, 2, 3, 7)] == [7200.0, 1800.0, 1800.0, 1800.0]
     assert soak.length({"soak_s": 300}, 4) == 300.0  # a campaign recorded before per-gap lengths
-    assert upgrade_mod.parse_soaks(soak.DEFAULT_SOAK) == (7200.0, 1800.0)
-    for bad in ("2h,,30m", "", "2h,x", "-5", "2h,400d"):
-        with pytest.raises(InputError, match="--soak"):
-            upgrade_mod.parse_soaks(bad)
+    assert settings.SOAK.value == upgrade_mod.UpgradeOptions(target="570.86.15").soak_s == (7200.0, 1800.0)
+    for bad in ("2h,,30m", "", "2h,x", "-5", "2h,400d", "2h,9000h"):
+        with pytest.raises(ValueError, match="is not a duration|is more than"):
+            settings.SOAK.parse(bad)
 
 
 class Watch:
@@ -479,7 +525,7 @@ def test_exit_codes_a_failed_rollback_needs_a_person_and_hosts_left_out_are_not_
     journal, cid, engine = start(store, script, ["a"], ["b", "c", "d"], fail_at=[1, 3])
     assert engine.run() == "done"
     assert states(journal, cid)["b"] == "rollback_failed"
-    assert upgrade_mod.exit_code(journal, cid) == transitions.EXIT_NEEDS_PERSON == 6
+    assert upgrade_mod.exit_code(journal, cid) == Exit.NEEDS_PERSON == 6
     assert "NEEDS A PERSON: the rollback failed on b" in upgrade_mod.summary_text(journal, cid)
     # a clean campaign whose plan left a host out (unhealthy, unreachable): done, exit 1, the reason said
     plan = dict(plan_of(["x"]), excluded=[{"name": "y", "groups": [], "code": "unhealthy", "reason": "GPU lost"}])

@@ -12,7 +12,8 @@ import pytest
 from orchestrator import slurm
 from orchestrator.campaign import scheduler
 from orchestrator.campaign.context import Context
-from orchestrator.campaign.options import CampaignOptions, HookOptions, IdleOptions
+from orchestrator.campaign.hooks import Hooks
+from orchestrator.campaign.options import CampaignOptions, IdleOptions
 from orchestrator.errors import SlurmError
 from orchestrator.inventory import Fleet, Host
 
@@ -70,7 +71,7 @@ class Journal:
 
 def context(states: dict[str, str], node_names: dict[str, str] | None = None, idle_s: int = 1) -> Context:
     hosts = tuple(Host(h, ("all",), {"fleetctl_node_name": (node_names or {}).get(h, h)}) for h in states)
-    options = CampaignOptions(hooks=HookOptions(slurm=True), idle=IdleOptions(timeout_s=idle_s, poll_s=1))
+    options = CampaignOptions(hooks=Hooks(slurm=True), idle=IdleOptions(timeout_s=idle_s, poll_s=1))
     ctx = Context(Journal(states), 7, "570.86.15", Fleet("inv", hosts, frozenset({"all"}), {}), None, options)
     ctx.befores = {h: {"version": "550.163.01"} for h in states}
     return ctx

@@ -18,6 +18,7 @@ import yaml
 from orchestrator import audit, baseline, check, inventory, slurm
 from orchestrator.controls import CONTROLS
 from orchestrator.errors import SlurmError
+from orchestrator.exitcodes import Exit
 from orchestrator.runner import HostOutcome
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ def test_check_says_what_the_audit_says_of_the_same_facts(monkeypatch):
     audit_says = audit.summarize([entry], "critical")["exit_code"]
     assert report["summary"]["exit_code"] == audit_says
     if not facts["gpus"] and facts["driver"]["state"] == "not_installed":  # this machine: no driver, no GPU
-        assert report["summary"]["failing"] == ["driver.installed"] and audit_says == check.EXIT_DRAIN
+        assert report["summary"]["failing"] == ["driver.installed"] and audit_says == Exit.FINDINGS
 
 
 # ---- the command ------------------------------------------------------------------------------------------
@@ -198,7 +199,7 @@ def test_unhealthy_exit_1_and_drains_with_its_reason(fake_slurm):
     set_state("idle")
     result = fleetctl("--slurm", "--node", "n1", "--format", "json", path=bin_dir)
     report = json.loads(result.stdout)
-    assert result.returncode == check.EXIT_DRAIN == report["summary"]["exit_code"]
+    assert result.returncode == Exit.FINDINGS == report["summary"]["exit_code"]
     reason = check.drain_reason([f for f in report["findings"] if audit.blocking(f, "critical")])
     assert called() == [f"update nodename=n1 state=drain reason={reason}"]
     assert report["slurm"] == {"node": "n1", "state": "IDLE", "action": "drain", "detail": reason, "error": None}

@@ -3,6 +3,7 @@ with fleetctl, built and installed by ansible-galaxy, documented for ansible-doc
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -51,6 +52,49 @@ def test_ansible_doc_shows_options_examples_and_return_values_for_every_module()
         assert doc["return"], name
         for option, spec in (doc["doc"].get("options") or {}).items():
             assert spec.get("description") and spec.get("type"), f"{name}: {option}"
+
+
+def module_argument_spec(name: str, monkeypatch) -> dict:
+    """The argument_spec NAME's main() gives AnsibleModule."""
+    path = COLLECTION / "plugins/modules" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"fleetctl_test_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    given = {}
+
+    def recording(**kwargs):
+        given.update(kwargs)
+        raise SystemExit
+
+    monkeypatch.setattr(module, "AnsibleModule", recording)
+    with pytest.raises(SystemExit):
+        module.main()
+    return given["argument_spec"]
+
+
+def test_the_roles_defaults_are_the_controllers(monkeypatch):
+    """The collection ships on its own with its own defaults: each the same as fleetctl's one declaration of it (the
+    probe's samples, warm-up and trial; the idle wait), in the role defaults, the argument specs, and the gpu_probe
+    module's DOCUMENTATION and argument_spec."""
+    from orchestrator import settings
+    from orchestrator.campaign.options import IdleOptions
+
+    def role(name):
+        defaults = yaml.safe_load((COLLECTION / "roles" / name / "defaults/main.yml").read_text())
+        specs = yaml.safe_load((COLLECTION / "roles" / name / "meta/argument_specs.yml").read_text())["argument_specs"]
+        return defaults, {k: v for entry in specs.values() for k, v in entry["options"].items()}
+
+    source = (COLLECTION / "plugins/modules/gpu_probe.py").read_text()
+    documented = yaml.safe_load(re.search(r'DOCUMENTATION = r"""(.*?)"""', source, re.S).group(1))["options"]
+    argument_spec = module_argument_spec("gpu_probe", monkeypatch)
+    defaults, specs = role("gpu_probe")
+    for option, setting in (("samples", settings.SAMPLES), ("warmup_s", settings.WARMUP), ("trial_s", settings.TRIAL)):
+        want = setting.value
+        assert defaults[f"gpu_probe_{option}"] == specs[f"gpu_probe_{option}"]["default"] == want, option
+        assert documented[option]["default"] == argument_spec[option]["default"] == want, option
+    defaults, specs = role("nvidia_driver")
+    for option, want in (("timeout_s", settings.IDLE_TIMEOUT.value), ("poll_s", IdleOptions.poll_s)):
+        assert defaults[f"nvidia_driver_idle_{option}"] == specs[f"nvidia_driver_idle_{option}"]["default"] == want
 
 
 def test_ansible_galaxy_builds_and_installs_it(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import config, notify
+from orchestrator.cli import cli
 from orchestrator.errors import InputError
 from tests.cli_helpers import REPO
 from tests.webhook_receiver import recorded, recorder
@@ -84,6 +85,10 @@ def test_paths_are_relative_to_the_file_and_lists_may_be_one_string(places):
     ("- inventory\n", "$: expected object, found a list"),
     ("inventory: [unclosed\n", "line 2 column 1: not valid YAML"),
     ("1: x\n", "$: key 1 is not a string"),
+    ("idle_timeout: 25h\n", "$.idle_timeout: '25h' is more than 24h"),  # the flag's bounds
+    ("soak: 2h,5x\n", "$.soak: '5x' is not a duration (90, 90s, 5m or 2h)"),
+    ("soak_interval: [1]\n", "$.soak_interval: [1] is not a duration"),
+    ("notify_timeout: 0.05\n", "$.notify_timeout: 0.05 is not at least 0.1s"),
 ])
 def test_a_bad_file_is_one_line_naming_it_and_the_json_path_exit_2(tmp_path, text, expected):
     bad = write(tmp_path / "config.yml", text)
@@ -93,6 +98,15 @@ def test_a_bad_file_is_one_line_naming_it_and_the_json_path_exit_2(tmp_path, tex
     assert proc.stderr.startswith(f"fleetctl: error: {bad}:") and expected in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert not (home / "history.sqlite3").exists()  # nothing ran, nothing recorded
+
+
+def test_durations_in_the_file_are_read_as_the_flags_read_them(places):
+    write(config.SYSTEM_PATH, "idle_timeout: 5m\nsoak: 2h,30m,10m\nsoak_grace: 90\nnotify_timeout: 2.5\n")
+    defaults = config.default_map(config.load().values)["upgrade"]
+    params = cli.get_command(None, "upgrade").make_context("upgrade", ["--to", "570.86.15"],
+                                                           default_map=defaults).params
+    assert (params["idle_timeout"], params["soak"], params["soak_grace"], params["notify_timeout"]) == \
+        (300, (7200, 1800, 600), 90, 2.5)
 
 
 def test_a_bad_file_does_not_stand_in_the_way_of_commands_that_read_none(tmp_path):
@@ -137,7 +151,7 @@ def test_config_show_says_where_each_value_came_from(tmp_path):
     assert (v["webhook"]["value"], v["webhook"]["source"]) == (["https://hooks.slack.com/…"], str(path))
     assert (v["webhook_format"]["value"], v["webhook_format"]["source"]) == ("slack", str(path))
     assert (v["fail_on"]["value"], v["fail_on"]["source"]) == ("high", "default")
-    assert (v["notify_timeout"]["value"], v["notify_timeout"]["source"]) == (10.0, "default")
+    assert (v["notify_timeout"]["value"], v["notify_timeout"]["source"]) == ("10s", "default")
     assert (v["baseline"]["value"], v["baseline"]["source"]) == (None, "default")
     assert v["notify"]["commands"] == ["audit", "probe", "upgrade", "campaign resume", "rollback"]
     assert doc["environment"] == {config.ENV: str(path), notify.HEADERS_ENV: ["Authorization"]}
@@ -154,3 +168,6 @@ def test_config_show_says_where_each_value_came_from(tmp_path):
         assert doc["file"] is None and {v["source"] for v in doc["values"].values()} == {"default"}
     bad = run_cli("config", "show", "--forks", "0", home=home, config_path=path)
     assert bad.returncode == 2 and bad.stderr == "fleetctl: error: --forks: 0 is less than the minimum of 1\n"
+    bad = run_cli("config", "show", "--idle-timeout", "2d", home=home, config_path=path)
+    assert bad.returncode == 2 and bad.stderr == \
+        "fleetctl: error: --idle-timeout: '2d' is not a duration (90, 90s, 5m or 2h)\n"

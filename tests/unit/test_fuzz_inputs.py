@@ -40,7 +40,7 @@ from jsonschema import Draft202012Validator
 import ansible.inventory.manager  # noqa: F401
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_gpus, fleetctl_kernel_log as klog, fleetctl_throughput
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_interconnect
-from orchestrator import audit, baseline, cli, inventory, policy, schemas
+from orchestrator import audit, baseline, cli, controls, inventory, schemas
 from orchestrator import inputs as input_files  # not `inputs`: the fixture of that name
 from orchestrator.errors import InputError
 from orchestrator.runner import HostOutcome
@@ -178,7 +178,7 @@ def a_baseline_or_one_input_error(path: Path):
     json.dumps(base.groups)  # what travels to the hosts as extravars is JSON
     klog.catalog_index(XID_CATALOG, base.xid_overrides())  # what every host's collector does with the overrides
     for groups in (["all"], ["all", *base.groups]):
-        findings = policy.evaluate(copy.deepcopy(REAL_FACTS), base.policy_for(groups))
+        findings = controls.evaluate(copy.deepcopy(REAL_FACTS), base.policy_for(groups))
         assert all(schemas.first_error("finding", f) is None for f in findings)
     return base
 
@@ -506,7 +506,8 @@ def test_bad_waves_and_durations_are_refused_before_the_inventory_is_read(histor
             "-i", "/nonexistent/hosts.ini"]
     code, out, err = fleetctl_in_process(history.home, argv)
     check_contract(history, code, out, err, argv)
-    refused = r"fleetctl: error: (--waves |--soak |--window |/nonexistent/hosts.ini: inventory not found)"
+    refused = (r"fleetctl: error: (--waves |Invalid value for '--soak': |Invalid value for '--window': |"
+               r"/nonexistent/hosts.ini: inventory not found)")
     assert code == 2 and re.match(refused, err), err
 
 

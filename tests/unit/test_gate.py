@@ -392,3 +392,63 @@ def test_a_probe_that_could_not_read_the_gpus_is_not_a_pass(real_gpu):
     v = gate.judge(before, after)
     assert v.status == "inconclusive"
     assert any("could not check nvml" in r for r in v.reasons) and any("could not check xid" in r for r in v.reasons)
+
+
+# ---- the summary: what a person reads of a verdict, one line -------------------------------------
+
+SERIES_13 = [(g, m) for g in range(4) for m in ("gemm_tflops", "h2d_gbs", "d2h_gbs")] + [(None, "bandwidth_gbs")]
+CENTRE = {"gemm_tflops": 680.0, "h2d_gbs": 54.8, "d2h_gbs": 55.1, "bandwidth_gbs": 3006.0}
+
+
+def slower(factor, worst=0.915):
+    """13 series (4 GPUs x GEMM and both copies, and the host's bandwidth) before, and after: each FACTOR of itself,
+    GPU 0's D2H copies WORST of itself."""
+    before = {k: draws(CENTRE[k[1]], seed=i) for i, k in enumerate(SERIES_13)}
+    return before, {k: [v * (worst if k == (0, "d2h_gbs") else factor) for v in vs] for k, vs in before.items()}
+
+
+def test_a_gate_failing_on_13_series_is_one_line_naming_the_worst(real_gpu):
+    before, after = slower(0.93)
+    v = gate.judge(probe(real_gpu, series=before), probe(real_gpu, series=after))
+    assert v.status == "fail" and len([r for r in v.reasons if "below the floor" in r]) == 13  # the detail, in full
+    assert v.summary() == "throughput: 13 of 13 series below 0.95x their median before; worst GPU 0 d2h_gbs -8.5%"
+    assert v.as_dict()["summary"] == v.summary()
+
+
+def test_a_gate_failing_several_ways_names_the_worst_first_and_counts_the_rest(real_gpu):
+    before, after = slower(0.93)
+    events = [xid_event(61, "high"), xid_event(79, "critical", "00000000:02:00.0", name="GPU has fallen off the bus")]
+    v = gate.judge(probe(real_gpu, series=before), probe(real_gpu, series=after, events=events))
+    assert v.status == "fail"
+    assert v.summary() == ("new Xid 79 (GPU has fallen off the bus) on 00000000:02:00.0: severity critical "
+                           "(+2 more: Xid, throughput)")
+
+
+def test_series_failing_by_different_rules_are_counted_by_rule():
+    base = {(0, "gemm_tflops"): draws(680.0), (1, "gemm_tflops"): draws(680.0, seed=2),
+            (0, "bandwidth_gbs"): draws(3006.0, seed=3)}
+    after = {(0, "gemm_tflops"): [v * 0.92 for v in base[(0, "gemm_tflops")]],  # below the floor
+             (1, "gemm_tflops"): [v * 0.96 for v in base[(1, "gemm_tflops")]],  # past its 3% limit, significant
+             (0, "bandwidth_gbs"): base[(0, "bandwidth_gbs")]}
+    v = gate.judge_throughput(throughput(base), throughput(after))
+    assert v.summary() == ("throughput: 2 of 3 series failed (1 below 0.95x their median before, 1 past their "
+                           "limit); worst GPU 0 gemm_tflops -8.0%")
+
+
+def test_an_inconclusive_series_and_a_slower_lower_is_better_one_say_which_rule():
+    noisy = gate.judge_throughput(throughput({(0, "gemm_tflops"): [700.0, 690.0, 680.0, 700.0, 695.0, 705.0, 690.0]}),
+                                  throughput({(0, "gemm_tflops"): [670.0, 700.0, 660.0, 690.0, 650.0, 680.0, 670.0]}))
+    assert noisy.status == "inconclusive" and noisy.summary().startswith(
+        "throughput: 1 of 1 series past their limit but too noisy to call (p >= 0.01); worst GPU 0 gemm_tflops -")
+    step = gate.judge_throughput(throughput({(None, "step_time_ms"): draws(100.0)}),
+                                 throughput({(None, "step_time_ms"): [v * 1.06 for v in draws(100.0)]}))
+    assert step.summary() == ("throughput: 1 of 1 series more than 5% above their median before; "
+                              "worst host step_time_ms +6.0%")
+
+
+def test_a_gpu_missing_after_is_the_worst_series():
+    before, after = slower(0.93)
+    del after[(3, "h2d_gbs")]
+    v = gate.judge_throughput(throughput(before), throughput(after))
+    assert v.summary() == ("throughput: 13 of 13 series failed (1 without valid samples after, 12 below 0.95x their "
+                           "median before); worst GPU 3 h2d_gbs (no samples)")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import audit, gate, policy, resources, runner, schemas
+from orchestrator import audit, controls, gate, resources, runner, schemas
 from orchestrator.baseline import Baseline
 from orchestrator.inventory import Fleet, Host
 from orchestrator.store import Store
@@ -26,7 +26,7 @@ MIB = 1 << 20
 
 
 def findings(facts, pol=None, peers=None):
-    return {f["control"]: f for f in policy.evaluate(facts, pol if pol is not None else {"gpus": {"max_pcie_replays": 100}},
+    return {f["control"]: f for f in controls.evaluate(facts, pol if pol is not None else {"gpus": {"max_pcie_replays": 100}},
                                                      peers=peers)}
 
 

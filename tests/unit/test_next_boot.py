@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import policy, schemas
+from orchestrator import controls, schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("fleetctl_boot_under_test", ROOT / "collections/ansible_collections/fleetctl/gpu/plugins/module_utils/fleetctl_boot.py")
@@ -70,7 +70,7 @@ def facts_with(boot_fact: dict | None, userspace: str = "570.86.15") -> dict:
 
 
 def next_boot(facts: dict) -> dict:
-    return next(f for f in policy.evaluate(facts, {}) if f["control"] == "driver.next_boot")
+    return next(f for f in controls.evaluate(facts, {}) if f["control"] == "driver.next_boot")
 
 
 def test_an_unattended_kernel_update_without_its_module_is_critical_before_the_reboot(tmp_path):
@@ -167,7 +167,7 @@ def test_the_campaigns_verify_fails_a_host_that_would_lose_its_driver_at_the_nex
     paths = tree(tmp_path, {OLD: "570.86.15", NEW: None})
     facts = facts_with(boot.boot_facts(OLD, None, read_version, **paths))
     facts["driver"]["held"] = True
-    entry = {"facts": facts, "findings": policy.evaluate(facts, {}), "error": None}
+    entry = {"facts": facts, "findings": controls.evaluate(facts, {}), "error": None}
     monkeypatch.setattr(steps, "facts_after_activation", lambda ctx, hosts: {"gpu-01": entry})
     ctx = SimpleNamespace(befores={"gpu-01": {"gpus": len(facts["gpus"])}})
     got = steps._verify(ctx, ["gpu-01"], lambda h: "570.86.15")["gpu-01"]
@@ -175,5 +175,5 @@ def test_the_campaigns_verify_fails_a_host_that_would_lose_its_driver_at_the_nex
     Path(paths["modules_root"], NEW, "updates/dkms").mkdir(parents=True)
     Path(paths["modules_root"], NEW, "updates/dkms/nvidia.ko.zst").write_text("570.86.15")  # DKMS built it
     facts["boot"] = boot.boot_facts(OLD, None, read_version, **paths)
-    entry["findings"] = policy.evaluate(facts, {})
+    entry["findings"] = controls.evaluate(facts, {})
     assert steps._verify(ctx, ["gpu-01"], lambda h: "570.86.15")["gpu-01"].outcome == "ok"

@@ -271,14 +271,21 @@ def test_slack_and_teams_bodies(receivers):
 
 def test_retries_back_off_on_500_then_succeed(receivers, monkeypatch):
     monkeypatch.setattr(notify, "BACKOFF_S", 0.2)
+    monkeypatch.setattr(notify, "MAX_RETRY_AFTER_S", 1)
     hook = receivers(500, 503, 200)
     started = time.monotonic()
     assert webhook(hook.url()).send_now(payload()) == []
     took = time.monotonic() - started
     assert len(hook.requests) == 3
     gaps = [b.at - a.at for a, b in zip(hook.requests, hook.requests[1:])]
-    assert 0.2 <= gaps[0] < 0.2 + 0.5 and 0.4 <= gaps[1] < 0.4 + 0.5, gaps  # 0.2 s, then doubled
+    assert gaps[0] < 0.2 and 0.4 <= gaps[1] < 0.4 + 0.5, gaps  # at once, then 2 x 0.2 s (urllib3's backoff)
     print(f"\nretries: gaps {gaps[0]:.3f}s {gaps[1]:.3f}s, delivered after {took:.3f}s")
+    # the server's Retry-After is waited for, an hour no longer than MAX_RETRY_AFTER_S, a malformed one not at all
+    for retry_after, wait in (("1", (1, 1.5)), ("3600", (1, 1.5)), ("soon", (0, 0.2))):
+        hook = receivers((429, {"Retry-After": retry_after}), 200)
+        assert webhook(hook.url()).send_now(payload()) == []
+        gap = hook.requests[1].at - hook.requests[0].at
+        assert wait[0] <= gap < wait[1], (retry_after, gap)
     # a 4xx is not retried; a redirect is not followed (it would carry the headers elsewhere)
     for status, reason in ((404, "HTTP 404 Not Found"), (302, "HTTP 302 Found: redirects are not followed")):
         hook = receivers(fallback=status)

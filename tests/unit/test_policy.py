@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from orchestrator import policy, schemas
+from orchestrator import controls, schemas
 
 STRICT = {
     "driver": {"branches": ["580"], "versions": ["580.159.04"], "flavor": "open", "held": True},
@@ -62,7 +62,7 @@ def healthy(device_facts, testdata):
 
 
 def statuses(facts, pol=STRICT):
-    return {x["control"]: x["status"] for x in policy.evaluate(facts, pol)}
+    return {x["control"]: x["status"] for x in controls.evaluate(facts, pol)}
 
 
 def test_the_healthy_real_host_passes_every_control(healthy):
@@ -172,7 +172,7 @@ def test_driver_states_gate_the_driver_controls(healthy):
 
 def test_a_branch_outside_the_matrix_fails_even_without_exact_versions(healthy):
     pol = {**STRICT, "driver": {"branches": ["550", "570"]}}
-    finding = {x["control"]: x for x in policy.evaluate(healthy, pol)}["driver.version_allowed"]
+    finding = {x["control"]: x for x in controls.evaluate(healthy, pol)}["driver.version_allowed"]
     assert finding["status"] == "fail" and "branch 580" in finding["message"]
     assert finding["remediation"].startswith("move the host")
 
@@ -184,10 +184,10 @@ def test_xid_severity_threshold_and_classes(healthy):
          "name": "Graphics Engine Exception", "class": "application", "severity": "medium", "action": "check", "source": "NVIDIA"},
     ]
     healthy["xid"]["events"] = events
-    finding = {x["control"]: x for x in policy.evaluate(healthy, STRICT)}["gpu.xid"]
+    finding = {x["control"]: x for x in controls.evaluate(healthy, STRICT)}["gpu.xid"]
     assert finding["status"] == "warn" and finding["evidence"]["count"] == 1
     events.append(dict(events[0], code=79, name="GPU has fallen off the bus", severity="critical", **{"class": "critical"}))
-    finding = {x["control"]: x for x in policy.evaluate(healthy, STRICT)}["gpu.xid"]
+    finding = {x["control"]: x for x in controls.evaluate(healthy, STRICT)}["gpu.xid"]
     assert finding["status"] == "fail" and "79 (GPU has fallen off the bus)" in finding["message"]
     lenient = {**STRICT, "xid": {"fail_on": "critical"}}
     events.pop()
@@ -197,23 +197,23 @@ def test_xid_severity_threshold_and_classes(healthy):
 def test_unreadable_facts_make_their_controls_error_not_pass(healthy):
     healthy["errors"] = {"gpus[0].ecc": "NVML: Unknown Error"}
     got = statuses(healthy)
-    assert {c for c, s in got.items() if s == "error"} == {c.id for c in policy.CONTROLS if "gpus" in c.needs}
+    assert {c for c, s in got.items() if s == "error"} == {c.id for c in controls.CONTROLS if "gpus" in c.needs}
     assert got["driver.installed"] == "pass"
 
 
 def test_baseline_severity_overrides_apply(healthy):
     gpu0(healthy)["pcie"]["width"] = 8
-    finding = {x["control"]: x for x in policy.evaluate(healthy, {**STRICT, "severity": {"gpu.pcie": "low"}})}["gpu.pcie"]
+    finding = {x["control"]: x for x in controls.evaluate(healthy, {**STRICT, "severity": {"gpu.pcie": "low"}})}["gpu.pcie"]
     assert finding["severity"] == "low" and finding["status"] == "fail"
 
 
 def test_every_finding_matches_the_finding_schema(healthy):
-    for finding in policy.evaluate(healthy, STRICT):
+    for finding in controls.evaluate(healthy, STRICT):
         assert schemas.first_error("finding", finding) is None, finding
 
 
 def test_control_ids_are_unique_and_stable():
-    ids = [c.id for c in policy.CONTROLS]
+    ids = [c.id for c in controls.CONTROLS]
     assert len(ids) == len(set(ids))
     # scripts and the history key on these ids: renaming one is a breaking change
     assert {"driver.installed", "driver.version_allowed", "nouveau.not_loaded", "persistence.mode", "runtime.nvidia",
@@ -231,7 +231,7 @@ def test_fabric_manager_on_an_nvswitch_host(healthy):
 
 def test_a_loaded_driver_that_sees_no_gpu_fails_the_count(healthy):
     healthy["gpus"] = []
-    finding = {x["control"]: x for x in policy.evaluate(healthy, STRICT)}["gpu.count"]
+    finding = {x["control"]: x for x in controls.evaluate(healthy, STRICT)}["gpu.count"]
     assert finding["status"] == "fail" and finding["evidence"] == {"visible": 0, "expected": 1, "on_pci_bus": 1, "lost": []}
 
 

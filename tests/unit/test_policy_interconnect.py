@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from orchestrator import audit, policy, runner, schemas
+from orchestrator import audit, controls, runner, schemas
 from orchestrator.baseline import Baseline
 from orchestrator.inventory import Fleet, Host
 from orchestrator.store import Store
@@ -42,7 +42,7 @@ FABRIC_OK = {"state": "completed", "status": "success", "clique_id": 0,
 
 
 def pairs(n: int, link: str = "NV18") -> list[dict]:
-    return [{"gpus": [a, b], "link": link, "nvlinks": policy.nvlinks(link)} for a, b in itertools.combinations(range(n), 2)]
+    return [{"gpus": [a, b], "link": link, "nvlinks": controls.nvlinks(link)} for a, b in itertools.combinations(range(n), 2)]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def h200x2(request, testdata):
 
 
 def findings(facts, pol=None, reference=None):
-    return {x["control"]: x for x in policy.evaluate(facts, pol or {}, reference) if x["control"] in INTERCONNECT}
+    return {x["control"]: x for x in controls.evaluate(facts, pol or {}, reference) if x["control"] in INTERCONNECT}
 
 
 def statuses(facts, pol=None, reference=None):
@@ -224,7 +224,7 @@ def test_an_unread_nvlink_state_is_an_error_not_a_guess(hgx):
     # the other interconnect controls do not need it
     assert (got["gpu.fabric"]["status"], got["gpu.topology"]["status"]) == ("pass", "pass")
     # every other control ignores an interconnect read error
-    others = {x["control"] for x in policy.evaluate(hgx, {}) if x["status"] == "error"}
+    others = {x["control"] for x in controls.evaluate(hgx, {}) if x["status"] == "error"}
     assert others == {"gpu.nvlink"}
 
 
@@ -361,7 +361,7 @@ def record_audit(store: Store, hosts: dict[str, dict], pol: dict) -> None:
     """One audit run as fleetctl records it: begin, every host's facts and findings, finish."""
     run_id, _ = store.begin_run("audit", ["fleetctl", "audit"], "hosts.ini", None, None)
     entries = [{"name": name, "groups": [], "reachable": True, "error": None, "facts": facts,
-                "findings": policy.evaluate(facts, pol)} for name, facts in hosts.items()]
+                "findings": controls.evaluate(facts, pol)} for name, facts in hosts.items()]
     store.finish_run(run_id, 0, {}, entries)
 
 
@@ -377,7 +377,7 @@ def test_the_reference_is_the_latest_audit_where_the_control_passed(tmp_path, hg
         failing["interconnect"]["gpus"][0]["nvlink"] = nvlink(up=15)
         failing["collected_at"] = "2026-11-24T00:00:00Z"
         record_audit(store, {"hgx-01": failing}, {"interconnect": {"nvlink": {"links_up": 16}}})  # failed: no reference
-        refs = store.passing_facts(["hgx-01", "hgx-02", "hgx-03"], policy.reference_controls())
+        refs = store.passing_facts(["hgx-01", "hgx-02", "hgx-03"], controls.reference_controls())
     assert set(refs) == {"hgx-01", "hgx-02"} and set(refs["hgx-01"]) == {"gpu.nvlink", "gpu.topology"}
     assert refs["hgx-01"]["gpu.nvlink"] == wired  # the passing audit, not the later failing one
     assert refs["hgx-01"]["gpu.topology"] == failing  # its topology still passed in the later one

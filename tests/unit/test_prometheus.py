@@ -20,7 +20,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator import policy, prometheus
+from orchestrator import controls, prometheus
 from orchestrator.files import write_atomically
 from orchestrator.store import Store
 from tests.cli_helpers import REPO, fleetctl
@@ -59,7 +59,7 @@ def audit_report() -> dict:
     set_status(b, "gpu.xid", "fail")
     b["facts"]["xid"]["events"] = [xid(79, "critical", 1), xid(79, "critical", 2), xid(13, "application", 3)]
     c = {"name": "gpu-c", "groups": ["l40s"], "reachable": False, "error": "ssh: timed out", "facts": None,
-         "findings": [policy.error_finding("host.reachable", "Host reachable", "ssh: timed out")]}
+         "findings": [controls.error_finding("host.reachable", "Host reachable", "ssh: timed out")]}
     report["hosts"] = [a, b, c]
     return report
 

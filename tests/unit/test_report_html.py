@@ -3,7 +3,10 @@ asks the network for nothing (every request would reach a recording proxy)."""
 
 from __future__ import annotations
 
+import html as html_mod
 import http.server
+import json
+import re
 import shutil
 import subprocess
 import threading
@@ -81,3 +84,64 @@ def test_html_report_renders_charts_offline(history, tmp_path):  # noqa: F811
                                     "driver versions": (0x15, 0x65, 0xC0), "compliance over time": (0x90, 0xA4, 0xAE)
                                     }.items() if rgb in colours}
     assert drawn == {"failing controls", "passing controls", "driver versions", "compliance over time"}
+
+
+# Run in the page (a copy of it without its Content-Security-Policy, which forbids scripts): the layout's figures,
+# written into the DOM for --dump-dom to hand back.
+MEASURE = """<script>
+const inside = (r, box) => r.left >= box.left - 0.5 && r.right <= box.right + 0.5 && r.top >= box.top - 0.5
+                           && r.bottom <= box.bottom + 0.5;
+const clipped = [...document.querySelectorAll("svg")].flatMap(svg => [...svg.querySelectorAll("text")]
+    .filter(t => !inside(t.getBoundingClientRect(), svg.getBoundingClientRect())).map(t => t.textContent));
+const widest = Math.max(...[...document.querySelectorAll("body > table")].map(t => t.getBoundingClientRect().width));
+const why = [...document.querySelectorAll("td.why")].map(td => ({
+    text: td.textContent, folded: td.querySelector("details:not([open])") !== null,
+    summary: td.querySelector("summary") ? td.querySelector("summary").textContent : null,
+    summary_height: td.querySelector("summary") ? td.querySelector("summary").getBoundingClientRect().height : null,
+    details_height: td.querySelector("details") ? td.querySelector("details").getBoundingClientRect().height : null}));
+const out = document.createElement("pre");
+out.id = "measured";
+out.textContent = JSON.stringify({window: innerWidth, widest, clipped, why,
+                                  charts: document.querySelectorAll("svg text").length});
+document.body.appendChild(out);
+</script>"""
+
+@pytest.fixture
+def rolled_back_by_a_wall(history):  # noqa: F811
+    """The history, and a campaign rolled back for a gate whose reason was recorded the old way: every series."""
+    from orchestrator.store import Store
+    from tests.unit.test_campaign_engine import start
+    from tests.unit.test_campaign_reasons import OldGate
+
+    with Store(history / "history.sqlite3") as store:
+        assert start(store, OldGate(), ["c"], ["d"])[2].run() == "rolled_back"
+    return history
+
+
+def measured(page, tmp_path) -> dict:
+    """PAGE laid out in a 1600 px headless Chromium window: MEASURE's figures."""
+    probe = tmp_path / "measured.html"
+    html = page.read_text()
+    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", html)
+                     .replace("</body>", MEASURE + "</body>"))
+    run = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          "--hide-scrollbars", "--window-size=1600,1200", "--run-all-compositor-stages-before-draw",
+                          "--virtual-time-budget=5000", f"--user-data-dir={tmp_path / 'measure-profile'}",
+                          "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="measured">(.*?)</pre>', run.stdout, re.S)
+    assert run.returncode == 0 and found, run.stderr[-2000:]
+    return json.loads(html_mod.unescape(found.group(1)))
+
+
+def test_html_report_uses_the_window_shows_every_label_and_folds_long_reasons(rolled_back_by_a_wall, tmp_path):
+    page = tmp_path / "report.html"
+    proc = fleetctl("report", "--format", "html", "-o", str(page), home=rolled_back_by_a_wall)
+    assert proc.returncode == 0, proc.stderr
+    m = measured(page, tmp_path)
+    assert m["window"] == 1600 and m["widest"] > 0.9 * 1600  # the tables span the window, not a column of it
+    assert m["charts"] > 10 and m["clipped"] == []  # every label and value inside its chart
+    wall = next(w for w in m["why"] if "GPU 7 bandwidth_gbs" in w["text"])
+    assert wall["folded"] and "GPU 7 bandwidth_gbs" not in wall["summary"]  # the whole reason only when opened
+    assert wall["summary"].startswith("wave 1 failed (1 of 1 hosts") and len(wall["summary"]) <= 203
+    assert wall["details_height"] == wall["summary_height"]  # folded: the reason in full takes no room until opened

@@ -135,8 +135,35 @@ def test_the_end_of_soak_gate_judges_throughput_against_probe_before(soaking, mo
     for s in slower["throughput"]["samples"]:
         s["value"] *= 0.9
     o = observe(soaking, monkeypatch, slower, final=True)
-    assert o.status == "fail" and "throughput at the end of the soak, gate fail" in o.reason
-    assert "below the floor" in o.reason
+    assert o.status == "fail" and o.reason == ("end of the soak: throughput: 2 of 2 series below 0.95x their median "
+                                               "before; worst GPU 0 bandwidth_gbs -10.0%")
+    assert [f["rule"] for f in o.detail["gate"]["figures"]] == ["floor", "floor"]  # in full in the history
+    assert sum("below the floor" in r for r in o.detail["gate"]["reasons"]) == 2
+
+
+def test_an_end_of_soak_gate_failing_several_ways_is_one_line_worst_first(soaking, monkeypatch):
+    """The canary command's metrics fall between its first and last run, throughput falls against probe_before and
+    a critical Xid comes: one line naming the Xid, then what else failed; each in full in the observation."""
+    soaking.options = dataclasses.replace(soaking.options, canary="/opt/canary")
+    for factor in (1.0, 0.9):
+        run = copy.deepcopy(REAL)
+        run["throughput"]["engine"] = "command"
+        for s in run["throughput"]["samples"]:
+            s["value"] *= factor
+        observe(soaking, monkeypatch, run)
+    slower = copy.deepcopy(REAL)
+    for s in slower["throughput"]["samples"]:
+        s["value"] *= 0.9
+    slower["health"]["xid"] = dict(REAL["health"]["xid"], events=[
+        {"code": 119, "pci_bus_id": "00000000:18:00.0", "name": "GSP RPC timeout", "severity": "critical",
+         "class": "critical", "action": "reset the GPU", "source": "test", "seq": 9, "line": "NVRM: Xid 119"}])
+    o = observe(soaking, monkeypatch, slower, final=True)
+    assert o.status == "fail" and o.reason == ("end of the soak: new Xid 119 (GSP RPC timeout) on 00000000:18:00.0: "
+                                               "severity critical (+2 more: throughput, canary metrics)")
+    assert o.detail["seen"][0] == ("new Xid 119 (GSP RPC timeout) on 00000000:18:00.0: severity critical [test] -> "
+                                   "reset the GPU")
+    assert o.detail["seen"][2].startswith("canary metrics: 2 of 2 series below 0.95x their median before; worst")
+    assert o.detail["canary_gate"]["status"] == "fail" and len(o.detail["canary_gate"]["figures"]) == 2
 
 
 def test_a_soak_watches_only_changed_hosts_on_the_target(soaking):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from orchestrator.exitcodes import Exit
 from tests.cli_helpers import REPO, runs
 
 RUNNER = Path(sys.executable).parent / "ansible-runner"
@@ -44,12 +45,13 @@ def test_an_audit_through_transmit_worker_process_matches_the_in_process_one(tmp
 
 
 def test_a_broken_worker_is_one_line_and_the_run_is_recorded_as_failed(tmp_path):
+    """Not a finding (1): fleetctl could not carry the audit out (69), and the history says so too."""
     proc = audit(tmp_path / "home", f"{sys.executable} -c 'import sys; sys.exit(\"no route to exec01\")'")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == Exit.UNAVAILABLE == 69 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "fleetctl: error: FLEETCTL_WORKER "
         f"{sys.executable} -c 'import sys; sys.exit(\"no route to exec01\")' exited 1: no route to exec01"]
-    assert [r["status"] for r in runs(tmp_path / "home")] == ["failed"]
+    assert [(r["status"], r["exit_code"]) for r in runs(tmp_path / "home")] == [("failed", Exit.UNAVAILABLE)]
 
 
 def test_a_worker_command_with_an_unclosed_quote_is_an_input_error(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, systemd
+from orchestrator import cli, settings, systemd
 from orchestrator.cli import systemd as systemd_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,14 +181,15 @@ def test_every_unit_verifies_clean_and_holds_what_was_asked(env, monkeypatch, ca
 
     # ... and fleetctl's own parser takes both as the operator meant them.
     params = systemd_cli.parse(cli.cli, upgrade).params
-    assert (params["target"], params["yes"], params["dry_run"], params["window"]) == ("570.86.15", True, False, "3h")
+    assert (params["target"], params["yes"], params["dry_run"], params["window"]) == ("570.86.15", True, False, 10800)
     assert (params["waves"], params["soak"], params["drain_preset"], params["drain"]) == \
-        ("1,50%,100%", "10m", "slurm", DRAIN)
+        ("1,50%,100%", (600,), "slurm", DRAIN)
+    assert upgrade[upgrade.index("--soak") + 1] == "10m"
     assert (params["samples"], params["no_preflight"], params["baseline"]) == (7, True, env["baseline"])
-    assert params["idle_timeout"] == 300  # not given: left to fleetctl's default, not written into the unit
+    assert params["idle_timeout"] == 300  # 5m, not given: left to fleetctl's default, not written into the unit
     assert "--idle-timeout" not in upgrade
     resumed = systemd_cli.parse(cli.cli, resume).params
-    assert resumed["interrupted"] is True and resumed["window"] == "3h"
+    assert resumed["interrupted"] is True and resumed["window"] == 10800
     # The resume is safe to run for real: with no campaign in the history it does nothing and succeeds.
     assert fleetctl(monkeypatch, capsys, *resume[1:])[:2] == (0, "no interrupted campaign\n")
 
@@ -336,9 +337,12 @@ def test_where_systemd_runs_it_reloads_and_enables_the_timers(env, monkeypatch, 
 # ---- bad input: one line, exit 2, nothing written -------------------------------------------------------
 
 BAD = [
-    (["--duration", "3x"], "--duration '3x': not a duration"),
-    (["--duration", "0"], "--duration '0': must be above zero"),
-    (["--duration", "nan"], "--duration 'nan'"),
+    (["--duration", "3x"], "Invalid value for '--duration': '3x' is not a duration (90, 90s, 5m or 2h)"),
+    (["--duration", "0"], "Invalid value for '--duration': '0' is not above 0"),
+    (["--duration", "nan"], "Invalid value for '--duration': 'nan'"),
+    (["--margin", "-5m"], "Invalid value for '--margin'"),
+    (["--soak-grace", "forever"], "Invalid value for '--soak-grace'"),
+    (["--idle-timeout", "2d"], "Invalid value for '--idle-timeout'"),
     (["--window", "Blursday 25:00"], "--window 'Blursday 25:00': not a systemd calendar expression"),
     (["--window", "2001-01-01"], "never elapses"),
     (["--window", ""], "--window '': not a systemd calendar expression"),
@@ -346,7 +350,7 @@ BAD = [
     (["--to", "57"], "57"),
     (["--margin", "3h"], "--margin 3h: not shorter than --duration 3h"),
     (["--waves", "50%,10%"], "50%,10%"),
-    (["--soak", "soon"], "--soak 'soon'"),
+    (["--soak", "soon"], "Invalid value for '--soak': 'soon' is not a duration"),
     (["--drain", "scontrol {nodes}"], "unknown placeholder"),
     (["--samples", "2"], "--samples"),
     (["--rollback-scope", "fleet"], "--rollback-scope"),
@@ -405,17 +409,16 @@ def test_without_systemd_analyze_only_obvious_nonsense_is_refused(monkeypatch):
 def test_timespans_and_durations():
     assert [systemd.timespan(s) for s in (10800, 5400, 90, 45.5, 86400 * 2)] == \
         ["3h", "1h 30min", "1min 30s", "45s 500ms", "48h"]
-    assert [systemd.duration_arg(s) for s in (10800, 5400, 90, 0.5)] == ["3h", "90m", "90s", "0.5s"]
-    from orchestrator.upgrade import parse_duration
+    assert [settings.duration_text(s) for s in (10800, 5400, 90, 0.5, 0)] == ["3h", "90m", "90s", "0.5s", "0"]
     for s in (10800, 5400, 90, 0.5, 3601):
-        assert parse_duration(systemd.duration_arg(s), "--window") == s
+        assert settings.WINDOW.parse(settings.duration_text(s)) == s
 
 
 @needs_analyze
-def test_the_readme_commands(env, monkeypatch, capsys):
-    """The install command README.md gives an operator, as written (the inventory path aside), verifies clean."""
-    section = (REPO / "README.md").read_text().split("## Scheduling a maintenance window", 1)[1]
-    block = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+def test_the_documented_install_commands(env, monkeypatch, capsys):
+    """The install command docs/windows.md gives an operator, as written (the inventory path aside), verifies clean."""
+    page = (REPO / "docs/windows.md").read_text()
+    block = page.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
     install, timers = block.strip().splitlines()
     assert timers == "systemctl list-timers 'fleetctl-*'"
     words = shlex.split(install)

@@ -1,0 +1,180 @@
+"""MkDocs hook: the reference pages, made from the code at each build, never copied by hand.
+
+reference/controls.md    the controls registry (orchestrator/controls/): id, severity, the rule (the control's
+                         docstring), the remediation, and the roles plan, precheck, verify and rollback use
+reference/steps.md       campaign/transitions.py: the host table, the moves between tables, the campaign table
+reference/baseline.md    schemas/baseline.schema.json
+reference/config.md      schemas/config.schema.json
+reference/exit-codes.md  orchestrator/exitcodes.py
+reference/metrics.md     the metrics orchestrator/prometheus.py exports
+reference/cli.md is a page of its own: mkdocs-click renders the click commands there. The root group imports its
+commands on first use (cli/main.py), and mkdocs-click lists a group's commands from `commands` once that holds any,
+so on_config has the root load every command first.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import click
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def on_config(config):
+    from orchestrator.cli.main import cli
+    ctx = click.Context(cli)
+    for name in cli.list_commands(ctx):
+        cli.get_command(ctx, name)
+    return config
+
+
+def on_files(files, config):
+    for path, make in PAGES.items():
+        files.append(File.generated(config, f"reference/{path}", content=make()))
+    return files
+
+
+def cell(text: object) -> str:
+    """TEXT on one line of a Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def table(header: tuple[str, ...], rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def name(value: object) -> str:
+    """A state as the history writes it (a plain string, or an enum member's value)."""
+    return "" if value is None else str(getattr(value, "value", value))
+
+
+def controls_page() -> str:
+    from orchestrator import controls
+    rows = [(f"`{c.id}`", c.severity, inspect.getdoc(c.evaluate), c.remediation) for c in controls.CONTROLS]
+    roles = [(f"`{role}`", meaning, ", ".join(f"`{i}`" for i in controls.with_role(role)))
+             for role, meaning in controls.ROLES.items()]
+    return (
+        "# Controls\n\nEvery control the audit evaluates, in the order findings are listed (made from the registry, "
+        "`orchestrator/controls/`, at each build). A fact that cannot be read makes the finding `error`, never a "
+        "guess. [The audit](../audit.md) says how facts are collected.\n\n"
+        + table(("control", "severity", "rule", "remediation"), rows)
+        + "\n## Roles\n\nWhat else a control is used for, declared with the control: [planning and upgrades]"
+        "(../upgrades.md) ask for the controls of a role.\n\n" + table(("role", "meaning", "controls"), roles))
+
+
+def steps_page() -> str:
+    from orchestrator.campaign import transitions as t
+    flags = ("read_only", "hook", "changes_host")
+    hosts = [(name(r.state), f"`{r.step}`", name(r.ok), name(r.fail), name(r.inconclusive), name(r.skip),
+              f"`{r.runner}`", ", ".join(f for f in flags if getattr(r, f))) for r in t.HOST_TABLE]
+    moves = [(f"`{event}`", ", ".join(f"{m}: to {name(t.MOVES[m].to)}" for m in names))
+             for event, names in t.EVENT_MOVES.items()]
+    campaign = [(name(state), f"`{event}`", name(to)) for (state, event), to in t.CAMPAIGN_TABLE.items()]
+    return (
+        "# Campaign steps\n\nA campaign's host and campaign state machines, made from "
+        "`orchestrator/campaign/transitions.py` at each build. A host's state names the step it does next; the "
+        "step's outcome picks the next state; states without a row are terminal. Hosts of a wave move together, one "
+        "step (one playbook run) at a time. [Planning and upgrades](../upgrades.md) tells what each step does.\n\n"
+        "## Hosts\n\n" + table(("state", "step", "ok", "fail", "inconclusive", "skip", "runner", "attributes"), hosts)
+        + "\nAttributes: `read_only`, the step only looks (a wave whose hosts ran nothing else may still be stopped "
+        "cleanly); `hook`, it runs the drain/undrain hook on the control node, not a playbook; `changes_host`, once "
+        "begun, the host counts as changed (a rollback concerns it).\n\nTerminal host states: "
+        + ", ".join(name(s) for s in t.TERMINAL) + ".\n\n## Moves between the tables\n\n"
+        + table(("event", "hosts moved"), moves)
+        + "\n## The campaign\n\n" + table(("state", "event", "next state"), campaign)
+        + "\nTerminal campaign states: " + ", ".join(name(s) for s in t.CAMPAIGN_TERMINAL) + ".\n")
+
+
+def exit_codes_page() -> str:
+    from orchestrator.exitcodes import BY_COMMAND, COMMON, Exit
+    codes = [(int(e), f"`{e.name}`", e.meaning,
+              "every command" if e in COMMON else ", ".join(f"`{c}`" for c, got in BY_COMMAND.items() if e in got))
+             for e in Exit]
+    commands = [(f"`fleetctl {c}`", ", ".join(str(int(e)) for e in got)) for c, got in BY_COMMAND.items()]
+    return ("# Exit codes\n\nMade from `orchestrator/exitcodes.py` at each build. A code keeps its number and its "
+            "one meaning: scripts, cron and systemd rely on them.\n\n"
+            + table(("code", "name", "meaning", "commands"), codes)
+            + "\n## By command\n\nBesides " + ", ".join(str(int(e)) for e in COMMON) + ", which every command may "
+            "exit with:\n\n" + table(("command", "exit codes"), commands))
+
+
+def metrics_page() -> str:
+    from orchestrator.prometheus import METRICS
+    rows = [(f"`{metric}`", ", ".join(labels), text) for metric, (text, labels) in METRICS.items()]
+    return ("# Metrics\n\nEvery metric fleetctl exports, made from `orchestrator/prometheus.py` at each build. "
+            "[Prometheus](../prometheus.md) says which command writes which.\n\n"
+            + table(("metric", "labels", "meaning"), rows))
+
+
+def schema_page(title: str, file: str, intro: str) -> str:
+    schema = json.loads((ROOT / "schemas" / file).read_text())
+    defs = schema.get("$defs", {})
+    sections: dict[str, list] = {}
+
+    def kind(node: dict) -> str:
+        if "$ref" in node:
+            ref = node["$ref"].rsplit("/", 1)[1]
+            return f"[{ref}](#{ref})" if defs[ref].get("type") == "object" else f"{ref}: {kind(defs[ref])}"
+        if "const" in node:
+            return f"`{json.dumps(node['const'])}`"
+        if "enum" in node:
+            return ", ".join(f"`{v}`" for v in node["enum"])
+        if "oneOf" in node:
+            return " or ".join(kind(n) for n in node["oneOf"])
+        types = node.get("type", "any")
+        text = " or ".join(types) if isinstance(types, list) else types
+        if text == "array":
+            text = f"list of {kind(node.get('items', {}))}"
+        if "pattern" in node:
+            text += f" matching `{node['pattern']}`"
+        bounds = [f"{op} {node[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
+                                                  ("exclusiveMaximum", "<")) if k in node]
+        return text + (f" ({', '.join(bounds)})" if bounds else "")
+
+    def entry(path: str, node: dict, rows: list) -> None:
+        ref = node.get("$ref", "").rsplit("/", 1)[-1]
+        is_object = node.get("type") == "object" and not ref
+        rows.append((f"`{path}`", "object" if is_object else kind(node), node.get("description", "")))
+        if ref and defs[ref].get("type") == "object":
+            section(ref)
+        elif is_object:
+            walk(node, path + ".", rows)
+            if isinstance(node.get("additionalProperties"), dict):
+                entry(path + ".<name>", node["additionalProperties"], rows)
+
+    def walk(node: dict, prefix: str, rows: list) -> None:
+        for key, sub in node.get("properties", {}).items():
+            entry(prefix + key, sub, rows)
+
+    def section(ref: str) -> None:
+        if ref not in sections:
+            sections[ref] = []
+            walk(defs[ref], "", sections[ref])
+
+    root: list = []
+    walk(schema, "", root)
+    out = f"# {title}\n\n{intro} Made from `schemas/{file}` at each build.\n\n{schema.get('description', '')}\n\n"
+    out += table(("key", "type", "meaning"), root)
+    for ref, rows in sections.items():
+        out += f"\n## {ref}\n\n{defs[ref].get('description', '')}\n\n" + table(("key", "type", "meaning"), rows)
+    return out
+
+
+PAGES = {
+    "controls.md": controls_page,
+    "steps.md": steps_page,
+    "exit-codes.md": exit_codes_page,
+    "metrics.md": metrics_page,
+    "baseline.md": lambda: schema_page("Baseline reference", "baseline.schema.json",
+                                       "Every key of a baseline file (`-b`); [the baseline](../baseline.md) says how "
+                                       "a host's policy is put together."),
+    "config.md": lambda: schema_page("Configuration reference", "config.schema.json",
+                                     "Every key of the configuration file; [configuration](../configuration.md) says "
+                                     "where it is read and what wins."),
+}

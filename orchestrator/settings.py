@@ -1,0 +1,236 @@
+"""Every setting a person gives fleetctl, declared once: its flag, its config-file key, its type, bounds and default,
+its help, and the commands that take it. From here follow the click options (cli/options.py), the config file's
+keys (config.KEYS), schemas/config.schema.json (`python -m orchestrator.settings > schemas/config.schema.json`; a
+test holds the file equal) and the defaults of the options objects (probe.ProbeOptions, campaign/options.py,
+upgrade.UpgradeOptions). The fleetctl.gpu collection ships on its own and keeps its own role defaults: a test holds
+them equal to these.
+
+A duration (every time flag and key) is seconds, or a number with a unit: 90, 90s, 5m, 2h, 1.5h. The options
+objects and the history hold seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .campaign.hooks import PRESETS
+from .controls.base import SEVERITIES
+from .notify import FORMATS, HEADERS_ENV
+
+MAX_DURATION_S = 366 * 86400
+DURATION = r"[0-9]+(\.[0-9]+)?[smh]?"
+UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+DURATION_EXAMPLES = "90, 90s, 5m or 2h"
+KINDS = ("text", "int", "choice", "duration", "durations")
+
+RUNS = (("audit",), ("probe",), ("plan",), ("upgrade",))
+NOTIFYING = (("audit",), ("probe",), ("upgrade",), ("campaign", "resume"), ("rollback",))
+UPGRADE = (("upgrade",),)
+
+
+def duration_text(seconds: float) -> str:
+    """SECONDS as a duration the parser reads back: '3h', '90m', '45s', '0.5s', '0'."""
+    if seconds == 0:
+        return "0"
+    if seconds == int(seconds):
+        s = int(seconds)
+        return f"{s // 3600}h" if s % 3600 == 0 else f"{s // 60}m" if s % 60 == 0 else f"{s}s"
+    return f"{round(seconds, 3)}s"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setting:
+    name: str  # the config file's key (where `file`), and the setting's name
+    flag: str
+    short: str | None = None  # a one-letter flag too: -i
+    param: str = ""  # the commands' parameter (default: NAME)
+    kind: str = "text"  # one of KINDS; durations: a comma list, one per gap between waves (the last repeated)
+    default: Any = None  # as a person writes it ("5m"); `value` is it parsed
+    minimum: float | None = None
+    maximum: float | None = None
+    above: bool = False  # more than MINIMUM, not equal to it
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None  # text: what each value must match (the schema checks it)
+    help: str = ""
+    metavar: str | None = None
+    commands: tuple[tuple[str, ...], ...] = ()  # the commands that take it (from the config file, where `file`)
+    file: bool = True  # a key of the config file
+    path: bool = False  # a file: relative to the config file's directory, made absolute for a systemd unit
+    many: bool = False  # repeatable (a list in the file)
+
+    def __post_init__(self) -> None:
+        assert self.kind in KINDS and (self.kind == "choice") == bool(self.choices), self.name
+        if not self.param:
+            object.__setattr__(self, "param", self.name)
+
+    @property
+    def timed(self) -> bool:
+        """A duration, or a list of them."""
+        return self.kind in ("duration", "durations")
+
+    @property
+    def value(self) -> Any:
+        """The default, parsed: seconds for a duration."""
+        return None if self.default is None else self.parse(self.default)
+
+    @property
+    def bounds(self) -> str:
+        """A duration's bounds in words, where it has some besides the year every duration is within."""
+        low = [f"above {duration_text(self.minimum or 0)}"] if self.above else \
+            [f"at least {duration_text(self.minimum)}"] if self.minimum else []
+        return ", ".join(low + ([f"at most {duration_text(self.maximum)}"] if self.maximum is not None else []))
+
+    def parse(self, value: Any) -> Any:
+        """VALUE (a word of the command line or the config file's value) as the commands take it; ValueError says
+        what is wrong with it in one line."""
+        if self.kind == "durations":
+            parts = [p.strip() for p in str(value).split(",")] if isinstance(value, str) else [value]
+            return tuple(self.duration(p) for p in parts)
+        if self.kind == "duration":
+            return self.duration(value)
+        return value
+
+    def duration(self, value: str | float | int) -> float:
+        """'90', '90s', '5m', '2h' (or a number of seconds) -> seconds, within the setting's bounds."""
+        shown = repr(value) if len(repr(value)) <= 40 else "the value"  # not a page of a file given by mistake
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            match = re.fullmatch(DURATION, value) if isinstance(value, str) else None
+            if match is None:
+                raise ValueError(f"{shown} is not a duration ({DURATION_EXAMPLES})")
+            seconds = float(value.rstrip("smh")) * UNITS[value[-1] if value[-1] in "smh" else ""]
+        low = self.minimum or 0.0
+        if seconds != seconds or seconds < low or (self.above and seconds == low):
+            raise ValueError(f"{shown} is not {'above' if self.above else 'at least'} {duration_text(low)}")
+        high = MAX_DURATION_S if self.maximum is None else self.maximum
+        if seconds > high:
+            raise ValueError(f"{shown} is more than {duration_text(high)}")
+        return seconds
+
+    def schema(self) -> dict[str, Any]:
+        """The config file's property (JSON Schema)."""
+        if self.kind == "choice":
+            one: dict[str, Any] = {"enum": list(self.choices)}
+        elif self.kind == "int":
+            one = {"type": "integer"}
+        elif self.timed:
+            word = f"{DURATION}(\\s*,\\s*{DURATION})*" if self.kind == "durations" else DURATION
+            one = {"type": ["string", "number"], "pattern": f"^{word}$"}  # the bounds of strings: config.read
+        else:
+            one = {"type": "string", "minLength": 1} | ({"pattern": self.pattern} if self.pattern else {})
+        if self.minimum is not None or self.timed:
+            one["exclusiveMinimum" if self.above else "minimum"] = self.minimum or 0
+        if self.maximum is not None or self.timed:
+            one["maximum"] = MAX_DURATION_S if self.maximum is None else self.maximum
+        out: dict[str, Any] = {"oneOf": [one, {"type": "array", "items": one}]} if self.many else one
+        if self.default is not None:
+            out["default"] = self.default
+        commands = ", ".join(" ".join(c) for c in self.commands)
+        return out | {"description": f"{self.flag} of {commands}: {self.help}"}
+
+
+INVENTORY = Setting(name="inventory", flag="--inventory", short="-i", param="inventory_path", metavar="INVENTORY",
+                    path=True, commands=RUNS, help="Ansible inventory. Default: localhost over the local connection.")
+BASELINE = Setting(name="baseline", flag="--baseline", short="-b", metavar="BASELINE", path=True, commands=RUNS,
+                   help="Baseline YAML. Default: the embedded one.")
+FORKS = Setting(name="forks", flag="--forks", kind="int", minimum=1, maximum=1000, commands=RUNS,
+                help="Hosts worked on at once (default: all, up to 64).")
+FAIL_ON = Setting(name="fail_on", flag="--fail-on", kind="choice", choices=(*reversed(SEVERITIES), "never"),
+                  default="high", commands=(("audit",),),
+                  help="Exit 1 when a control fails at or above this severity.")
+WAVES = Setting(name="waves", flag="--waves", default="1,10%,50%,100%", metavar="RAMP", commands=(("plan",), *UPGRADE),
+                help="Cumulative wave targets: host counts or percentages of the eligible hosts, ending at 100%.")
+# The canary soaks for hours, later waves less.
+SOAK = Setting(name="soak", flag="--soak", kind="durations", default="2h,30m", metavar="DURATIONS", commands=UPGRADE,
+               help="Watched soak between waves, one length per gap (the last repeated), e.g. 2h,30m; 0: none.")
+SOAK_INTERVAL = Setting(name="soak_interval", flag="--soak-interval", kind="duration", above=True, default="1m",
+                        metavar="DURATION", commands=UPGRADE,
+                        help="A health check and a canary run of every changed host this often while soaking.")
+SOAK_GRACE = Setting(name="soak_grace", flag="--soak-grace", kind="duration", default="5m", metavar="DURATION",
+                     commands=UPGRADE, help="A changed host unreachable this long during a soak fails.")
+CANARY = Setting(name="canary", flag="--canary", metavar="CMD", commands=UPGRADE,
+                 help="The canary workload run on changed hosts while soaking (the probe command engine's protocol; "
+                      "default: the host's probe engine).")
+CANARY_MAX_FAILURES = Setting(name="canary_max_failures", flag="--canary-max-failures", kind="int", minimum=0,
+                              maximum=100000, default=0, commands=UPGRADE,
+                              help="Failed canary runs a host may have before it fails.")
+WINDOW = Setting(name="window", flag="--window", kind="duration", above=True, metavar="DURATION", file=False,
+                 commands=(*UPGRADE, ("campaign", "resume")),
+                 help="Maintenance window length: no wave starts after it (exit 5).")
+ROLLBACK_SCOPE = Setting(name="rollback_scope", flag="--rollback-scope", kind="choice", choices=("campaign", "wave"),
+                         default="campaign", commands=UPGRADE,
+                         help="On a failed wave roll back every changed host, or the wave's only.")
+DRAIN_PRESET = Setting(name="drain_preset", flag="--drain-preset", kind="choice", choices=tuple(sorted(PRESETS)),
+                       commands=UPGRADE,
+                       help="Drain/undrain with Slurm (scontrol) or Kubernetes (kubectl drain/uncordon).")
+DRAIN = Setting(name="drain", flag="--drain", metavar="CMD", commands=UPGRADE,
+                help="Drain command template run on this machine: {host} {node} {campaign}.")
+UNDRAIN = Setting(name="undrain", flag="--undrain", metavar="CMD", commands=UPGRADE, help="Undrain command template.")
+IDLE_TIMEOUT = Setting(name="idle_timeout", flag="--idle-timeout", kind="duration", maximum=86400, default="5m",
+                       metavar="DURATION", commands=UPGRADE,
+                       help="How long to wait for GPUs to be free after the drain.")
+SAMPLES = Setting(name="samples", flag="--samples", kind="int", minimum=1, maximum=1000, default=10, file=False,
+                  commands=(("probe",), *UPGRADE), help="Throughput samples per metric and GPU.")
+WARMUP = Setting(name="warmup", flag="--warmup", param="warmup_s", kind="duration", maximum=600, default="20s",
+                 metavar="DURATION", file=False, commands=(("probe",), *UPGRADE),
+                 help="Warm-up before the throughput samples.")
+TRIAL = Setting(name="trial", flag="--trial", param="trial_s", kind="duration", minimum=0.01, maximum=60,
+                default="1s", metavar="DURATION", file=False, commands=(("probe",), *UPGRADE),
+                help="Sustained work per throughput sample.")
+NOTIFY = Setting(name="notify", flag="--notify", metavar="CMD", many=True, commands=NOTIFYING,
+                 help="Run CMD on this machine for each event (no shell; the event as JSON on stdin; placeholders "
+                      "{event} {severity} {kind} {campaign} {host} {target} {state} {run}). Repeatable.")
+WEBHOOK = Setting(name="webhook", flag="--webhook", metavar="URL", many=True, pattern="^https?://",
+                  commands=NOTIFYING, help="POST each event to URL (TLS verified, 3 tries). Repeatable.")
+WEBHOOK_FORMAT = Setting(name="webhook_format", flag="--webhook-format", kind="choice", choices=FORMATS,
+                         default="json", commands=NOTIFYING,
+                         help="The event as it is, a Slack message or a Microsoft Teams Adaptive Card.")
+WEBHOOK_HEADERS = Setting(name="webhook_headers", flag="--webhook-headers", metavar="FILE", path=True,
+                          commands=NOTIFYING, help=f"HTTP headers for the webhooks ('Name: value' lines; also "
+                                                   f"${HEADERS_ENV}); never shown or recorded.")
+WEBHOOK_CA = Setting(name="webhook_ca", flag="--webhook-ca", metavar="FILE", path=True, commands=NOTIFYING,
+                     help="Also trust this CA (PEM) for https webhooks.")
+NOTIFY_TIMEOUT = Setting(name="notify_timeout", flag="--notify-timeout", kind="duration", minimum=0.1, maximum=600,
+                         default="10s", metavar="DURATION", commands=NOTIFYING,
+                         help="For each --notify command and each webhook try.")
+WINDOW_DURATION = Setting(name="duration", flag="--duration", kind="duration", above=True, metavar="DURATION",
+                          file=False, commands=(("systemd", "install"),), help="How long the window lasts: 3h, 90m.")
+WINDOW_MARGIN = Setting(name="margin", flag="--margin", kind="duration", metavar="DURATION", file=False,
+                        commands=(("systemd", "install"),),
+                        help="No wave starts in the window's last DURATION: the campaign halts between waves for a "
+                             "person (default 0: a wave still running when the window ends is stopped, and resumed "
+                             "by the next window).")
+
+SETTINGS = tuple(v for v in tuple(globals().values()) if isinstance(v, Setting))
+
+
+def config_schema() -> dict[str, Any]:
+    """schemas/config.schema.json."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://fleetctl.dev/schemas/config.schema.json",
+        "title": "fleetctl configuration file",
+        "description": "Defaults people set once ($FLEETCTL_CONFIG, else $XDG_CONFIG_HOME/fleetctl/config.yml, else "
+                       "/etc/fleetctl/config.yml). A flag on the command line wins over the file. Relative paths are "
+                       "relative to the file's directory. Generated from orchestrator/settings.py.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {s.name: s.schema() for s in SETTINGS if s.file},
+    }
+
+
+def schema_text() -> str:
+    """The schema as the file holds it: one line per key."""
+    schema = config_schema()
+    properties = schema.pop("properties")
+    head = json.dumps(schema, indent=2)[:-2]
+    keys = ",\n".join(f"    {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}" for k, v in properties.items())
+    return f'{head},\n  "properties": {{\n{keys}\n  }}\n}}\n'
+
+
+if __name__ == "__main__":
+    print(schema_text(), end="")

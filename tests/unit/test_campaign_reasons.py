@@ -1,0 +1,95 @@
+"""What a person reads of a rolled-back campaign: its canary failed the real gate (the real probe_after step on a
+real H100 probe result, every sample 10% slower after), and `campaign list`, `campaign show` and `--verbose` say
+why in one line, in full on request."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+from rich.console import Console
+
+from orchestrator import probe, upgrade
+from orchestrator.campaign import steps
+from orchestrator.cli import campaign_view
+from tests.unit.test_campaign_engine import Script, start, store  # noqa: F401 (the fixture)
+from tests.unit.test_soak import REAL, WithProbes
+
+WHY = ("wave 1 failed (1 of 1 hosts, fails at 1): a: gate fail: throughput: 2 of 2 series below 0.95x their median "
+       "before; worst GPU 0 bandwidth_gbs -10.0%")
+
+
+# A gate's reason as an earlier fleetctl recorded it: every series.
+WALL = "gate fail: GPU health unchanged: no new faults; " + "; ".join(
+    f"GPU {g} {m}: median 54.8 -> 50.1 GB/s (-8.5%), below the floor of 0.95x its own median before"
+    for g in range(8) for m in ("h2d_gbs", "d2h_gbs", "bandwidth_gbs"))
+
+
+class OldGate(Script):
+    """Every step ok but probe_after, which fails with WALL."""
+
+    def __getitem__(self, step):
+        run = super().__getitem__(step)
+        if step != "probe_after":
+            return run
+        return lambda ctx, hosts: {h: steps.Outcome("fail", WALL, {}) for h in run(ctx, hosts)}
+
+
+class RealGate(WithProbes):
+    """Every step ok, probe_before recording the real probe result; probe_after the real gate step."""
+
+    def __getitem__(self, step):
+        return steps.probe_after if step == "probe_after" else super().__getitem__(step)
+
+
+def printed(printer, *args, width=300, **options) -> list[str]:
+    buf = io.StringIO()
+    printer(*args, Console(file=buf, width=width, force_terminal=False), **options)
+    return buf.getvalue().splitlines()
+
+
+def test_a_canary_rolled_back_by_the_gate_reads_in_one_line(store, monkeypatch):  # noqa: F811
+    slower = copy.deepcopy(REAL)
+    for s in slower["throughput"]["samples"]:
+        s["value"] *= 0.9
+    monkeypatch.setattr(probe, "collect", lambda opts, fleet, base, markers=None: {
+        h.name: {"reachable": True, "error": None, "probe": slower} for h in fleet.hosts})
+    journal, cid, engine = start(store, RealGate(), ["a"], ["b"])
+    assert engine.run() == "rolled_back"
+    assert journal.campaign(cid)["reason"] == WHY
+
+    listed = [line for line in printed(campaign_view.list_table, store) if "rolled_back" in line]
+    assert len(listed) == 1 and WHY in listed[0]  # the row is one line, the reason whole
+
+    doc = upgrade.document(store, cid)
+    shown = printed(campaign_view.show_table, doc)
+    assert f"reason: {WHY}" in shown
+    gate = next(s for s in doc["hosts"][0]["steps"] if s["step"] == "probe_after")
+    assert gate["reason"] == WHY.split("a: ", 1)[1]
+    assert len(gate["detail"]["reasons"]) == 3  # --format json: health, and each series in full
+    assert any(r.startswith("GPU 0 gemm_tflops: median ") and r.endswith("below the floor of 0.95x its own median "
+                                                                          "before") for r in gate["detail"]["reasons"])
+    verbose = printed(campaign_view.show_table, doc, verbose=True)
+    assert not any("GPU 0 gemm_tflops: median" in line for line in shown)
+    assert any(line.startswith("a probe_after: GPU 0 gemm_tflops: median ") for line in verbose)
+    rows = [line for line in verbose if "probe_after" in line and "fail floor" in line]
+    assert len(rows) == 2 and any("GPU 0 bandwidth_gbs" in r and "-10.0%" in r for r in rows)
+
+
+def test_a_reason_recorded_by_an_earlier_fleetctl_still_shows(store):  # noqa: F811
+    """An earlier fleetctl recorded a gate's every series in its reason: listed, its start on one line; shown, whole."""
+    journal, cid, engine = start(store, OldGate(), ["a"], ["b"])
+    assert engine.run() == "rolled_back"
+    listed = [line for line in printed(campaign_view.list_table, store) if "rolled_back" in line]
+    assert len(listed) == 1 and "a: gate fail: GPU health unchanged" in listed[0] and "GPU 7" not in listed[0]
+    shown = printed(campaign_view.show_table, upgrade.document(store, cid), width=6000)
+    assert any(line.endswith(WALL) for line in shown)
+
+
+def test_a_wave_failing_on_several_hosts_names_the_first_and_counts_the_rest(store):  # noqa: F811
+    script = Script({(h, "verify"): "fail" for h in ("b", "c", "d")})
+    journal, cid, engine = start(store, script, ["a"], ["b", "c", "d", "e"], fail_at=[1, 2])
+    assert engine.run() == "rolled_back"
+    assert journal.campaign(cid)["reason"].endswith("): b: verify fail (+2 more hosts)")
+    assert {r["host"]: r["reason"] for r in journal.hosts(cid) if r["reason"]} == {
+        h: "verify fail" for h in ("b", "c", "d")}  # each host's own reason on its row

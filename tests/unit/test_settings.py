@@ -1,0 +1,141 @@
+"""Every setting declared once (orchestrator/settings.py): the commands' options, the config file's keys and
+schemas/config.schema.json follow from the one declaration and agree with it; every time flag and key takes the one
+duration type (90, 90s, 5m, 2h); the options objects take keywords only."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections import defaultdict
+from contextlib import nullcontext
+
+import click
+import pytest
+from jsonschema import Draft202012Validator
+
+from orchestrator import config, probe, settings, upgrade
+from orchestrator.campaign.hooks import Hooks
+from orchestrator.campaign.options import CampaignOptions
+from orchestrator.cli import cli, options
+from tests.cli_helpers import REPO
+
+SCHEMA = json.loads((REPO / "schemas" / "config.schema.json").read_text())
+TIME_FLAGS = {"--soak", "--soak-interval", "--soak-grace", "--window", "--idle-timeout", "--warmup", "--trial",
+              "--notify-timeout", "--duration", "--margin"}
+
+
+def command(path: tuple[str, ...]) -> click.Command:
+    found = cli
+    for name in path:
+        found = found.get_command(None, name)
+    return found
+
+
+def commands(group: click.Group = cli, path: tuple[str, ...] = ()):
+    for name in group.list_commands(None):
+        sub = group.get_command(None, name)
+        if isinstance(sub, click.Group):
+            yield from commands(sub, (*path, name))
+        else:
+            yield (*path, name), sub
+
+
+def test_the_schema_file_is_generated_from_the_settings():
+    assert (REPO / "schemas" / "config.schema.json").read_text() == settings.schema_text(), \
+        "regenerate it: python -m orchestrator.settings > schemas/config.schema.json"
+    assert list(SCHEMA["properties"]) == [k.name for k in config.KEYS]
+
+
+@pytest.mark.parametrize("key", config.KEYS, ids=lambda k: k.name)
+def test_the_file_and_the_commands_take_the_same_values(key):
+    """Each key as the schema checks the file and as its commands' option parses the command line: the same
+    default, choices and bounds, whichever side is read first."""
+    schema = Draft202012Validator(SCHEMA["properties"][key.name])
+    for path in key.commands:
+        param = next(p for p in command(path).params if p.name == key.param)
+        assert key.flag in param.opts and param.default == key.default == SCHEMA["properties"][key.name].get("default")
+        assert param.multiple == key.many
+        if key.default is not None:
+            assert schema.is_valid(key.default) and param.type_cast_value(None, key.default) == key.value
+        if key.kind == "choice":
+            assert list(param.type.choices) == list(key.choices) == SCHEMA["properties"][key.name]["enum"]
+        if key.kind == "int":
+            for value in (key.minimum - 1, key.minimum, key.maximum, key.maximum + 1):
+                valid = key.minimum <= value <= key.maximum
+                assert schema.is_valid(value) == valid
+                with nullcontext() if valid else pytest.raises(click.BadParameter):
+                    param.type_cast_value(None, value)
+        if key.timed:
+            high = settings.MAX_DURATION_S if key.maximum is None else key.maximum
+            low = key.minimum or 0
+            for value, valid in ((high, True), (high + 1, False), (low, not key.above), (low - 1, False),
+                                 ("5x", False), ("2h,30m", key.kind == "durations" and high >= 7200)):
+                assert schema.is_valid(value) == valid, value
+                with nullcontext() if valid else pytest.raises(click.BadParameter):
+                    param.type_cast_value(None, value)
+
+
+def test_every_option_made_from_a_setting_is_the_settings_own():
+    """No command declares a setting's option a second time: where a flag and parameter are a setting's, so are the
+    type and the default (`systemd install --window` is its own, a calendar; its hidden --notify and --webhook
+    refuse to be written into a unit); and every command a setting names takes it."""
+    by_flag = {s.flag: s for s in settings.SETTINGS}
+    takers = defaultdict(set)
+    for path, cmd in commands():
+        for param in cmd.params:
+            s = next((by_flag[o] for o in param.opts if o in by_flag), None)
+            if s is None or (path, s.flag) == (("systemd", "install"), "--window") or path == ("config", "show") \
+                    or param.hidden:
+                continue
+            assert param.name == s.param and param.default == s.default, (path, s.flag)
+            assert type(param.type) is type(options.param_type(s) or click.STRING), (path, s.flag)
+            takers[s.name].add(path)
+    for s in settings.SETTINGS:
+        assert set(s.commands) <= takers[s.name], s.name
+
+
+def test_every_time_flag_takes_a_duration():
+    """(`config show` takes the words the file would have, and checks them as it checks the file.)"""
+    for path, cmd in commands():
+        for param in cmd.params:
+            if set(param.opts) & TIME_FLAGS and (path, param.name) != (("systemd", "install"), "window") \
+                    and path != ("config", "show"):
+                assert isinstance(param.type, options.Duration), (path, param.opts)
+    for key in config.KEYS:
+        assert key.timed == (key.flag in TIME_FLAGS), key.name
+
+
+def test_durations_on_the_command_line():
+    upgrade_cmd = command(("upgrade",))
+    params = upgrade_cmd.make_context("upgrade", ["--to", "570.86.15", "--idle-timeout", "5m", "--warmup", "90",
+                                                  "--trial", "1.5s", "--soak", "2h, 30m,0", "--soak-interval", "90s",
+                                                  "--soak-grace", "0", "--window", "1.5h",
+                                                  "--notify-timeout", "2"]).params
+    assert (params["idle_timeout"], params["warmup_s"], params["trial_s"], params["soak"]) == (300, 90, 1.5,
+                                                                                                (7200, 1800, 0))
+    assert (params["soak_interval"], params["soak_grace"], params["window"], params["notify_timeout"]) == \
+        (90, 0, 5400, 2)
+    defaults = upgrade_cmd.make_context("upgrade", ["--to", "570.86.15"]).params
+    assert (defaults["idle_timeout"], defaults["soak"], defaults["warmup_s"]) == (300, (7200, 1800), 20)
+    for flag, value, said in (("--idle-timeout", "300x", "'300x' is not a duration (90, 90s, 5m or 2h)"),
+                              ("--idle-timeout", "25h", "'25h' is more than 24h"),
+                              ("--warmup", "-1", "'-1' is not a duration"), ("--trial", "0", "'0' is not at least"),
+                              ("--soak", "2h,,30m", "'' is not a duration"), ("--window", "0", "is not above 0")):
+        with pytest.raises(click.BadParameter, match=re.escape(said)):
+            upgrade_cmd.make_context("upgrade", ["--to", "570.86.15", flag, value])
+
+
+def test_the_options_objects_take_keywords_only_and_old_campaigns_still_load():
+    for cls in (upgrade.UpgradeOptions, probe.ProbeOptions, CampaignOptions, Hooks):
+        assert all(f.kw_only for f in dataclasses.fields(cls)), cls
+    with pytest.raises(TypeError):
+        upgrade.UpgradeOptions("570.86.15", "1,100%")
+    opts = upgrade.UpgradeOptions(target="570.86.15")
+    assert (opts.soak_s, opts.warmup_s, opts.idle_timeout_s) == (settings.SOAK.value, 20, 300)
+    recorded = {"rollback_scope": "wave", "soak_s": [600.0], "hooks": {"drain": "d {host}", "undrain": None,
+                                                                       "timeout_s": 900.0, "slurm": False}}
+    loaded = CampaignOptions.from_dict(recorded)
+    assert loaded.hooks == Hooks(drain="d {host}") and loaded.as_dict()["hooks"] == recorded["hooks"]
+    made = upgrade.campaign_options(dataclasses.replace(opts, drain_preset="slurm", idle_timeout_s=90.5))
+    assert made.hooks == Hooks(slurm=True) and (made.idle.timeout_s, made.idle.poll_s) == (91, 10)
