@@ -1,12 +1,13 @@
 """MkDocs hook: the reference pages, made from the code at each build, never copied by hand.
 
-reference/controls.md    the controls registry (orchestrator/controls/): id, severity, the rule (the control's
-                         docstring), the remediation, and the roles plan, precheck, verify and rollback use
-reference/steps.md       campaign/transitions.py: the host table, the moves between tables, the campaign table
-reference/baseline.md    schemas/baseline.schema.json
-reference/config.md      schemas/config.schema.json
-reference/exit-codes.md  orchestrator/exitcodes.py
-reference/metrics.md     the metrics orchestrator/prometheus.py exports
+reference/controls.md      the controls registry (orchestrator/controls/): id, severity, the rule (the control's
+                           docstring), the remediation, and the roles plan, precheck, verify and rollback use
+reference/steps.md         campaign/transitions.py: the host table, the moves between tables, the campaign table
+reference/baseline.md      schemas/baseline.schema.json
+reference/config.md        schemas/config.schema.json (from orchestrator/settings.py), with each key's default
+reference/notification.md  schemas/notification.schema.json
+reference/exit-codes.md    orchestrator/exitcodes.py
+reference/metrics.md       the metrics orchestrator/prometheus.py exports
 reference/cli.md is a page of its own: mkdocs-click renders the click commands there. The root group imports its
 commands on first use (cli/main.py), and mkdocs-click lists a group's commands from `commands` once that holds any,
 so on_config has the root load every command first.
@@ -113,11 +114,21 @@ def metrics_page() -> str:
 
 
 def schema_page(title: str, file: str, intro: str) -> str:
+    from orchestrator.settings import DURATION_EXAMPLES, MAX_DURATION_S, SETTINGS, duration_text
+    words = {"duration": ("duration", DURATION_EXAMPLES),
+             "durations": ("durations, comma-separated", f"{DURATION_EXAMPLES} each")}
+    durations = {s.schema()["pattern"]: words[s.kind] for s in SETTINGS if s.timed}  # a pattern -> its words
     schema = json.loads((ROOT / "schemas" / file).read_text())
     defs = schema.get("$defs", {})
     sections: dict[str, list] = {}
 
+    def local(node: dict) -> bool:
+        """NODE refers to a definition of this schema (not another schema's)."""
+        return node.get("$ref", "").startswith("#/$defs/")
+
     def kind(node: dict) -> str:
+        if "$ref" in node and not local(node):
+            return f"as in `schemas/{node['$ref'].split('#')[0].rsplit('/', 1)[1]}`"
         if "$ref" in node:
             ref = node["$ref"].rsplit("/", 1)[1]
             return f"[{ref}](#{ref})" if defs[ref].get("type") == "object" else f"{ref}: {kind(defs[ref])}"
@@ -127,6 +138,13 @@ def schema_page(title: str, file: str, intro: str) -> str:
             return ", ".join(f"`{v}`" for v in node["enum"])
         if "oneOf" in node:
             return " or ".join(kind(n) for n in node["oneOf"])
+        if node.get("pattern") in durations:  # in words, seconds as durations
+            what, examples = durations[node["pattern"]]
+            low = node.get("minimum") and f"at least {duration_text(node['minimum'])}"
+            if "exclusiveMinimum" in node:
+                low = f"above {duration_text(node['exclusiveMinimum'])}"
+            high = node.get("maximum", MAX_DURATION_S) < MAX_DURATION_S and f"at most {duration_text(node['maximum'])}"
+            return f"{what} ({'; '.join(b for b in (examples, low, high) if b)})"
         types = node.get("type", "any")
         text = " or ".join(types) if isinstance(types, list) else types
         if text == "array":
@@ -138,9 +156,11 @@ def schema_page(title: str, file: str, intro: str) -> str:
         return text + (f" ({', '.join(bounds)})" if bounds else "")
 
     def entry(path: str, node: dict, rows: list) -> None:
-        ref = node.get("$ref", "").rsplit("/", 1)[-1]
+        ref = node["$ref"].rsplit("/", 1)[1] if local(node) else ""
         is_object = node.get("type") == "object" and not ref
-        rows.append((f"`{path}`", "object" if is_object else kind(node), node.get("description", "")))
+        value = node.get("default")
+        default = "" if "default" not in node else f"`{value if isinstance(value, str) else json.dumps(value)}`"
+        rows.append((f"`{path}`", "object" if is_object else kind(node), default, node.get("description", "")))
         if ref and defs[ref].get("type") == "object":
             section(ref)
         elif is_object:
@@ -157,12 +177,18 @@ def schema_page(title: str, file: str, intro: str) -> str:
             sections[ref] = []
             walk(defs[ref], "", sections[ref])
 
+    def keys(rows: list) -> str:
+        """The table of ROWS; the default column only where the schema declares defaults."""
+        if any(row[2] for row in rows):
+            return table(("key", "type", "default", "meaning"), rows)
+        return table(("key", "type", "meaning"), [(k, t, m) for k, t, _, m in rows])
+
     root: list = []
     walk(schema, "", root)
     out = f"# {title}\n\n{intro} Made from `schemas/{file}` at each build.\n\n{schema.get('description', '')}\n\n"
-    out += table(("key", "type", "meaning"), root)
+    out += keys(root)
     for ref, rows in sections.items():
-        out += f"\n## {ref}\n\n{defs[ref].get('description', '')}\n\n" + table(("key", "type", "meaning"), rows)
+        out += f"\n## {ref}\n\n{defs[ref].get('description', '')}\n\n" + keys(rows)
     return out
 
 
@@ -174,6 +200,9 @@ PAGES = {
     "baseline.md": lambda: schema_page("Baseline reference", "baseline.schema.json",
                                        "Every key of a baseline file (`-b`); [the baseline](../baseline.md) says how "
                                        "a host's policy is put together."),
+    "notification.md": lambda: schema_page("Notification reference", "notification.schema.json",
+                                           "Every field of a notification; [notifications](../notifications.md) "
+                                           "says when each event is sent and where."),
     "config.md": lambda: schema_page("Configuration reference", "config.schema.json",
                                      "Every key of the configuration file; [configuration](../configuration.md) says "
                                      "where it is read and what wins."),

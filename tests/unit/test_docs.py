@@ -1,6 +1,6 @@
 """The documentation: README.md (short, its command table's exit codes those of orchestrator/exitcodes.py, its links
 alive) and the MkDocs site, built with `mkdocs build --strict` (offline), whose reference pages are made from the
-code: every control, step, command, exit code, metric and configuration key is on its page."""
+code: every control, step, command, exit code, metric, configuration key and notification field is on its page."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 import pytest
 
-from orchestrator import controls
+from orchestrator import config, controls
 from orchestrator.campaign import transitions
 from orchestrator.cli.main import cli
 from orchestrator.exitcodes import BY_COMMAND, COMMON
@@ -123,7 +123,17 @@ def test_the_metrics_page_has_every_metric(site):
         assert squash(f"{metric}{', '.join(labels)}{text}") in page, metric
 
 
-@pytest.mark.parametrize("schema, page", [("config", "reference/config"), ("baseline", "reference/baseline")])
+def test_the_example_configuration_file_is_read_as_written(tmp_path):
+    """The file docs/configuration.md shows, pasted as it is, is a valid configuration: every key it sets is read."""
+    example = (REPO / "docs/configuration.md").read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "config.yml").write_text(example)
+    values = config.read(tmp_path / "config.yml")
+    assert list(values) == [line.split(":", 1)[0] for line in example.splitlines() if line[:1].isalpha()]
+    assert values["inventory"] == str(tmp_path / "inventory.ini")
+
+
+@pytest.mark.parametrize("schema, page", [("config", "reference/config"), ("baseline", "reference/baseline"),
+                                          ("notification", "reference/notification")])
 def test_the_schema_pages_have_every_key(site, schema, page):
     text = site(page)
     doc = json.loads((REPO / "schemas" / f"{schema}.schema.json").read_text())
