@@ -31,7 +31,7 @@ def xid_overrides(fleet: inventory.Fleet, base: baseline_mod.Baseline) -> dict[s
 
 
 def blocking(finding: dict[str, Any], fail_on: str) -> bool:
-    """A failed or unverifiable control at or above --fail-on makes the audit exit 1."""
+    """A failed or unverifiable control at or above --fail-on fails the audit (Exit.FINDINGS)."""
     return (fail_on != "never" and finding["status"] in ("fail", "error")
             and controls.severity_rank(finding["severity"]) >= controls.severity_rank(fail_on))
 

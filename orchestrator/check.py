@@ -3,7 +3,7 @@ job prolog or a cron job: no SSH, no Ansible, no history. The facts come from th
 run in this process (its code, its parameters: the role's defaults and the baseline's Xid overrides), and are judged
 by the audit's own evaluate_facts, so `check` and `audit` say the same thing of the same facts.
 
-A node is to drain (exit 1, as the audit's at --fail-on critical) when a control of critical severity failed or
+A node is to drain (Exit.FINDINGS, as the audit's at --fail-on critical) when a control of critical severity failed or
 could not be verified; its other exit codes: exitcodes.BY_COMMAND["check"].
 
 With slurm=True the node drains itself on a critical failure, with the reason `fleetctl check: CONTROL: DETAIL`,
@@ -32,7 +32,7 @@ COMMAND_TIMEOUT_S = 10.0  # each command the collector runs (dpkg-query, nvidia-
 TEXTFILE_NAME = "fleetctl-check.prom"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckOptions:
     baseline: str | None = None
     groups: tuple[str, ...] = ()

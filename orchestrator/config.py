@@ -2,7 +2,7 @@
 
 Where: $FLEETCTL_CONFIG (it must exist; `/dev/null` for none), else $XDG_CONFIG_HOME/fleetctl/config.yml (default
 ~/.config), else /etc/fleetctl/config.yml: the first that exists, alone (files are not merged). YAML checked against
-schemas/config.schema.json: a bad file is one line naming it and the JSON path, exit 2. Relative paths in it are
+schemas/config.schema.json: a bad file is one line naming it and the JSON path, an InputError. Relative paths in it are
 relative to its directory.
 
 Its keys are the settings of orchestrator/settings.py that the file takes (KEYS), each declared there once. The

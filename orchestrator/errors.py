@@ -1,4 +1,4 @@
-"""Errors meant for people: one line, then exit 2 (usage or input error) or 69 (not carried out)."""
+"""Errors meant for people: one line, then their exit_code (a usage or input error, or not carried out)."""
 
 from .exitcodes import Exit
 
@@ -10,8 +10,8 @@ class InputError(Exception):
 
 
 class OperationError(Exception):
-    """An operation could not be carried out (not the input's fault): one line, exit 69 (never 1, which says a
-    check failed)."""
+    """An operation could not be carried out (not the input's fault): one line, Exit.UNAVAILABLE (never
+    FINDINGS, which says a check failed)."""
 
     exit_code = Exit.UNAVAILABLE
 
@@ -26,4 +26,4 @@ def yaml_error(path: object, e: Exception) -> InputError:
 
 class SlurmError(OperationError):
     """Slurm could not be asked or would not do it (scontrol/sinfo missing, timed out, refused, or answered what
-    fleetctl cannot read): one line, exit 69."""
+    fleetctl cannot read): one line, as every OperationError."""

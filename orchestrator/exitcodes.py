@@ -46,7 +46,7 @@ MEANINGS = {
     Exit.UNAVAILABLE: "not carried out: Slurm, systemd or ansible-playbook failed, or another fleetctl holds the "
                       "campaign or a host",
     Exit.INTERNAL: "a fleetctl bug (FLEETCTL_DEBUG=1 shows the traceback)",
-    Exit.HISTORY: "the history cannot be read or written",
+    Exit.HISTORY: "the history cannot be read or written, is damaged or its chain is broken",
     Exit.INTERRUPTED: "interrupted (SIGINT)",
     Exit.TERMINATED: "stopped (SIGTERM)",
 }
@@ -66,7 +66,7 @@ BY_COMMAND: dict[str, tuple[Exit, ...]] = {
     "campaign resume": _CAMPAIGN,
     "campaign abort": (Exit.OK, Exit.UNAVAILABLE),
     "rollback": (Exit.ROLLED_BACK, Exit.NEEDS_PERSON, Exit.UNAVAILABLE),
-    "report": (Exit.OK, Exit.UNAVAILABLE),
+    "report": (Exit.OK,),
     "report verify": (Exit.OK, Exit.FINDINGS),
     "metrics": (Exit.OK,),
     "config show": (Exit.OK,),

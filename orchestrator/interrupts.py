@@ -1,5 +1,5 @@
-"""Ctrl-C and SIGTERM (systemd stopping a window's service): one line, exit 130 / 143, the run recorded as
-interrupted, a campaign stopped between two journal writes.
+"""Ctrl-C and SIGTERM (systemd stopping a window's service): one line, Exit.INTERRUPTED / TERMINATED, the run
+recorded as interrupted, a campaign stopped between two journal writes.
 
 fleetctl's own handlers raise Interrupted in the main thread: a BaseException, like KeyboardInterrupt, but not one,
 so click does not turn it into its own "Aborted!" with a blank line first. While a playbook runs, the first

@@ -75,7 +75,7 @@ SSH_ARG_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ss
 
 
 def check_host(source: str, name: str, hostvars: dict[str, Any]) -> None:
-    """One line and exit 2 for a host fleetctl must not work on as written."""
+    """An InputError (one line) for a host fleetctl must not work on as written."""
     # A name that is not one (an inventory that is really another file: /etc/shadow) is not echoed.
     where = f"{source}: host {name!r}" if SAFE_NAME.fullmatch(name) and len(name) <= 253 else f"{source}: a host"
     address = str(hostvars.get("ansible_host", name))

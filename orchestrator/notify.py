@@ -3,10 +3,11 @@
 `--notify CMD` runs CMD without a shell (split into words first, then the placeholders {event} {severity} {kind}
 {campaign} {host} {target} {state} {run} filled in per word, as the drain hooks do), the event as JSON on stdin,
 killed with its process group after the timeout. `--webhook URL` POSTs the event (as it is, or shaped for Slack or
-Microsoft Teams) with urllib3: TLS verified (`--webhook-ca FILE` adds a private CA, nothing turns verification off),
-redirects not followed, 3 tries (urllib3's backoff: the second at once, the third 2 s later, or when the server's
-Retry-After says, up to 30 s; one try while the target keeps failing), headers from `--webhook-headers FILE` and
-`$FLEETCTL_WEBHOOK_HEADERS` (`Name: value` lines, for tokens).
+Microsoft Teams) with urllib3, through the proxy $https_proxy or $http_proxy names unless $no_proxy lists the host:
+TLS verified (`--webhook-ca FILE` adds a private CA, nothing turns verification off), redirects not followed, 3
+tries (urllib3's backoff: the second at once, the third 2 s later, or when the server's Retry-After says, up to
+30 s; one try while the target keeps failing; an untrusted certificate gets one), headers from
+`--webhook-headers FILE` and `$FLEETCTL_WEBHOOK_HEADERS` (`Name: value` lines, for tokens).
 
 A notification that fails is one line on stderr and a record in the history; it never stops or changes what
 fleetctl was doing, nor its exit code. Header values and webhook URL paths (Slack's secret) are never shown or
@@ -26,7 +27,6 @@ import queue
 import re
 import shlex
 import signal
-import socket
 import ssl
 import stat
 import subprocess
@@ -34,21 +34,19 @@ import sys
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
-
-import urllib3
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import __version__, redact
 from .errors import InputError
 from .sanitize import one_line
 
+if TYPE_CHECKING:
+    from .webhook import Webhook
+
 FORMATS = ("json", "slack", "teams")
 PLACEHOLDERS = ("event", "severity", "kind", "campaign", "host", "target", "state", "run")
 HEADERS_ENV = "FLEETCTL_WEBHOOK_HEADERS"
-TRIES = 3
-BACKOFF_S = 1.0  # urllib3's backoff factor: the second try at once, the third after 2 s
-MAX_RETRY_AFTER_S = 30  # the longest wait before a try, whatever the server's Retry-After says
-RETRY_STATUSES = frozenset({408, 425, 429, *range(500, 600)})
+TRIES = 3  # a webhook's (orchestrator/webhook.py)
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 RESERVED_HEADERS = ("content-type", "content-length", "host", "transfer-encoding", "connection")
 PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,30}")  # a typo worth naming; anything else is not named
@@ -205,111 +203,6 @@ class Command:
             lines = (err or out).decode(errors="replace").strip().splitlines()
             return f"exited {proc.returncode}" + (f": {one_line(lines[-1], 200)}" if lines else "")
         return None
-
-
-class Tries(urllib3.Retry):
-    """urllib3's Retry, which takes a Retry-After that is neither seconds nor an HTTP date for none (urllib3 would
-    fail the delivery)."""
-
-    def parse_retry_after(self, retry_after: str) -> float:
-        try:
-            return super().parse_retry_after(retry_after)
-        except urllib3.exceptions.InvalidHeader:
-            return 0.0  # the backoff's wait
-
-
-def underlying(e: BaseException) -> BaseException:
-    """The socket, TLS or HTTP error under urllib3's wrappers (what ran out the tries, the error a connection or
-    protocol error was raised from)."""
-    while isinstance(e, urllib3.exceptions.HTTPError):
-        inner = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) else \
-            e.__cause__ or next((a for a in e.args if isinstance(a, BaseException)), None)
-        if inner is None:
-            return e
-        e = inner
-    return e
-
-
-class Webhook:
-    def __init__(self, url: str, fmt: str, headers: list[tuple[str, str, str]], context: ssl.SSLContext,
-                 timeout_s: float):
-        self.url, self.fmt, self.timeout_s = url, fmt, timeout_s
-        self.headers = {"Content-Type": "application/json; charset=utf-8", "User-Agent": f"fleetctl/{__version__}",
-                        **{name: value for name, value, _ in headers}}
-        self.pool = urllib3.PoolManager(ssl_context=context, timeout=urllib3.Timeout(connect=timeout_s,
-                                                                                      read=timeout_s))
-        self.failing = False  # the last notification failed every try: one try each until one gets through
-
-    def describe(self) -> str:
-        return f"webhook {redact.url(self.url)}"
-
-    def deliver(self, payload: dict[str, Any], body: bytes) -> str | None:
-        data = json.dumps(shape(payload, self.fmt)).encode() if self.fmt != "json" else body
-        tries = 1 if self.failing else TRIES
-        # What may be retried: a connection or an answer that failed (timeout, reset) and the statuses that say
-        # "later"; never a TLS error, a redirect (it would carry the headers elsewhere) or another 4xx. urllib3's
-        # Retry decides and waits (backoff, Retry-After); each try is bounded here as a whole.
-        retry = Tries(total=tries - 1, other=0, redirect=False, raise_on_status=False, allowed_methods=None,
-                      status_forcelist=RETRY_STATUSES, backoff_factor=BACKOFF_S, backoff_max=MAX_RETRY_AFTER_S,
-                      retry_after_max=MAX_RETRY_AFTER_S)
-        while True:
-            status, reason, error = self.bounded_try(data, 2 * self.timeout_s)
-            try:
-                if error is not None:
-                    retry = retry.increment("POST", self.url, error=error)
-                    retry.sleep()
-                elif retry.is_retry("POST", status.status, "Retry-After" in status.headers):
-                    retry = retry.increment("POST", self.url, response=status)
-                    retry.sleep(status)
-                else:
-                    break
-            except urllib3.exceptions.MaxRetryError as e:
-                reason = reason or self.describe_error(underlying(e))
-                break
-        took = len(retry.history) + 1
-        self.failing = reason is not None
-        return None if reason is None else reason + (f" ({took} tries)" if took > 1 else "")
-
-    def bounded_try(self, data: bytes, limit_s: float) -> tuple[Any, str | None, Exception | None]:
-        """One try within LIMIT_S in all (the timeout bounds each read, and a server that answers a byte at a time
-        would hold a try for ever): (response, the failure it means or None, the error that stopped it or None).
-        A try cut short is left to finish in its daemon thread, which the process does not wait for."""
-        done: dict[str, tuple[Any, str | None, Exception | None]] = {}
-        worker = threading.Thread(target=lambda: done.setdefault("r", self.one_try(data)), daemon=True)
-        worker.start()
-        worker.join(limit_s)
-        if "r" in done:
-            return done["r"]
-        why = f"no complete answer in {limit_s:g}s"
-        return None, why, urllib3.exceptions.ReadTimeoutError(None, self.url, why)  # type: ignore[arg-type]
-
-    def one_try(self, data: bytes) -> tuple[Any, str | None, Exception | None]:
-        try:
-            response = self.pool.request("POST", self.url, body=data, headers=self.headers, retries=False,
-                                         redirect=False, preload_content=False)
-        except urllib3.exceptions.HTTPError as e:
-            return None, self.describe_error(underlying(e)), e
-        with response:
-            response.read(1 << 16, decode_content=False)  # bounded: the answer is not used
-        if response.status < 300:
-            return response, None, None
-        reason = f"HTTP {response.status} {one_line(response.reason or '', 80)}"
-        return response, (reason + ": redirects are not followed" if response.status < 400 else reason), None
-
-    def describe_error(self, e: BaseException) -> str:
-        if isinstance(e, ssl.SSLCertVerificationError):
-            return f"TLS: certificate not trusted ({one_line(e.verify_message, 120)})"
-        if isinstance(e, ssl.SSLError):
-            return f"TLS: {one_line(e.reason or type(e).__name__, 120)}"
-        if isinstance(e, TimeoutError):
-            return f"no answer in {self.timeout_s:g}s"
-        if isinstance(e, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(e, socket.gaierror):
-            return f"cannot resolve the host name ({one_line(e.strerror, 80)})"
-        if isinstance(e, OSError) and e.strerror:
-            return one_line(e.strerror, 120)
-        return type(e).__name__  # never str(e): an exception's text could quote what was sent
 
 
 # ---- Slack and Microsoft Teams ------------------------------------------------------------------------------
@@ -480,6 +373,13 @@ class Dispatch:
                 t.join()
 
 
+def encoder(fmt: str) -> Callable[[dict[str, Any], bytes], bytes]:
+    """A webhook's body in FMT: the event's JSON as it is, or the message shape() makes for Slack or Teams."""
+    if fmt == "json":
+        return lambda payload, body: body
+    return lambda payload, body: json.dumps(shape(payload, fmt)).encode()
+
+
 def build(commands: tuple[str, ...] | list[str], webhooks: tuple[str, ...] | list[str], fmt: str,
           headers_file: str | None, ca_file: str | None, timeout_s: float) -> Notifier | None:
     """The notifier for these settings, checked (input errors now), or None without a target."""
@@ -490,11 +390,13 @@ def build(commands: tuple[str, ...] | list[str], webhooks: tuple[str, ...] | lis
     targets: list[Command | Webhook] = [Command(c, timeout_s) for c in commands]
     secrets: list[str] = []
     if webhooks:
+        from .webhook import Webhook
+
         headers = load_headers(headers_file)
         context = ssl_context(ca_file)
         for url in webhooks:
             check_url(url, bool(headers))
-            targets.append(Webhook(url, fmt, headers, context, timeout_s))
+            targets.append(Webhook(url, headers, context, timeout_s, tries=TRIES, encode=encoder(fmt)))
         secrets = [value for _, value, _ in headers] + list(webhooks)
         secrets += [urllib.parse.urlsplit(u).path for u in webhooks if len(urllib.parse.urlsplit(u).path) > 8]
     return Notifier(targets, secrets)

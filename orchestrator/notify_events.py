@@ -17,8 +17,8 @@ behaves the same with or without it.
   abort_requested                              aborted        warning
   last_wave_passed                             done           info (warning: hosts failed or left out at plan)
 
-audit and probe: `findings` when the run exits 1 or 3 (findings at or above --fail-on, unhealthy or
-inconclusive hosts, hosts unreachable).
+audit and probe: `findings` when the run exits Exit.FINDINGS or UNREACHABLE (findings at or above --fail-on,
+unhealthy or inconclusive hosts, hosts unreachable).
 
 A notification that fails is recorded as the campaign event `notification_failed` (target, notification, reason)
 or in the run's summary (`notifications`).

@@ -42,7 +42,6 @@ from .errors import InputError
 from .exitcodes import Exit
 from .store import Store
 
-DEFAULT_RAMP = settings.WAVES.default
 DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # docs/upgrades.md "Planning": later waves fail at >= 2 hosts or 10%
 VERSION_RE = re.compile(r"[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?")  # whole string (fullmatch): no "570.86.15\n"
 # ASCII digits, at most 9 a part: Fraction() and str() refuse numbers of thousands of digits (ValueError)
@@ -52,7 +51,7 @@ _STEP_RE = re.compile(r"^(?:(?P<count>[0-9]{1,9})|(?P<percent>[0-9]{1,9}(?:\.[0-
 @dataclass(frozen=True, kw_only=True)
 class PlanOptions:
     target: str
-    waves: str = DEFAULT_RAMP
+    waves: str = settings.WAVES.default
     inventory: str | None = None
     limit: str | None = None
     baseline: str | None = None
@@ -86,7 +85,7 @@ def parse_ramp(spec: str) -> tuple[Step, ...]:
     """'1,10%,50%,100%' -> Steps; every problem is one InputError line naming the entry."""
     where = f"--waves {spec!r}"
     if not spec or not spec.strip():
-        raise InputError(f"{where}: empty ramp (give cumulative wave targets such as {DEFAULT_RAMP})")
+        raise InputError(f"{where}: empty ramp (give cumulative wave targets such as {settings.WAVES.default})")
     steps: list[Step] = []
     for n, text in enumerate(spec.split(","), 1):
         text = text.strip()

@@ -70,7 +70,6 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fleetctl_history_chain_head_age_seconds": ("Age of the newest record of the history's hash chain when these "
                                                 "metrics were made.", ()),
 }
-PROBE_METRICS = tuple(list(METRICS)[6:11])
 
 
 def unix(stamp: str) -> float:

@@ -21,11 +21,11 @@ from typing import Any
 import jinja2
 
 from . import __version__, chain, schemas, timefmt
-from .errors import InputError, OperationError
+from .errors import InputError
 from .sanitize import one_line
 from .campaign.journal import Journal
 from .campaign.transitions import CampaignState, HostState
-from .store import Store, now, operator
+from .store import HistoryError, Store, now, operator
 
 CSV_FIELDS = ("host", "groups", "audit_run", "audited_at", "control", "severity", "status", "message",
               "baseline_digest", "evidence")
@@ -61,7 +61,7 @@ def build(store: Store, since: str | None = None, until: str | None = None, limi
     db = store.db
     verdict = chain.verify(db)
     if not verdict.ok:  # an export vouches for the history it was made from: never from a broken one
-        raise OperationError(verdict.line() + " (fleetctl report verify)")
+        raise HistoryError(verdict.line() + " (fleetctl report verify)")
     audits = store.audits_between(since_ts, until_ts)
     latest: dict[str, dict[str, Any]] = {}
     daily: dict[str, dict[str, bool]] = {}
@@ -169,7 +169,9 @@ def to_csv(report: dict[str, Any]) -> str:
 
 # ---- HTML: one self-contained file, charts drawn as inline SVG (no script, no network) -------------------
 
-CHAR_PX, BAR_PX = 8, 480  # room per character of 12 px text (DejaVu Sans: digits 7.6, "%" 11.4), the longest bar
+# The charts' text is 12 px monospace, whose every character is 0.6 em wide (7.2 px; DejaVu Sans Mono, Liberation
+# Mono, Courier): CHAR_PX is its room with a margin. BAR_PX: the longest bar.
+FONT, CHAR_PX, BAR_PX = 'font-family="monospace" font-size="12"', 8, 480
 
 
 def _bars(rows: list[tuple[str, float, str]], maximum: float, unit: str = "") -> str:
@@ -179,13 +181,13 @@ def _bars(rows: list[tuple[str, float, str]], maximum: float, unit: str = "") ->
     left = CHAR_PX * max(len(label) for label, _, _ in rows) + 12
     height, width = 22 * len(rows) + 10, left + BAR_PX + 12 + CHAR_PX * max(map(len, values))
     parts = [f'<svg class="chart" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-             'xmlns="http://www.w3.org/2000/svg">']
+             f'{FONT} xmlns="http://www.w3.org/2000/svg">']
     for i, ((label, value, colour), text) in enumerate(zip(rows, values)):
         y = 5 + 22 * i
         length = 0 if maximum <= 0 else BAR_PX * value / maximum
-        parts.append(f'<text x="0" y="{y + 15}" font-size="12">{escape(label)}</text>'
+        parts.append(f'<text x="0" y="{y + 15}">{escape(label)}</text>'
                      f'<rect x="{left}" y="{y + 3}" width="{length:.1f}" height="16" fill="{colour}"/>'
-                     f'<text x="{left + 6 + length:.1f}" y="{y + 15}" font-size="12">{text}</text>')
+                     f'<text x="{left + 6 + length:.1f}" y="{y + 15}">{text}</text>')
     return "".join(parts) + "</svg>"
 
 

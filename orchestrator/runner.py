@@ -17,7 +17,7 @@ from typing import Any
 import ansible_runner
 import psutil
 
-from . import interrupts, preflight, resources
+from . import interrupts, preflight, resources, settings
 from .errors import InputError, OperationError
 from .inventory import Fleet
 from .sanitize import one_line
@@ -81,7 +81,7 @@ def collections_path() -> str:
 
 def default_forks(host_count: int) -> int:
     """Every host at once for small fleets; capped where process count would hurt the control node."""
-    return max(1, min(host_count, 64))
+    return max(1, min(host_count, settings.FORKS_CAP))
 
 
 def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str, Any] | None = None,

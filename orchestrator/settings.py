@@ -18,9 +18,11 @@ from typing import Any
 
 from .campaign.hooks import PRESETS
 from .controls.base import SEVERITIES
-from .notify import FORMATS, HEADERS_ENV
+from .exitcodes import Exit
+from .notify import FORMATS, HEADERS_ENV, TRIES
 
 MAX_DURATION_S = 366 * 86400
+FORKS_CAP = 64  # hosts worked on at once by default, at most: more processes would hurt the control node
 DURATION = r"[0-9]+(\.[0-9]+)?[smh]?"
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
 DURATION_EXAMPLES = "90, 90s, 5m or 2h"
@@ -108,7 +110,8 @@ class Setting:
             raise ValueError(f"{shown} is not {'above' if self.above else 'at least'} {duration_text(low)}")
         high = MAX_DURATION_S if self.maximum is None else self.maximum
         if seconds > high:
-            raise ValueError(f"{shown} is more than {duration_text(high)}")
+            raise ValueError(f"{shown} is longer than a year" if high == MAX_DURATION_S else
+                             f"{shown} is more than {duration_text(high)}")
         return seconds
 
     def schema(self) -> dict[str, Any]:
@@ -138,7 +141,7 @@ INVENTORY = Setting(name="inventory", flag="--inventory", short="-i", param="inv
 BASELINE = Setting(name="baseline", flag="--baseline", short="-b", metavar="BASELINE", path=True, commands=RUNS,
                    help="Baseline YAML. Default: the embedded one.")
 FORKS = Setting(name="forks", flag="--forks", kind="int", minimum=1, maximum=1000, commands=RUNS,
-                help="Hosts worked on at once (default: all, up to 64).")
+                help=f"Hosts worked on at once (default: all, up to {FORKS_CAP}).")
 FAIL_ON = Setting(name="fail_on", flag="--fail-on", kind="choice", choices=(*reversed(SEVERITIES), "never"),
                   default="high", commands=(("audit",),),
                   help="Exit 1 when a control fails at or above this severity.")
@@ -160,7 +163,7 @@ CANARY_MAX_FAILURES = Setting(name="canary_max_failures", flag="--canary-max-fai
                               help="Failed canary runs a host may have before it fails.")
 WINDOW = Setting(name="window", flag="--window", kind="duration", above=True, metavar="DURATION", file=False,
                  commands=(*UPGRADE, ("campaign", "resume")),
-                 help="Maintenance window length: no wave starts after it (exit 5).")
+                 help=f"Maintenance window length: no wave starts after it (exit {Exit.HALTED:d}).")
 ROLLBACK_SCOPE = Setting(name="rollback_scope", flag="--rollback-scope", kind="choice", choices=("campaign", "wave"),
                          default="campaign", commands=UPGRADE,
                          help="On a failed wave roll back every changed host, or the wave's only.")
@@ -185,7 +188,7 @@ NOTIFY = Setting(name="notify", flag="--notify", metavar="CMD", many=True, comma
                  help="Run CMD on this machine for each event (no shell; the event as JSON on stdin; placeholders "
                       "{event} {severity} {kind} {campaign} {host} {target} {state} {run}). Repeatable.")
 WEBHOOK = Setting(name="webhook", flag="--webhook", metavar="URL", many=True, pattern="^https?://",
-                  commands=NOTIFYING, help="POST each event to URL (TLS verified, 3 tries). Repeatable.")
+                  commands=NOTIFYING, help=f"POST each event to URL (TLS verified, {TRIES} tries). Repeatable.")
 WEBHOOK_FORMAT = Setting(name="webhook_format", flag="--webhook-format", kind="choice", choices=FORMATS,
                          default="json", commands=NOTIFYING,
                          help="The event as it is, a Slack message or a Microsoft Teams Adaptive Card.")

@@ -46,13 +46,19 @@ def history_error(path: Path, e: BaseException) -> HistoryError:
 
 
 def process_start(pid: int) -> float | None:
-    """When process PID started, in seconds since boot (psutil's creation time less the boot time, so that a clock
-    step changes neither): a pid and its start name one process. None: no such process; psutil.AccessDenied where
-    it may not be told."""
+    """When process PID started, in seconds since boot: a pid and its start name one process. psutil's creation time
+    less the boot time, both from the same reading of the boot time (a clock step moves the boot time and, from
+    psutil 7.1, the creation time with it; read again when it moved in between), so that the answer never changes
+    while the process lives. None: no such process; psutil.AccessDenied where it may not be told."""
     import psutil  # here: `fleetctl check` reads the history and never imports psutil
 
     try:
-        return round(psutil.Process(pid).create_time() - psutil.boot_time(), 2)
+        for _ in range(3):
+            boot = psutil.boot_time()
+            started = psutil.Process(pid).create_time()
+            if psutil.boot_time() == boot:
+                break
+        return round(started - boot, 2)
     except psutil.NoSuchProcess:
         return None
 
@@ -64,8 +70,9 @@ def process_identity() -> dict[str, Any]:
 
 def process_alive(identity: dict[str, Any]) -> bool | None:
     """Whether the process IDENTITY (process_identity) names is alive; None where it is another machine's or psutil
-    is denied it: not ours to judge, so a live process is never taken for gone. An older fleetctl wrote "start" as
-    /proc/PID/stat's field 22 (clock ticks since boot, a string): the same reading, in other units."""
+    is denied it: not ours to judge. Its pid with a start within a second of the recorded one is the same process
+    (a pid is not reused that soon; the second spares a live process any rounding). An older fleetctl wrote "start"
+    as /proc/PID/stat's field 22 (clock ticks since boot, a string): the same reading, in other units."""
     if identity.get("node") != socket.getfqdn():
         return None
     import psutil
@@ -77,7 +84,7 @@ def process_alive(identity: dict[str, Any]) -> bool | None:
         started = process_start(identity["pid"])
     except psutil.AccessDenied:
         return None
-    return started is not None and (start is None or abs(started - start) < 0.005)
+    return started is not None and (start is None or abs(started - start) <= 1)
 
 
 def process_gone(identity: str | None) -> bool:
@@ -263,15 +270,8 @@ class Store:
             self._insert_hosts(run_id, hosts)
             self.seal_run(run_id, exit_code, summary, "done")
 
-    def record_hosts(self, run_id: int, hosts: list[dict[str, Any]]) -> None:
-        """Every host's facts and findings in one transaction, the run left open: a campaign's planning audit, whose
-        run ends with the campaign (close_run)."""
-        with self.db:
-            self.db.execute("BEGIN")
-            self._insert_hosts(run_id, hosts)
-
     def close_run(self, run_id: int, exit_code: int, summary: dict[str, Any]) -> None:
-        """The end of a run whose hosts were recorded already (record_hosts)."""
+        """The end of a run that records no hosts of its own (a campaign's: its hosts are in the journal)."""
         with self.db:
             self.db.execute("BEGIN")
             self.seal_run(run_id, exit_code, summary, "done")

@@ -33,7 +33,7 @@ from typing import Iterator
 
 from . import __version__, store as store_mod
 from .errors import InputError, OperationError
-from .exitcodes import Exit
+from .exitcodes import BY_COMMAND, COMMON, Exit
 from .files import write_atomically
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
@@ -243,6 +243,7 @@ def render(units: Units) -> dict[str, str]:
     if units.window:
         w = units.window
         span = timespan(w.duration_s)
+        failing = ", ".join(str(int(c)) for c in sorted({*BY_COMMAND["upgrade"], *COMMON} - {Exit.OK}))
         out[f"{WINDOW}.service"] = (
             header(f"{WINDOW}.service")
             + f"[Unit]\nDescription=fleetctl: upgrade window ({span}) to driver {w.target}\n"
@@ -258,9 +259,8 @@ def render(units: Units) -> dict[str, str]:
             "whole\n# process tree is stopped (KillMode=control-group) and the next window resumes what was "
             "cut off.\n"
             f"TimeoutStartSec={span}\nRuntimeMaxSec={span}\nKillMode=control-group\n"
-            "# Exit codes: only 0 (done) succeeds; 1 (hosts failed and were rolled back), 4 (rolled back), 5 (halted "
-            "for a\n# person: inconclusive gate, window closed, aborted), 2 (input error) and 70 (a bug) fail the "
-            "unit, for\n# `systemctl --failed` and OnFailure=. No Restart=: a failed window waits for a person.\n")
+            f"# Exit codes: only {Exit.OK:d} (done) succeeds; {failing} (fleetctl upgrade --help) fail the unit,\n"
+            "# for `systemctl --failed` and OnFailure=. No Restart=: a failed window waits for a person.\n")
         out[f"{WINDOW}.timer"] = (
             header(f"{WINDOW}.timer")
             + f"[Unit]\nDescription=fleetctl: upgrade window to driver {w.target}\n\n"

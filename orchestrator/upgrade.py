@@ -156,42 +156,46 @@ def exit_code(journal: Journal, cid: int) -> Exit | None:
 
 def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
           live: Live | None, notifier: notify.Notifier | None = None) -> tuple[int | None, Exit, str]:
-    """(campaign id or None, exit code, text for the operator). The run is recorded from the planning audit to the
-    campaign's end: it is closed with the campaign's outcome and exit code (a rolled-back campaign's run says 4)."""
+    """(campaign id or None, exit code, text for the operator). The planning audit is a run of its own (kind plan),
+    sealed as soon as it is made, as `fleetctl plan`'s; the campaign it starts has another (kind campaign), closed
+    with the campaign's outcome and exit code when it stops (a rolled-back campaign's run says 4)."""
     ramp = plan.parse_ramp(opts.waves)
     plan.parse_target(opts.target)
     options = campaign_options(opts)
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     journal = Journal(store)
-    with runs.recorded(store, "campaign" if not dry_run else "plan", argv, fleet, base, opts.limit) as run_:
+    with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as planning:
         made, entries = make_plan(opts, fleet, base, ramp, journal.locks(), options)
         hosts = sum(w["size"] for w in made["waves"])
-        summary = {"hosts": len(entries), "eligible": hosts, "waves": len(made["waves"]), "dry_run": dry_run,
-                   "plan": made}
-        if dry_run:
-            store.finish_run(run_.id, Exit.OK, {**summary, "exit_code": Exit.OK}, entries)
-            return None, Exit.OK, dry_run_text(made, entries, options, base)
-        if not hosts and made["excluded"] and all(h["code"] in plan.REFUSED for h in made["excluded"]):
-            raise InputError(f"no host's baseline allows {made['target']}: " + "; ".join(
-                f"{h['name']}: {h['reason']}" for h in made["excluded"][:5]) + (
-                f" (and {len(made['excluded']) - 5} more)" if len(made["excluded"]) > 5 else ""))
-        if not hosts:
-            # Hosts left out with a reason are off the target: an unattended window must not report success.
-            code = Exit.FINDINGS if made["excluded"] else Exit.OK
-            store.finish_run(run_.id, code, {**summary, "exit_code": code}, entries)
-            return None, code, "nothing to upgrade: " + "; ".join(
-                f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
-        store.record_hosts(run_.id, entries)  # the planning audit now; the run ends with the campaign
+        refused = not hosts and made["excluded"] and all(h["code"] in plan.REFUSED for h in made["excluded"])
+        # The command's code where no campaign starts; hosts left out with a reason are off the target: an
+        # unattended window must not report success.
+        code = Exit.OK if dry_run or hosts else Exit.USAGE if refused else \
+            Exit.FINDINGS if made["excluded"] else Exit.OK
+        summary = {"hosts": len(entries), "eligible": hosts, "waves": len(made["waves"]), "dry_run": dry_run}
+        store.finish_run(planning.id, code, {**summary, "plan": made, "exit_code": code}, entries)
+    if dry_run:
+        return None, code, dry_run_text(made, entries, options, base)
+    if refused:
+        raise InputError(f"no host's baseline allows {made['target']}: " + "; ".join(
+            f"{h['name']}: {h['reason']}" for h in made["excluded"][:5]) + (
+            f" (and {len(made['excluded']) - 5} more)" if len(made["excluded"]) > 5 else ""))
+    if not hosts:
+        return None, code, "nothing to upgrade: " + "; ".join(
+            f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
+    with runs.recorded(store, "campaign", argv, fleet, base, opts.limit) as run_:
         cid, _ = journal.create(run_.id, made, options)
-        return cid, *driven(store, journal, run_, cid, fleet, base, live, notifier, summary)
+        return cid, *driven(store, journal, run_, cid, fleet, base, live, notifier,
+                            {**summary, "plan_run": planning.id})
 
 
 def driven(store: Store, journal: Journal, run_: runs.Run, cid: int, fleet: inventory.Fleet,
            base: baseline_mod.Baseline, live: Live | None, notifier: notify.Notifier | None,
            summary: dict[str, Any]) -> tuple[Exit, str]:
-    """Drive the campaign, then close RUN_ with where the campaign stands and its exit code (every command that
-    drives a campaign, upgrade, resume and rollback, has a run of its own: `report`, `metrics` and a plain query
-    of the runs agree with `campaign show`). A campaign stopped by a signal leaves its run interrupted."""
+    """Drive the campaign, then close RUN_ with where the campaign stands and its exit code. Every command that
+    drives a campaign (upgrade, resume, rollback) has a run of its own, kind campaign, its summary naming the
+    campaign: the latest such run of a campaign says what `campaign show` says. A campaign stopped by a signal
+    leaves its run interrupted."""
     drive(journal, cid, fleet, base, live, notifier)
     code = exit_code(journal, cid)
     store.close_run(run_.id, code, {**summary, "campaign": cid, "state": journal.campaign(cid)["state"],
@@ -221,7 +225,7 @@ def campaign_row(journal: Journal, cid: int):
 
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
            window_s: float | None, live: Live | None,
-           notifier: notify.Notifier | None = None, argv: list[str] | None = None) -> tuple[Exit, str]:
+           notifier: notify.Notifier | None = None, *, argv: list[str]) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if c["state"] in transitions.CAMPAIGN_TERMINAL:
@@ -231,7 +235,7 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
                                          + summary_text(journal, cid))
     journal.claim(cid)  # first: of two resumes at once, the second refuses here before it changes anything
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
-    with runs.recorded(store, "campaign", argv or [], fleet, base, None) as run_:
+    with runs.recorded(store, "campaign", argv, fleet, base, None) as run_:
         if window_s:
             journal.update_options(cid, window_end=later(window_s))
         if c["state"] == CampaignState.HALTED:
@@ -247,8 +251,8 @@ def interrupted(journal: Journal) -> list[int]:
 
 
 def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: str | None, window_s: float | None,
-                       live: Live | None, notifier: notify.Notifier | None = None,
-                       argv: list[str] | None = None) -> tuple[Exit, str]:
+                       live: Live | None, notifier: notify.Notifier | None = None, *,
+                       argv: list[str]) -> tuple[Exit, str]:
     """`campaign resume --interrupted` (a maintenance window's unit runs it before anything new): every interrupted
     campaign, oldest first. Exit 0 when there is none; else the highest of their exit codes."""
     ids = interrupted(Journal(store))
@@ -256,15 +260,15 @@ def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: 
         return Exit.OK, "no interrupted campaign\n"
     codes, texts = [], []
     for cid in ids:
-        code, text = resume(store, cid, inventory_path, baseline_path, window_s, live, notifier, argv)
+        code, text = resume(store, cid, inventory_path, baseline_path, window_s, live, notifier, argv=argv)
         codes.append(code if code is not None else Exit.INTERNAL)  # a drive ends in a state with a code
         texts.append(f"campaign {cid}: " + text if len(ids) > 1 else text)
     return max(codes), "".join(texts)
 
 
 def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
-             live: Live | None, notifier: notify.Notifier | None = None,
-             argv: list[str] | None = None) -> tuple[Exit, str]:
+             live: Live | None, notifier: notify.Notifier | None = None, *,
+             argv: list[str]) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if ("%s" % c["state"], "rollback_requested") not in transitions.CAMPAIGN_TABLE:
@@ -273,7 +277,7 @@ def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: 
                             else "nothing to roll back"))
     journal.claim(cid)  # refused while another fleetctl drives it
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
-    with runs.recorded(store, "campaign", argv or [], fleet, base, None) as run_:
+    with runs.recorded(store, "campaign", argv, fleet, base, None) as run_:
         request_rollback(journal, cid, "manual rollback (fleetctl rollback)")
         return driven(store, journal, run_, cid, fleet, base, live, notifier, {"rollback": True})
 

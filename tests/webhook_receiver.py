@@ -1,15 +1,18 @@
 """A real webhook receiver for tests: http.server on 127.0.0.1 in a thread, plain HTTP or HTTPS (certificates made
-with the `cryptography` package), answering from a script, recording every request it got."""
+with the `cryptography` package), answering from a script, recording every request it got; and a forward proxy."""
 
 from __future__ import annotations
 
 import datetime
+import http.client
 import ipaddress
 import json
+import select
 import socket
 import ssl
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,7 +36,8 @@ class Request:
 
 @dataclass
 class Receiver:
-    """SCRIPT: the answers in order (an HTTP status, (status, headers), or "hang"); once used up, FALLBACK for every
+    """SCRIPT: the answers in order (an HTTP status, (status, headers), "hang", "stall": 200 and part of the body,
+    then nothing, or "cut": 200 and the connection closed before the body); once used up, FALLBACK for every
     request."""
 
     script: list = field(default_factory=list)
@@ -58,6 +62,15 @@ class Receiver:
                 if answer == "hang":
                     receiver.release.wait(60)
                     return
+                if answer in ("stall", "cut"):  # 200 and a body of 100 bytes: 2 of them then nothing, or none at all
+                    self.send_response(200)
+                    self.send_header("Content-Length", "100")
+                    self.end_headers()
+                    if answer == "stall":
+                        self.wfile.write(b"ok")
+                        self.wfile.flush()
+                        receiver.release.wait(60)
+                    return  # the connection closes
                 answer, headers = answer if isinstance(answer, tuple) else (answer, {})
                 self.send_response(answer)
                 if 300 <= answer < 400:
@@ -86,6 +99,68 @@ class Receiver:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class Proxy:
+    """A forward HTTP proxy on 127.0.0.1 (what $https_proxy and $http_proxy name): an absolute-URI request is sent on
+    to its server, a CONNECT gets a tunnel; every request line is recorded."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.auth: list[str | None] = []  # each request's Proxy-Authorization
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_CONNECT(self):
+                proxy.lines.append(self.requestline)
+                proxy.auth.append(self.headers.get("Proxy-Authorization"))
+                host, port = self.path.rsplit(":", 1)
+                with socket.create_connection((host, int(port)), timeout=10) as upstream:
+                    self.send_response(200)
+                    self.end_headers()
+                    relay(self.connection, upstream)
+                self.close_connection = True
+
+            def do_POST(self):
+                proxy.lines.append(self.requestline)
+                proxy.auth.append(self.headers.get("Proxy-Authorization"))
+                target = urllib.parse.urlsplit(self.path)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
+                upstream.request("POST", target.path, body, {k: v for k, v in self.headers.items()
+                                                             if k.lower() not in ("host", "proxy-connection")})
+                answer = upstream.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                upstream.close()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def relay(a: socket.socket, b: socket.socket) -> None:
+    """Bytes both ways between A and B until either end closes (or 10 s pass with none)."""
+    while True:
+        ready, _, _ = select.select([a, b], [], [], 10)
+        if not ready:
+            return
+        for s in ready:
+            data = s.recv(1 << 16)
+            if not data:
+                return
+            (b if s is a else a).sendall(data)
 
 
 def closed_port() -> int:

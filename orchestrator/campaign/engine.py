@@ -19,9 +19,6 @@ from .transitions import CampaignState, HostState
 from .options import Campaign
 
 
-READ_ONLY_STEPS = transitions.READ_ONLY_STEPS
-
-
 def later(seconds: float, start: datetime | None = None) -> str:
     return stamp((start or datetime.now(timezone.utc)) + timedelta(seconds=seconds))
 
@@ -86,7 +83,8 @@ class Engine:
         wave = c["wave"]
         members = [h["host"] for h in self.journal.hosts(self.cid) if h["wave"] == wave]
         # Until a host of the wave is drained nothing has changed: the wave may still be stopped cleanly.
-        untouched = not any(s["step"] not in READ_ONLY_STEPS for h in members for s in self.journal.steps(self.cid, h))
+        untouched = not any(s["step"] not in transitions.READ_ONLY_STATES
+                            for h in members for s in self.journal.steps(self.cid, h))
         if untouched and c["abort_requested"]:
             self.journal.transition(self.cid, "abort_requested", reason="aborted by the operator", wave=wave)
             return

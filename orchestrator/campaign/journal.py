@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -92,11 +93,15 @@ CREATE TABLE IF NOT EXISTS host_locks (
 
 
 def driven_elsewhere(driver: str | None) -> bool:
-    """Whether the process recorded as driving a campaign (process_identity) is alive and not this one."""
+    """Whether the process recorded as driving a campaign (process_identity) is another process of this machine,
+    alive or not known to be gone (its pid is there and psutil is denied it): a campaign is never driven twice.
+    Another machine's driver is not this machine's to judge: its campaign can be resumed here."""
     if not driver:
         return False
     d = json.loads(driver)
-    return d["pid"] != os.getpid() and process_alive(d) is True
+    if d.get("node") != socket.getfqdn() or d["pid"] == os.getpid():
+        return False
+    return process_alive(d) is not False
 
 
 class Journal:
@@ -186,8 +191,10 @@ class Journal:
         with self.tx() as db:
             row = db.execute("SELECT driver FROM campaigns WHERE id=?", (cid,)).fetchone()
             if row and driven_elsewhere(row[0]):
-                raise OperationError(f"campaign {cid} is being driven by pid {json.loads(row[0])['pid']} "
-                                     "on this machine")
+                d = json.loads(row[0])
+                where = "this machine" if d.get("node") == socket.getfqdn() else d.get("node") or "another machine"
+                raise OperationError(f"campaign {cid} is being driven by pid {d['pid']} on {where}"
+                                     + ("" if process_alive(d) else " (or was: fleetctl cannot tell whether it runs)"))
             db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(process_identity()), cid))
 
     def transition(self, cid: int, event: str, reason: str | None = None, wave: int | None = None,

@@ -206,7 +206,7 @@ def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: d
     broken = {k: v for k, v in result.get("errors", {}).items() if k.startswith("throughput")}
     verdict = gate.judge_throughput(before.get("throughput"), result.get("throughput"), pol, broken)
     detail["gate"] = verdict.as_dict()
-    fails = verdict.problems if verdict.status == "fail" else []
+    fails = list(verdict.problems) if verdict.status == "fail" else []
     if verdict.status == "inconclusive":
         notes.append(f"throughput at the end of the soak, inconclusive: {verdict.summary()}")
     runs = [r["detail"]["canary"]["throughput"] for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")

@@ -135,8 +135,8 @@ HOST_START = HOST_TABLE[0].state
 ROLLBACK_START = H.ROLLBACK_DRAIN
 IN_ROLLBACK = tuple(s for s in HostState if s.startswith("rollback_"))  # the rollback's steps and rollback_failed
 # Read off the host table, for those who ask by name.
-READ_ONLY_STEPS = tuple(r.step for r in HOST_TABLE if r.read_only)
-READ_ONLY_STATES = tuple(r.state for r in HOST_TABLE if r.read_only)  # hosts in them have changed nothing yet
+# Hosts in them have changed nothing yet; a state names its step (a HostState equals its step's name).
+READ_ONLY_STATES = tuple(r.state for r in HOST_TABLE if r.read_only)
 HOOK_STEPS = tuple(r.step for r in HOST_TABLE if r.hook)
 
 

@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from .. import settings, upgrade as upgrade_mod
-from ..exitcodes import documented
+from .. import gate, settings, upgrade as upgrade_mod
+from ..exitcodes import Exit, documented
 from ..sanitize import clean
 from ..store import Store
 from . import campaign_view, options
@@ -35,10 +35,11 @@ from .output import stored_argv, terminal
 @options.option(settings.DRAIN)
 @options.option(settings.UNDRAIN)
 @options.option(settings.IDLE_TIMEOUT)
-@options.samples(5, "Throughput samples per probe (>= 5: the gate's test needs them).")
+@options.samples(gate.DEFAULTS.min_samples,
+                 f"Throughput samples per probe (>= {gate.DEFAULTS.min_samples}: the gate's test needs them).")
 @options.warmup()
 @options.trial()
-@options.forks("Hosts of a wave worked on at once (default: all, up to 64).")
+@options.forks(f"Hosts of a wave worked on at once (default: all, up to {settings.FORKS_CAP}).")
 @options.no_preflight("Skip the SSH pre-flight of the planning audit.")
 @options.notifications
 @documented("upgrade")
@@ -47,7 +48,7 @@ def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, 
             trial_s, forks, no_preflight) -> None:
     """Move the fleet's driver to VERSION in canary waves, gated by GPU probes, watched while they soak, rolled
     back on failure. Done with hosts off the target (failed and rolled back within the budget, or left out at
-    plan) is not a success: exit 1.
+    plan) is not a success.
     """
     if canary and ("{{" in canary or "{%" in canary):
         raise click.UsageError("--canary may not contain '{{' or '{%'")  # Ansible would template it here
@@ -101,7 +102,8 @@ def campaign_show(campaign_id, fmt, verbose) -> None:
 @campaign.command("resume")
 @options.campaign_id(required=False)
 @click.option("--interrupted", is_flag=True,
-              help="Every campaign at work whose process is gone (a crash or reboot); exit 0 when there is none.")
+              help="Every campaign at work whose process is gone (a crash or reboot); exit "
+                   f"{Exit.OK:d} when there is none.")
 @options.inventory(options.OWN_INVENTORY_HELP)
 @options.baseline(options.OWN_BASELINE_HELP)
 @options.window("A new maintenance window from now.")
@@ -110,7 +112,7 @@ def campaign_show(campaign_id, fmt, verbose) -> None:
 def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window) -> None:
     """Continue a campaign after a crash, or after a halt (held hosts are accepted and undrained).
 
-    Two resumes of one campaign at once: the second refuses (exit 69) before it changes anything.
+    Two resumes of one campaign at once: the second refuses before it changes anything.
     """
     if (campaign_id is None) == (not interrupted):
         raise click.UsageError("give a CAMPAIGN_ID or --interrupted (not both)")
@@ -118,10 +120,10 @@ def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window) 
         if interrupted:
             code, text = upgrade_mod.resume_interrupted(store, inventory_path, baseline, window,
                                                         campaign_view.live(terminal()), options.notifier(),
-                                                        stored_argv())
+                                                        argv=stored_argv())
         else:
             code, text = upgrade_mod.resume(store, campaign_id, inventory_path, baseline, window,
-                                            campaign_view.live(terminal()), options.notifier(), stored_argv())
+                                            campaign_view.live(terminal()), options.notifier(), argv=stored_argv())
     click.echo(clean(text), nl=False)
     sys.exit(code)
 
@@ -145,6 +147,6 @@ def rollback(campaign_id, inventory_path, baseline) -> None:
     """Roll every host a campaign changed back to the exact packages recorded before it."""
     with Store() as store:
         code, text = upgrade_mod.rollback(store, campaign_id, inventory_path, baseline, campaign_view.live(terminal()),
-                                          options.notifier(), stored_argv())
+                                          options.notifier(), argv=stored_argv())
     click.echo(clean(text), nl=False)
     sys.exit(code)

@@ -50,9 +50,11 @@ def text(report: dict) -> str:
 def check(baseline, groups, use_slurm, node, textfile, fmt) -> None:
     """Evaluate the audit's controls on this machine itself (no SSH, no Ansible), e.g. as Slurm's
     HealthCheckProgram or a job prolog. A critical control that failed or could not be verified: drain this node
-    (exit 1).
+    (the check fails).
     """
-    report = check_mod.run(check_mod.CheckOptions(baseline, tuple(groups), use_slurm, node, textfile))
+    opts = check_mod.CheckOptions(baseline=baseline, groups=tuple(groups), slurm=use_slurm, node=node,
+                                  textfile=textfile)
+    report = check_mod.run(opts)
     click.echo(json.dumps(report, indent=2) if fmt == "json" else text(report), nl=fmt == "json")
     sl = report.get("slurm")
     if sl and sl["error"]:

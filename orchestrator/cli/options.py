@@ -34,9 +34,9 @@ class Duration(click.ParamType):
         self.setting = setting
 
     def convert(self, value, param, ctx):
-        if isinstance(value, tuple):  # converted already
-            return value
         try:
+            if isinstance(value, tuple) and value and self.setting.kind == "durations":  # converted: checked again
+                return tuple(self.setting.duration(v) for v in value)
             return self.setting.parse(value)
         except ValueError as e:
             self.fail(str(e), param, ctx)

@@ -30,7 +30,8 @@ def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_
     """Plan canary waves to move the fleet's driver to VERSION (nothing is changed on any host).
 
     Hosts already on VERSION are skipped; unreachable, unhealthy, driverless hosts and hosts whose baseline does
-    not bless VERSION are excluded, each with its reason; unreachable ones make it exit 3 (the plan is still made).
+    not bless VERSION are excluded, each with its reason; unreachable ones fail it as hosts unreachable (the plan
+    is still made).
     """
     opts = plan_mod.PlanOptions(target=target, waves=waves, inventory=inventory_path, limit=limit, baseline=baseline,
                                 forks=forks, preflight=not no_preflight)

@@ -23,15 +23,14 @@ def tour() -> str:
 
 
 def test_the_readme_tour_ends_rolled_back_with_an_html_report(tmp_path):
+    """From the checkout, as README.md says (its PATH line finds .venv/bin there); only the lab's directory and
+    the temporary directory the tour's history is made in are the test's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "SLURM_", "FLEETCTL_"))}
-    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", FLEETCTL_LAB_DIR=str(tmp_path / "lab"),
-               FLEETCTL_HOME=str(tmp_path / "home"), FLEETCTL_CONFIG=os.devnull,
+    env.update(FLEETCTL_LAB_DIR=str(tmp_path / "lab"), FLEETCTL_CONFIG=os.devnull, TMPDIR=str(tmp_path),
                ANSIBLE_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"))
-    work = tmp_path / "work"
-    work.mkdir()
     try:
-        proc = subprocess.run(["bash", "-c", tour()], cwd=work, env=env, capture_output=True, text=True, timeout=600,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(["bash", "-c", tour()], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=600, stdin=subprocess.DEVNULL)
     finally:
         subprocess.run([sys.executable, "-m", "orchestrator.cli", "lab", "down"], env=env, capture_output=True,
                        timeout=120, stdin=subprocess.DEVNULL)
@@ -39,10 +38,13 @@ def test_the_readme_tour_ends_rolled_back_with_an_html_report(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]  # the last line, `fleetctl lab down`
     assert re.search(r"^campaign 1 to 570\.86\.15: rolled_back .*; exit 4$", proc.stdout, re.M), out[-3000:]
+    report = Path(re.search(r"^open (\S+)$", proc.stdout, re.M)[1])
+    assert report.parent.parent == tmp_path  # made by mktemp -d: not the user's history
     show = subprocess.run([sys.executable, "-m", "orchestrator.cli", "campaign", "show", "1", "--format", "json"],
-                          env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                          env=dict(env, FLEETCTL_HOME=str(report.parent)), capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
     doc = json.loads(show.stdout)
     assert doc["campaign"]["state"] == "rolled_back"
     assert {h["name"]: h["state"] for h in doc["hosts"]} == {"h100-01": "rolled_back", "h100-02": "not_started"}
-    report = (work / "report.html").read_text()
-    assert report.startswith("<!DOCTYPE html>") and "rolled_back" in report
+    html = report.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "rolled_back" in html

@@ -4,11 +4,13 @@ driven with scripted step outcomes in place of playbook runs (the lab tests run 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator import baseline as baseline_mod, inventory
@@ -18,7 +20,7 @@ from orchestrator.campaign.journal import Journal
 from orchestrator.campaign.options import CampaignOptions
 from orchestrator.errors import OperationError
 from orchestrator.exitcodes import Exit
-from orchestrator.store import Store, process_identity, process_start
+from orchestrator.store import Store, process_alive, process_gone, process_identity, process_start
 
 UPGRADE = ["precheck", "probe_before", "drain", "wait_idle", "install", "activate", "verify", "probe_after", "undrain"]
 ROLLBACK = ["rollback_drain", "rollback_wait_idle", "rollback_install", "rollback_activate", "rollback_verify",
@@ -221,6 +223,10 @@ def test_each_run_that_drives_a_campaign_is_closed_with_its_outcome(store, monke
     assert [(r["status"], r["exit_code"], json.loads(r["summary"])["state"], json.loads(r["argv"])) for r in rows] \
         == [("done", 5, "halted", []), ("done", 0, "done", ["campaign", "resume", str(cid)])]
     assert upgrade.document(store, cid)["campaign"]["exit_code"] == 0
+    latest = store.db.execute(  # the query docs/reports.md gives
+        "SELECT exit_code, json_extract(summary, '$.state') FROM runs WHERE kind = 'campaign'"
+        " AND json_extract(summary, '$.campaign') = ? ORDER BY id DESC LIMIT 1", (cid,)).fetchone()
+    assert tuple(latest) == (0, "done")
     assert chain.verify(store.db).ok
 
 
@@ -287,6 +293,41 @@ def test_a_campaign_driven_by_a_live_process_is_not_driven_twice(store):
         other.kill()
         other.wait()
     assert engine.run() == "done"  # its driver died: anyone may resume it
+
+
+def test_a_pid_names_its_process_with_its_start_and_a_driver_that_cannot_be_judged_keeps_its_campaign(store,
+                                                                                                        monkeypatch):
+    """A live process with its recorded identity is alive, the same pid with another start is gone; a driver of this
+    machine that psutil is denied keeps its campaign (never driven twice, nor interrupted); another machine's is not
+    this one's to judge: a run it left is not taken for gone, and its campaign may be resumed here, as ever."""
+    from orchestrator import upgrade
+    from orchestrator.campaign.journal import driven_elsewhere
+
+    journal, cid, engine = start(store, Script(), ["a"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        driver = dict(process_identity(), pid=other.pid, start=process_start(other.pid))
+        assert process_alive(driver) is True
+        assert process_alive(dict(driver, start=driver["start"] - 5)) is False  # a reused pid
+        elsewhere = dict(driver, node="control-2.example")
+        assert process_alive(elsewhere) is None and not process_gone(json.dumps(elsewhere))
+        assert not driven_elsewhere(json.dumps(elsewhere))
+
+        def denied(self):
+            raise psutil.AccessDenied(self.pid)
+
+        store.db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(driver), cid))
+        with monkeypatch.context() as m:
+            m.setattr(psutil.Process, "create_time", denied)
+            assert process_alive(driver) is None and not process_gone(json.dumps(driver))
+            assert upgrade.interrupted(journal) == []
+            with pytest.raises(OperationError, match=re.escape(
+                    f"campaign {cid} is being driven by pid {other.pid} on this machine (or was: fleetctl cannot tell")):
+                engine.run()
+    finally:
+        other.kill()
+        other.wait()
+    assert engine.run() == "done"  # its driver (on this machine) is gone: anyone may resume it
 
 
 def test_progress_live_view_plain_lines_and_jsonl_log(store, monkeypatch, tmp_path):
@@ -378,7 +419,7 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
     journal = Journal(store)
     assert upgrade.interrupted(journal) == [crashed]  # the halted one waits for a person, the done one is done
     events = len(journal.events(finished))
-    code, text = upgrade.resume(store, finished, None, None, None, None)  # a resume after a kill that came too late
+    code, text = upgrade.resume(store, finished, None, None, None, None, argv=[])  # a resume after a kill that came too late
     assert code == 0 and text.startswith(f"campaign {finished} is done: nothing to resume\n")
     assert "exit 0" in text and len(journal.events(finished)) == events and "c" not in journal.locks()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -388,10 +429,11 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
         events = len(journal.events(crashed))
         assert upgrade.interrupted(journal) == []
         with pytest.raises(OperationError, match=f"campaign {crashed} is being driven by pid {other.pid}"):
-            upgrade.resume(store, crashed, None, None, None, None)
+            upgrade.resume(store, crashed, None, None, None, None, argv=[])
         assert len(journal.events(crashed)) == events
         ticks = Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # as an older fleetctl wrote it
-        for old, interrupted in ((ticks, []), (str(int(ticks) - 1), [crashed])):  # the same process; a reused pid
+        reused = str(int(ticks) - 5 * os.sysconf("SC_CLK_TCK"))  # the same pid, a process started 5 s earlier
+        for old, interrupted in ((ticks, []), (reused, [crashed])):
             store.db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(dict(driver, start=old)), crashed))
             assert upgrade.interrupted(journal) == interrupted
         store.db.execute("UPDATE campaigns SET driver=? WHERE id=?", (json.dumps(driver), crashed))
@@ -422,7 +464,7 @@ def test_soak_lengths_one_per_gap_the_last_repeated():
     assert soak.length({"soak_s": 300}, 4) == 300.0  # a campaign recorded before per-gap lengths
     assert settings.SOAK.value == upgrade_mod.UpgradeOptions(target="570.86.15").soak_s == (7200.0, 1800.0)
     for bad in ("2h,,30m", "", "2h,x", "-5", "2h,400d", "2h,9000h"):
-        with pytest.raises(ValueError, match="is not a duration|is more than"):
+        with pytest.raises(ValueError, match="is not a duration|is longer than a year"):
             settings.SOAK.parse(bad)
 
 

@@ -5,23 +5,26 @@ verified, and a failing notification changes nothing in a campaign but is record
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shlex
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from orchestrator import notify, notify_events, redact, schemas, upgrade
+from orchestrator import notify, notify_events, redact, schemas, upgrade, webhook as webhook_mod
 from orchestrator.campaign import engine as engine_mod, progress
 from orchestrator.errors import InputError
 from orchestrator.store import Store
 from tests.cli_helpers import REPO
 from tests.unit.test_campaign_engine import Script, start, states
-from tests.webhook_receiver import Receiver, closed_port, private_ca, recorded, recorder, self_signed
+from tests.webhook_receiver import Proxy, Receiver, closed_port, private_ca, recorded, recorder, self_signed
 
 TOKEN = "Bearer s3cr3t-t0ken-value"
 
@@ -30,7 +33,7 @@ TOKEN = "Bearer s3cr3t-t0ken-value"
 def store(tmp_path, monkeypatch):
     monkeypatch.setenv("FLEETCTL_HOME", str(tmp_path / "home"))
     monkeypatch.delenv(notify.HEADERS_ENV, raising=False)
-    monkeypatch.setattr(notify, "BACKOFF_S", 0.05)
+    monkeypatch.setattr(webhook_mod, "BACKOFF_S", 0.05)
     with Store(tmp_path / "history.sqlite3") as s:
         yield s
 
@@ -270,8 +273,8 @@ def test_slack_and_teams_bodies(receivers):
 
 
 def test_retries_back_off_on_500_then_succeed(receivers, monkeypatch):
-    monkeypatch.setattr(notify, "BACKOFF_S", 0.2)
-    monkeypatch.setattr(notify, "MAX_RETRY_AFTER_S", 1)
+    monkeypatch.setattr(webhook_mod, "BACKOFF_S", 0.2)
+    monkeypatch.setattr(webhook_mod, "MAX_RETRY_AFTER_S", 1)
     hook = receivers(500, 503, 200)
     started = time.monotonic()
     assert webhook(hook.url()).send_now(payload()) == []
@@ -294,7 +297,7 @@ def test_retries_back_off_on_500_then_succeed(receivers, monkeypatch):
 
 
 def test_a_hanging_server_times_out_and_a_dead_target_then_gets_one_try(receivers, monkeypatch):
-    monkeypatch.setattr(notify, "BACKOFF_S", 0.05)
+    monkeypatch.setattr(webhook_mod, "BACKOFF_S", 0.05)
     hook = receivers(fallback="hang")
     target = webhook(hook.url(), timeout=0.5)
     d = target.dispatch()
@@ -309,6 +312,51 @@ def test_a_hanging_server_times_out_and_a_dead_target_then_gets_one_try(receiver
     print(f"\nhanging server: 2 events failed in {took:.2f}s (3 tries, then 1)")
 
 
+@pytest.mark.parametrize("answer, reason", [("stall", "no answer in 0.5s (3 tries)"),
+                                            ("cut", "the answer was cut short (3 tries)")])
+def test_an_answer_that_stalls_or_is_cut_mid_body_is_retried_then_one_line(receivers, monkeypatch, capfd, answer,
+                                                                          reason):
+    monkeypatch.setattr(webhook_mod, "BACKOFF_S", 0.05)
+    hook = receivers(fallback=answer)
+    started = time.monotonic()
+    (failure,) = webhook(hook.url(), timeout=0.5).send_now(payload())
+    took = time.monotonic() - started
+    assert failure.reason == reason and len(hook.requests) == 3
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "Exception in thread" not in err, err
+    assert took < 2.5, took  # each try ends at its read timeout (0.5 s), not at the watchdog's 1 s
+
+
+def test_webhooks_go_through_the_environments_proxy_unless_no_proxy_lists_the_host(receivers, tmp_path, monkeypatch):
+    monkeypatch.setattr(webhook_mod, "BACKOFF_S", 0.05)
+    for name in ("http_proxy", "https_proxy", "no_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    proxy = Proxy()
+    try:
+        pki = private_ca(tmp_path / "ca")
+        plain, tls = receivers(), receivers(tls=pki.server_context())
+        monkeypatch.setenv("http_proxy", proxy.url)
+        monkeypatch.setenv("https_proxy", proxy.url.replace("http://", "http://fleet:pa%3Ass@"))
+        assert webhook(plain.url()).send_now(payload()) == []  # sent on by the proxy
+        assert webhook(tls.url(), ca=str(pki.ca)).send_now(payload()) == []  # through its tunnel, TLS to the target
+        (failure,) = webhook(tls.url()).send_now(payload())  # the target's certificate is verified, as without one
+        assert failure.reason.startswith("TLS: certificate not trusted (")
+        tunnel = f"CONNECT 127.0.0.1:{tls.port}"
+        assert [line.rsplit(" ", 1)[0] for line in proxy.lines] == [f"POST {plain.url()}", tunnel, tunnel]
+        assert proxy.auth == [None] + 2 * ["Basic " + base64.b64encode(b"fleet:pa:ss").decode()]
+        assert (len(plain.requests), len(tls.requests)) == (1, 1)
+        monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{closed_port()}")
+        (failure,) = webhook(plain.url()).send_now(payload())
+        assert failure.reason == "proxy: connection refused (3 tries)"
+        monkeypatch.setenv("no_proxy", "example.com,127.0.0.1")
+        assert webhook(plain.url()).send_now(payload()) == []
+        assert webhook(tls.url(), ca=str(pki.ca)).send_now(payload()) == []
+        assert len(proxy.lines) == 3 and (len(plain.requests), len(tls.requests)) == (2, 2)  # straight to them
+    finally:
+        proxy.close()
+
+
 def test_tls_is_verified_and_a_private_ca_can_be_trusted(receivers, tmp_path):
     for pki in (self_signed(tmp_path / "self"), private_ca(tmp_path / "ca")):
         hook = receivers(tls=pki.server_context())
@@ -317,6 +365,22 @@ def test_tls_is_verified_and_a_private_ca_can_be_trusted(receivers, tmp_path):
         assert hook.requests == []  # nothing was sent to a server it could not verify
         assert webhook(hook.url(), ca=str(pki.ca)).send_now(payload()) == []
         assert [b["event"] for b in hook.bodies()] == ["halted"]
+
+
+def test_a_tls_handshake_cut_short_is_tried_again(monkeypatch):
+    monkeypatch.setattr(webhook_mod, "BACKOFF_S", 0.05)
+    hellos = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def serve():  # reads the client's hello, then closes the connection: a server restarting, a balancer
+            while len(hellos) < 3:
+                conn, _ = server.accept()
+                with conn:
+                    hellos.append(conn.recv(1 << 16))
+
+        threading.Thread(target=serve, daemon=True).start()
+        (failure,) = webhook(f"https://127.0.0.1:{server.getsockname()[1]}/hook").send_now(payload())
+    assert failure.reason == "TLS: the server closed the connection (3 tries)"
+    assert len(hellos) == 3 and all(h.startswith(b"\x16\x03") for h in hellos)  # TLS handshake records
 
 
 def test_headers_arrive_and_are_never_shown(receivers, tmp_path, monkeypatch, capfd):

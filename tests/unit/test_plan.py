@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import audit, baseline as baseline_mod, plan, schemas
+from orchestrator import audit, baseline as baseline_mod, plan, schemas, settings
 from orchestrator.errors import InputError
 from orchestrator.inventory import Host
 from orchestrator.runner import HostOutcome
@@ -30,7 +30,7 @@ DEFAULT = baseline_mod.load(None)
     (0, []), (1, [1]), (2, [1, 1]), (7, [1, 1, 2, 3]), (40, [1, 3, 16, 20]), (100, [1, 9, 40, 50]),
 ])
 def test_default_ramp_is_cumulative(eligible, sizes):
-    ramp = plan.parse_ramp(plan.DEFAULT_RAMP)
+    ramp = plan.parse_ramp(settings.WAVES.default)
     assert [str(s) for s in ramp] == ["1", "10%", "50%", "100%"]
     got = plan.wave_sizes(ramp, eligible)
     assert got == sizes and sum(got) == eligible and all(s >= 1 for s in got)
@@ -117,7 +117,7 @@ def test_round_robin_across_groups_canary_first(device_facts):
     entries = ([entry(f"h100-{i}", ["gpu", "h100"], facts) for i in (10, 2, 1, 3, 4, 5, 6, 7, 8, 9)]
                + [entry(f"l40s-{i}", ["gpu", "l40s"], facts) for i in (1, 2)]
                + [entry("a100-1", ["gpu", "a100"], facts)])
-    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), entries, DEFAULT)
+    p = plan.build("570.86.15", plan.parse_ramp(settings.WAVES.default), entries, DEFAULT)
     assert p["group_order"] == ["h100", "l40s", "a100"]  # inventory order, not alphabetical
     assert names(p["waves"]) == [
         ["h100-1"],                                                             # canary: first group, first name
@@ -144,7 +144,7 @@ def test_order_spreads_a_small_group_over_the_ramp():
 
 
 def test_one_host_one_wave(device_facts):
-    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), [entry("solo", [], on(device_facts, "550.163.01"))],
+    p = plan.build("570.86.15", plan.parse_ramp(settings.WAVES.default), [entry("solo", [], on(device_facts, "550.163.01"))],
                    DEFAULT)
     assert names(p["waves"]) == [["solo"]] and p["waves"][0]["budget"]["canary"]
 
@@ -185,7 +185,7 @@ def test_unhealthy_and_driverless_hosts_are_excluded_with_the_reason(device_fact
     change(bad)
     assert schemas.first_error("host-facts", bad) is None
     entries = [entry("good", ["h100"], on(device_facts, "550.163.01")), entry("bad", ["h100"], bad)]
-    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), entries, DEFAULT)
+    p = plan.build("570.86.15", plan.parse_ramp(settings.WAVES.default), entries, DEFAULT)
     assert names(p["waves"]) == [["good"]]
     (excluded,) = p["excluded"]
     assert (excluded["name"], excluded["code"]) == ("bad", code)
@@ -226,7 +226,7 @@ def test_skipped_unreachable_no_facts_and_downgrade(device_facts):
         entry("newer", ["h100"], on(device_facts, "580.159.04")),
         entry("older", ["h100"], on(device_facts, "550.163.01")),
     ]
-    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), entries, DEFAULT)
+    p = plan.build("570.86.15", plan.parse_ramp(settings.WAVES.default), entries, DEFAULT)
     assert p["skipped"] == [{"name": "current", "groups": ["h100"], "code": "on_target",
                              "reason": "already running 570.86.15"}]
     reasons = {h["name"]: (h["code"], h["reason"]) for h in p["excluded"]}
@@ -299,7 +299,7 @@ def test_a_built_plan_is_valid_against_the_schema(device_facts):
     entries = [entry(f"h-{i}", ["gpu", "h100" if i % 3 else "l40s"], facts) for i in range(12)]
     entries += [entry("gone", ["gpu", "h100"], status="unreachable", message="no route"),
                 entry("current", ["gpu", "h100"], on(device_facts, "570.86.15"))]
-    p = plan.build("570.86.15", plan.parse_ramp(plan.DEFAULT_RAMP), entries, DEFAULT)
+    p = plan.build("570.86.15", plan.parse_ramp(settings.WAVES.default), entries, DEFAULT)
     report = {
         "schema_version": 1, "tool": {"name": "fleetctl", "version": "0"},
         "run": {"id": 1, "uuid": "7b0c6f4e-1d1e-4a43-9a0e-2f6f0f1c2d3e", "kind": "plan",

@@ -58,10 +58,10 @@ def test_period_and_limit_filters(history):  # noqa: F811
 
 
 def test_no_export_from_a_broken_history(history):  # noqa: F811
-    """Refused (69: not carried out), never 1, which would say the export found something."""
+    """Refused as a history that cannot be read (74), never 1, which would say the export found something."""
     tamper(history, "UPDATE findings SET status='pass'")
     code, out, err = report(history)
-    assert code == Exit.UNAVAILABLE and out == "" and "history chain broken at record 1 (run 1)" in err
+    assert code == Exit.HISTORY and out == "" and "history chain broken at record 1 (run 1)" in err
 
 
 def test_oscal_assessment_results_validate_against_the_oscal_model(history):  # noqa: F811

@@ -93,6 +93,13 @@ const inside = (r, box) => r.left >= box.left - 0.5 && r.right <= box.right + 0.
                            && r.bottom <= box.bottom + 0.5;
 const clipped = [...document.querySelectorAll("svg")].flatMap(svg => [...svg.querySelectorAll("text")]
     .filter(t => !inside(t.getBoundingClientRect(), svg.getBoundingClientRect())).map(t => t.textContent));
+const crossing = (r, b) => Math.min(r.right, b.right) - Math.max(r.left, b.left) > 0.5
+                            && Math.min(r.bottom, b.bottom) - Math.max(r.top, b.top) > 0.5;
+const overlapping = [...document.querySelectorAll("svg")].flatMap(svg => [...svg.querySelectorAll("text")]
+    .filter(t => [...svg.querySelectorAll("rect")].some(b => crossing(t.getBoundingClientRect(),
+                                                                      b.getBoundingClientRect())))
+    .map(t => t.textContent));
+const fonts = [...new Set([...document.querySelectorAll("svg text")].map(t => getComputedStyle(t).fontFamily))];
 const widest = Math.max(...[...document.querySelectorAll("body > table")].map(t => t.getBoundingClientRect().width));
 const why = [...document.querySelectorAll("td.why")].map(td => ({
     text: td.textContent, folded: td.querySelector("details:not([open])") !== null,
@@ -101,7 +108,7 @@ const why = [...document.querySelectorAll("td.why")].map(td => ({
     details_height: td.querySelector("details") ? td.querySelector("details").getBoundingClientRect().height : null}));
 const out = document.createElement("pre");
 out.id = "measured";
-out.textContent = JSON.stringify({window: innerWidth, widest, clipped, why,
+out.textContent = JSON.stringify({window: innerWidth, widest, clipped, overlapping, fonts, why,
                                   charts: document.querySelectorAll("svg text").length});
 document.body.appendChild(out);
 </script>"""
@@ -141,6 +148,7 @@ def test_html_report_uses_the_window_shows_every_label_and_folds_long_reasons(ro
     m = measured(page, tmp_path)
     assert m["window"] == 1600 and m["widest"] > 0.9 * 1600  # the tables span the window, not a column of it
     assert m["charts"] > 10 and m["clipped"] == []  # every label and value inside its chart
+    assert m["overlapping"] == [] and m["fonts"] == ["monospace"]  # no label or value on a bar: the font measured
     wall = next(w for w in m["why"] if "GPU 7 bandwidth_gbs" in w["text"])
     assert wall["folded"] and "GPU 7 bandwidth_gbs" not in wall["summary"]  # the whole reason only when opened
     assert wall["summary"].startswith("wave 1 failed (1 of 1 hosts") and len(wall["summary"]) <= 203

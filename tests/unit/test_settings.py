@@ -14,7 +14,7 @@ import click
 import pytest
 from jsonschema import Draft202012Validator
 
-from orchestrator import config, probe, settings, upgrade
+from orchestrator import check, config, probe, settings, upgrade
 from orchestrator.campaign.hooks import Hooks
 from orchestrator.campaign.options import CampaignOptions
 from orchestrator.cli import cli, options
@@ -121,13 +121,19 @@ def test_durations_on_the_command_line():
     for flag, value, said in (("--idle-timeout", "300x", "'300x' is not a duration (90, 90s, 5m or 2h)"),
                               ("--idle-timeout", "25h", "'25h' is more than 24h"),
                               ("--warmup", "-1", "'-1' is not a duration"), ("--trial", "0", "'0' is not at least"),
-                              ("--soak", "2h,,30m", "'' is not a duration"), ("--window", "0", "is not above 0")):
+                              ("--soak", "2h,,30m", "'' is not a duration"), ("--window", "0", "is not above 0"),
+                              ("--soak", "30m,8785h", "'8785h' is longer than a year")):
         with pytest.raises(click.BadParameter, match=re.escape(said)):
             upgrade_cmd.make_context("upgrade", ["--to", "570.86.15", flag, value])
+    soak = options.Duration(settings.SOAK)  # a value converted already (a config file's) is checked again
+    assert soak.convert((7200.0, 1800.0), None, None) == (7200, 1800)
+    for converted, said in (((7200.0, -1.0), "-1.0 is not at least 0"), ((1e9,), "1000000000.0 is longer than a year")):
+        with pytest.raises(click.BadParameter, match=re.escape(said)):
+            soak.convert(converted, None, None)
 
 
 def test_the_options_objects_take_keywords_only_and_old_campaigns_still_load():
-    for cls in (upgrade.UpgradeOptions, probe.ProbeOptions, CampaignOptions, Hooks):
+    for cls in (upgrade.UpgradeOptions, probe.ProbeOptions, CampaignOptions, Hooks, check.CheckOptions):
         assert all(f.kw_only for f in dataclasses.fields(cls)), cls
     with pytest.raises(TypeError):
         upgrade.UpgradeOptions("570.86.15", "1,100%")

@@ -217,6 +217,7 @@ def test_the_check_finds_sql_and_hand_parsed_timestamps(tmp_path):
 EXIT_CODES = f"{PACKAGE}.exitcodes"  # the only module with an exit code's number
 TRANSITIONS = f"{PACKAGE}.campaign.transitions"  # the only module naming a campaign or host state by its string
 EXIT_CALLS = ("exit", "SystemExit", "Exit")  # sys.exit(N), raise SystemExit(N), ctx.exit(N), click's Exit(N)
+EXIT_WORDS = re.compile(r"\bexit(?:s|ed|ing)?(?: with)? [0-9]+\b")  # "(exit 5)" in a help text or docstring
 
 
 def _ints(node: ast.AST) -> list[ast.Constant]:
@@ -239,7 +240,8 @@ def _named_exit(node: ast.AST) -> bool:
 def exit_literals(root: Path = ROOT) -> list[str]:
     """'module:line' for each integer literal that is an exit code outside exitcodes.py: the argument of an exit
     call; assigned to (or compared with) a name, attribute, key or keyword about an exit code; returned by a
-    function annotated to return Exit; `return N` or `return N + M` alone."""
+    function annotated to return Exit; `return N` or `return N + M` alone; "exit N" in a string (a help text, a
+    docstring, a message)."""
     out = set()
     for name, (path, tree) in modules(root).items():
         if name == EXIT_CODES:
@@ -267,6 +269,8 @@ def exit_literals(root: Path = ROOT) -> list[str]:
                                          ast.walk(r.value)) and _ints(r.value):
                             found += _ints(r.value)
         out |= {f"{name}:{c.lineno}" for c in found}
+        out |= {f"{name}:{s.lineno + s.value[:m.start()].count(chr(10))}" for s in ast.walk(tree)
+                if isinstance(s, ast.Constant) and isinstance(s.value, str) for m in EXIT_WORDS.finditer(s.value)}
     return sorted(out)
 
 
@@ -402,7 +406,12 @@ def test_the_checks_find_exit_codes_and_states_written_as_numbers_and_strings(tm
         "summary = {'exit_code': 3, 'hosts': 1}\n"                  # 9
         "style = 'red' if summary['exit_code'] == 1 else 'green'\n"  # 10
         "def count(rows):\n"
-        "    return 0 if not rows else len(rows)\n")
+        "    return 0 if not rows else len(rows)\n"
+        "HELP = 'No wave starts after it (exit 5).'\n"            # 13
+        "WORDS = f'exit {Exit.HALTED:d}; its exit code'\n"
+        "def plan():\n"
+        "    \"\"\"Plan the waves; an unreachable host\n"
+        "    makes it exit 3.\"\"\"\n")                             # 17
     (pkg / "engine.py").write_text(
         "INTERRUPTIBLE = ('running', 'soaking')\n"                  # 1: soaking, anywhere
         "def f(c, r, journal):\n"
@@ -412,7 +421,7 @@ def test_the_checks_find_exit_codes_and_states_written_as_numbers_and_strings(tm
         "    journal.step_detail(c, 'drain')\n"                     # a step's name
         "    return {'soaking': True}['soaking'], c['status'] == 'done'\n")  # a field, a run's status
     (pkg / "notify_events.py").write_text("def f(self, r):\n    return self.event(r, 'halted', 'critical')\n")
-    assert exit_literals(tmp_path) == [f"{PACKAGE}.cli:{n}" for n in (10, 2, 4, 6, 8, 9)]
+    assert exit_literals(tmp_path) == [f"{PACKAGE}.cli:{n}" for n in (10, 13, 17, 2, 4, 6, 8, 9)]
     assert state_literals(tmp_path) == [f"{PACKAGE}.engine:1 soaking", f"{PACKAGE}.engine:3 done",
                                         f"{PACKAGE}.engine:3 halted", f"{PACKAGE}.engine:4 held",
                                         f"{PACKAGE}.engine:5 drain", f"{PACKAGE}.engine:7 soaking"]
