@@ -1,24 +1,9 @@
 """Which events fleetctl notifies, and what each says (schemas/notification.schema.json).
 
 Campaigns: a listener beside the JSONL log and the display (upgrade.listener_for) maps the journal's records to
-events; it reads the history and writes no state (only its own `notification_failed` events), so the engine
-behaves the same with or without it.
-
-  journal record                               notification   severity
-  campaign_started                             started        info
-  wave_passed (a wave but the last)            wave_passed    info
-  step_finished, outcome fail                  host_failed    warning (critical: a rollback step failed)
-  wave_failed (the failure budget is reached)  wave_failed    warning
-  soak_check_failed (a changed host, soaking)  soak_failed    critical
-  soak_failed (a soak over a wave's budget)    wave_failed    warning
-  rollback_finished                            rolled_back    warning (critical: a host's rollback failed)
-  host_held (inconclusive gate, twice)         halted         critical
-  window_closed                                window_closed  warning
-  abort_requested                              aborted        warning
-  last_wave_passed                             done           info (warning: hosts failed or left out at plan)
-
-audit and probe: `findings` when the run exits Exit.FINDINGS or UNREACHABLE (findings at or above --fail-on,
-unhealthy or inconclusive hosts, hosts unreachable).
+events (NOTES: which record, which event, its severities and when each applies; the docs' table is made from it);
+it reads the history and writes no state (only its own `notification_failed` events), so the engine behaves the
+same with or without it. Audit and probe: `findings` when the run did not pass.
 
 A notification that fails is recorded as the campaign event `notification_failed` (target, notification, reason)
 or in the run's summary (`notifications`).
@@ -28,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -44,8 +30,53 @@ HOSTS_LISTED = 50  # hosts named in one audit/probe event
 PROBLEMS_LISTED = 10  # problems named per host
 
 
+@dataclass(frozen=True)
+class Note:
+    """A notification: the journal RECORDS it is made from (none: an audit or probe run), when it is sent, and its
+    SEVERITIES, each with when it applies (the first as a rule)."""
+    event: str
+    records: tuple[str, ...]
+    when: str
+    severities: tuple[tuple[str, str], ...]
+
+
+NOTES = (
+    Note("started", ("campaign_started",), "a campaign was created", (("info", ""),)),
+    Note("wave_passed", ("wave_passed",), "a wave passed and the next starts after the soak", (("info", ""),)),
+    Note("host_failed", ("step_finished",), "a host's step failed (once per host, and once more if its rollback "
+         "fails), with the step's reason", (("warning", ""), ("critical", "a rollback step failed"))),
+    Note("node_left", ("slurm_node_left",), "`--drain-preset slurm`: fleetctl did not resume a node it had drained, "
+         "its Slurm state or reason no longer this campaign's; `action`: who resumes it", (("warning", ""),)),
+    Note("wave_failed", ("wave_failed", "soak_failed"), "a wave reached its failure budget (also by hosts failing "
+         "the soak): the campaign rolls back on its own", (("warning", ""),)),
+    Note("soak_failed", ("soak_check_failed",), "a host on the new driver failed a soak check or the end-of-soak "
+         "gate, with what was seen; no later wave starts, the campaign rolls it back", (("critical", ""),)),
+    Note("rolled_back", ("rollback_finished",), "the rollback finished",
+         (("warning", ""), ("critical", "a host's rollback failed"))),
+    Note("halted", ("host_held",), "an inconclusive gate twice: hosts held for a person; `action`: `fleetctl "
+         "campaign resume N` (accept them) or `fleetctl rollback N`", (("critical", ""),)),
+    Note("window_closed", ("window_closed",), "no wave starts after `--window`; `action`: `fleetctl campaign resume "
+         "N --window 2h` or `fleetctl rollback N`", (("warning", ""),)),
+    Note("aborted", ("abort_requested",), "`fleetctl campaign abort` stopped it between waves", (("warning", ""),)),
+    Note("done", ("last_wave_passed",), "the last wave passed", (("info", ""), ("warning", "hosts failed or were "
+         "left out at plan"), ("critical", "a host's rollback failed"))),
+    Note("findings", (), "`audit` or `probe` did not pass: controls failing at or above `--fail-on`, unhealthy or "
+         "inconclusive hosts, unreachable hosts",
+         (("warning", ""), ("critical", "a critical finding or a failed probe"))),
+)
+NOTE = {n.event: n for n in NOTES}
+BY_RECORD = {record: n.event for n in NOTES for record in n.records}  # journal record -> the CampaignNotes method
+
+
+def declared(event: str, level: str) -> str:
+    """LEVEL, one of EVENT's declared severities (a bug otherwise: the listener records it, the campaign goes on)."""
+    if level not in dict(NOTE[event].severities):
+        raise ValueError(f"notification {event}: severity {level} is not declared in NOTES")
+    return level
+
+
 def envelope(event: str, severity: str, source: str, summary: str, action: str | None, **fields: Any) -> dict[str, Any]:
-    return {"schema_version": 1, "event": event, "severity": severity, "at": now(),
+    return {"schema_version": 1, "event": event, "severity": declared(event, severity), "at": now(),
             "tool": {"name": "fleetctl", "version": __version__}, "control_node": socket.getfqdn(),
             "source": source, "summary": summary, "action": action, **fields}
 
@@ -108,15 +139,11 @@ class CampaignNotes:
 
     # ---- journal record -> event ----------------------------------------------------------------------------
     def payload(self, r: dict[str, Any]) -> dict[str, Any] | None:
-        e = r["event"]
-        if e == "step_finished":
-            return self.host_failed(r) if r.get("outcome") == "fail" else None
-        handler = {"campaign_started": self.started, "wave_passed": self.wave_passed, "wave_failed": self.wave_failed,
-                   "rollback_finished": self.rolled_back, "host_held": self.halted,
-                   "soak_check_failed": self.soak_failed, "soak_failed": self.wave_failed,
-                   "window_closed": self.window_closed, "abort_requested": self.aborted,
-                   "last_wave_passed": self.done, "slurm_node_left": self.node_left}.get(e)
-        return handler(r) if handler else None
+        """The event of journal record R (BY_RECORD), worded by the method of its name, or None."""
+        event = BY_RECORD.get(r["event"])
+        if event is None or (r["event"] == "step_finished" and r.get("outcome") != "fail"):
+            return None
+        return getattr(self, event)(r)
 
     def campaign(self, r: dict[str, Any]) -> dict[str, Any]:
         c = self.journal.campaign(self.cid)

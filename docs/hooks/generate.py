@@ -5,7 +5,7 @@ reference/controls.md      the controls registry (orchestrator/controls/): id, s
 reference/steps.md         campaign/transitions.py: the host table, the moves between tables, the campaign table
 reference/baseline.md      schemas/baseline.schema.json
 reference/config.md        schemas/config.schema.json (from orchestrator/settings.py), with each key's default
-reference/notification.md  schemas/notification.schema.json
+reference/notification.md  orchestrator/notify_events.py's NOTES, then schemas/notification.schema.json
 reference/exit-codes.md    orchestrator/exitcodes.py
 reference/metrics.md       the metrics orchestrator/prometheus.py exports
 reference/cli.md is a page of its own: mkdocs-click renders the click commands there. The root group imports its
@@ -192,6 +192,24 @@ def schema_page(title: str, file: str, intro: str) -> str:
     return out
 
 
+def notifications_page() -> str:
+    """The events, from notify_events.NOTES, then every field, from the notification schema."""
+    from orchestrator.notify_events import NOTES
+
+    def severities(note) -> str:
+        return "; ".join(level + (f" when {when}" if when else "") for level, when in note.severities)
+
+    rows = [(f"`{n.event}`", n.when, ", ".join(f"`{r}`" for r in n.records) or "an audit or probe run",
+             severities(n)) for n in NOTES]
+    events = ("## Events\n\nMade from `orchestrator/notify_events.py` (`NOTES`) at each build.\n\n"
+              + table(("event", "when", "made from (journal record)", "severity"), rows) + "\n## Fields\n\n")
+    page = schema_page("Notification reference", "notification.schema.json",
+                       "The events and every field of a notification; [notifications](../notifications.md) says "
+                       "where they are sent.")
+    head, rest = page.split("\n\n", 1)
+    return f"{head}\n\n{events}{rest}"
+
+
 PAGES = {
     "controls.md": controls_page,
     "steps.md": steps_page,
@@ -200,9 +218,7 @@ PAGES = {
     "baseline.md": lambda: schema_page("Baseline reference", "baseline.schema.json",
                                        "Every key of a baseline file (`-b`); [the baseline](../baseline.md) says how "
                                        "a host's policy is put together."),
-    "notification.md": lambda: schema_page("Notification reference", "notification.schema.json",
-                                           "Every field of a notification; [notifications](../notifications.md) "
-                                           "says when each event is sent and where."),
+    "notification.md": notifications_page,
     "config.md": lambda: schema_page("Configuration reference", "config.schema.json",
                                      "Every key of the configuration file; [configuration](../configuration.md) says "
                                      "where it is read and what wins."),

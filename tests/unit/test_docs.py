@@ -123,6 +123,16 @@ def test_the_metrics_page_has_every_metric(site):
         assert squash(f"{metric}{', '.join(labels)}{text}") in page, metric
 
 
+def test_the_notification_page_has_every_event_with_its_records_and_severities(site):
+    from orchestrator.notify_events import NOTES
+
+    page = site("reference/notification")
+    for note in NOTES:
+        assert squash(f"{note.event}{note.when}".replace("`", "")) in page, note.event
+        assert all(squash(record) in page for record in note.records), note.event
+        assert all(squash(f"{level} when {when}" if when else level) in page for level, when in note.severities)
+
+
 def test_the_example_configuration_file_is_read_as_written(tmp_path):
     """The file docs/configuration.md shows, pasted as it is, is a valid configuration: every key it sets is read."""
     example = (REPO / "docs/configuration.md").read_text().split("```yaml\n", 1)[1].split("```", 1)[0]

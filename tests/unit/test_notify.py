@@ -557,3 +557,17 @@ def test_a_soak_failure_is_a_critical_soak_failed_naming_the_host_and_what_was_s
     assert "new Xid 119" in failed["summary"] and "new Xid 119" in failed["reason"]
     assert "no later wave starts" in failed["action"] and f"fleetctl campaign show {cid}" in failed["action"]
     assert "the soak after wave 1 failed" in received[3]["summary"]
+
+
+def test_the_events_are_declared_once_and_the_schema_and_the_listener_agree():
+    """notify_events.NOTES is the one list of events: the schema's enum names the same ones, every campaign event
+    has the method that words it, and an event sent at a severity NOTES does not declare is a bug, not a message."""
+    events = [n.event for n in notify_events.NOTES]
+    enum = schemas.validator("notification").schema["properties"]["event"]["enum"]
+    assert sorted(events) == sorted(enum) and len(set(events)) == len(events)
+    for note in notify_events.NOTES:
+        assert not note.records or callable(getattr(notify_events.CampaignNotes, note.event)), note.event
+        assert [level for level, _ in note.severities] == sorted(
+            (level for level, _ in note.severities), key=["info", "warning", "critical"].index), note.event
+    with pytest.raises(ValueError, match="notification started: severity critical is not declared"):
+        notify_events.envelope("started", "critical", "campaign", "x", None)
