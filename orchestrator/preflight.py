@@ -83,7 +83,9 @@ def check(host: Host, timeout: float = 5.0) -> Verdict:
         wanted = [t for t in _key_types(known) if t in transport.get_security_options().key_types]
         if wanted:
             transport.get_security_options().key_types = wanted
-        transport.start_client(timeout=timeout)
+        # The banner's own timeout ends the wait first: paramiko's thread then says why (FLEETCTL_DEBUG shows it)
+        # instead of racing the caller's wait and losing to transport.close().
+        transport.start_client(timeout=timeout + 1)
         offered = transport.get_remote_server_key()
     except (paramiko.SSHException, OSError, EOFError) as e:
         if not transport.remote_version:  # TCP accepted, no "SSH-2.0-..." line: a hung sshd, or not sshd at all

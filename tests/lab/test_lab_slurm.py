@@ -34,9 +34,11 @@ def cluster(tmp_path_factory):
 
 
 def slurm(cluster, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """A Slurm client command on the controller, with the lab's environment (SLURM_CONF)."""
+    """A Slurm client command on the controller, with the lab's environment (SLURM_CONF), run from / : a job's working
+    directory (and its default output file) is the submitter's, and a checkout under /tmp does not exist on a lab
+    host (its /tmp is its own)."""
     proc = subprocess.run(argv, capture_output=True, text=True, env=cluster.env, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, cwd="/")
     assert proc.returncode == 0, f"{' '.join(argv)}: rc={proc.returncode}\n{proc.stdout}{proc.stderr}"
     return proc
 

@@ -305,7 +305,7 @@ SHARED = {
     "not_started": "the fabric manager's state (the facts)",
 }  # and each state that names the step a host does next (the host table's step column): that step's name
 # Deliberate exceptions: (module, name) -> why; they hold only as a key (a document's field) or, in notify_events,
-# as the notification's name (the `event` argument of CampaignNotes.event).
+# as the notification's name (the `event` argument of CampaignNotes.event, and of its declaration, Note(event, ...)).
 EXCEPTIONS = {
     (f"{PACKAGE}.upgrade", "soaking"): "the campaign document's soak.soaking field (a boolean)",
     (f"{PACKAGE}.cli.campaign_view", "soaking"): "reads that field",
@@ -344,6 +344,8 @@ def state_literals(root: Path = ROOT) -> list[str]:
                 allowed.add(id(node.slice))
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "event" and len(node.args) > 1:
                 allowed.add(id(node.args[1]))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Note" and node.args:
+                allowed.add(id(node.args[0]))
         for node in tree.body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 literals[node.targets[0].id] = _strings(node.value)
