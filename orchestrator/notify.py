@@ -36,7 +36,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import __version__, redact
+from . import redact
 from .errors import InputError
 from .sanitize import one_line
 

@@ -14,7 +14,7 @@ from .campaign.transitions import CampaignState, HostState
 from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .campaign.options import CampaignOptions, IdleOptions, ProbeSettings
-from .errors import InputError, OperationError
+from .errors import InputError
 from .exitcodes import Exit
 from .store import Store
 from .timefmt import parse as parse_time
