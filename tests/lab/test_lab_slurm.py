@@ -97,12 +97,6 @@ CAMPAIGN = ("--yes", "--warmup", "0", "--trial", "0.02", "--samples", "10", "--d
             "--waves", "1,100%")
 
 
-def node_state(cluster, name: str) -> tuple[str, str | None]:
-    """(state as scontrol shows it, reason or None) of node NAME, read as fleetctl reads it."""
-    node = slurm_mod.parse_nodes(slurm(cluster, "sinfo", "--json").stdout)[name]
-    return node.state, node.reason
-
-
 def in_service(cluster, name: str) -> tuple[str, bool, str | None]:
     """What an operator and fleetctl set of node NAME: (base state, drained or draining, reason); not the flags
     Slurm sets on its own (NOT_RESPONDING between two pings of a busy controller)."""
@@ -124,7 +118,7 @@ def test_an_admins_drain_is_left_and_a_running_job_delays_the_install_until_it_c
     baseline = write_baseline(tmp_path / "b.yml", 1)
     slurm(cluster, "scontrol", "update", "nodename=h100-03", "state=drain", "reason=RMA: GPU 3 ECC (ticket 4411)")
     job = submit(cluster, "h100-01", "sleep 20")
-    wait_until(lambda: node_state(cluster, "h100-01")[0] in ("ALLOCATED", "MIXED"), 60, "the job running on h100-01")
+    wait_until(lambda: in_service(cluster, "h100-01")[0] in ("ALLOCATED", "MIXED"), 60, "the job running on h100-01")
     try:
         proc = cluster.fleetctl("upgrade", "--to", TO, "-i", cluster.inventory, "-b", baseline, *CAMPAIGN,
                                 "--soak", "0", "--idle-timeout", "120", timeout=600)
@@ -134,7 +128,7 @@ def test_an_admins_drain_is_left_and_a_running_job_delays_the_install_until_it_c
         (excluded,) = doc["plan"]["excluded"]
         assert (excluded["name"], excluded["code"]) == ("h100-03", "drained_elsewhere")
         assert "IDLE+DRAIN (RMA: GPU 3 ECC (ticket 4411))" in excluded["reason"]
-        assert node_state(cluster, "h100-03") == ("IDLE+DRAIN", "RMA: GPU 3 ECC (ticket 4411)")
+        assert in_service(cluster, "h100-03") == ("IDLE", True, "RMA: GPU 3 ECC (ticket 4411)")
         assert_on(cluster, "h100-03", FROM)
         # the job ran to its end (COMPLETED, never killed by the reboot): the install waited for it
         assert job_states(cluster)[job] == "COMPLETED"
@@ -144,7 +138,7 @@ def test_an_admins_drain_is_left_and_a_running_job_delays_the_install_until_it_c
         assert steps["wait_idle"]["seconds"] >= 5, steps["wait_idle"]
         # every node fleetctl drained is in service again, on the target
         for name in ("h100-01", "h100-02"):
-            assert node_state(cluster, name) == ("IDLE", None)
+            assert in_service(cluster, name) == ("IDLE", False, None)
             assert_on(cluster, name, TO)
     finally:
         slurm(cluster, "scontrol", "update", "nodename=h100-03", "state=resume")
@@ -223,16 +217,16 @@ def test_fleetctl_check_as_health_check_drains_a_faulty_node_resumes_it_fixed_an
     slurm(cluster, "scontrol", "update", "nodename=h100-01", "state=drain", "reason=IB cable flapping")
     try:
         cluster.inject("h100-02", "ecc", "--volatile", "2")
-        wait_until(lambda: (node_state(cluster, "h100-02")[1] or "").startswith("fleetctl check: gpu.ecc_errors: "),
-                   90, "h100-02 drained by its health check", lambda: node_state(cluster, "h100-02"))
-        assert node_state(cluster, "h100-02")[0] == "IDLE+DRAIN"
+        wait_until(lambda: (in_service(cluster, "h100-02")[2] or "").startswith("fleetctl check: gpu.ecc_errors: "),
+                   90, "h100-02 drained by its health check", lambda: in_service(cluster, "h100-02"))
+        assert in_service(cluster, "h100-02")[:2] == ("IDLE", True)
         cluster.inject("h100-02", "ecc", "--volatile", "0", "--aggregate", "0")
-        wait_until(lambda: node_state(cluster, "h100-02") == ("IDLE", None), 90, "h100-02 resumed once healthy",
-                   lambda: node_state(cluster, "h100-02"))
+        wait_until(lambda: in_service(cluster, "h100-02") == ("IDLE", False, None), 90, "h100-02 resumed once healthy",
+                   lambda: in_service(cluster, "h100-02"))
         # the admin's drain outlived every health check on its (healthy) node
         ran = cluster.ssh("h100-01", "grep -c 'h100-01: healthy' /var/log/fleetctl-check.log").stdout.strip()
         assert int(ran) >= 2, ran
-        assert node_state(cluster, "h100-01") == ("IDLE+DRAIN", "IB cable flapping")
+        assert in_service(cluster, "h100-01") == ("IDLE", True, "IB cable flapping")
     finally:
         for node in ("h100-01", "h100-02"):
             cluster.ssh(node, "printf '#!/bin/sh\\nexit 0\\n' > /etc/slurm/health-check", check=False)
