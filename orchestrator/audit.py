@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import baseline as baseline_mod, controls, inputs, inventory, schemas, settings
+from . import baseline as baseline_mod, controls, domains, inputs, inventory, schemas, settings
 from .exitcodes import Exit
 from .store import Store
 
@@ -86,21 +86,28 @@ def peer_group(host: inventory.Host) -> str:
     return host.groups[-1] if host.groups else "all"
 
 
+def peer_sets(fleet: inventory.Fleet, facts: dict[str, Any], by: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each host's peers as controls.PEERS_BY names them: {host: (the set's name, its members)}."""
+    if by == "nvlink_domain":
+        return {name: (d.name, d.members) for name, d in domains.group(fleet, facts).items()}
+    groups = {h.name: peer_group(h) for h in fleet.hosts}
+    return {name: (g, tuple(m.name for m in fleet.hosts if g in m.groups)) for name, g in groups.items()}
+
+
 def peers(fleet: inventory.Fleet, facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """What each control registered with peers (controls.peer_controls) gets for each host: its group's name and
-    what the control's peers function made of the trusted facts (FACTS: host -> facts) of every host in that group,
-    computed once per group: {host: {control: (group, answer)}}."""
+    """What each control registered with peers (controls.peer_controls) gets for each host: the name of its peers'
+    set (its inventory group, its NVLink domain) and what the control's peers function made of them ({Host: its
+    trusted facts from FACTS, None where there are none}), computed once per set: {host: {control: (name, answer)}}."""
     checks = controls.peer_controls()
-    if not checks:
-        return {}
-    answers: dict[str, dict[str, Any]] = {}
-    out = {}
-    for h in fleet.hosts:
-        group = peer_group(h)
-        if group not in answers:
-            members = [facts[m.name] for m in fleet.hosts if group in m.groups and m.name in facts]
-            answers[group] = {c.id: (group, c.peers(members)) for c in checks}
-        out[h.name] = answers[group]
+    out: dict[str, dict[str, Any]] = {h.name: {} for h in fleet.hosts}
+    hosts = {h.name: h for h in fleet.hosts}
+    for by in dict.fromkeys(c.peers_by for c in checks):
+        answers: dict[tuple[str, ...], dict[str, Any]] = {}
+        for name, (label, members) in peer_sets(fleet, facts, by).items():
+            if members not in answers:
+                view = {hosts[m]: facts.get(m) for m in members}
+                answers[members] = {c.id: (label, c.peers(view)) for c in checks if c.peers_by == by}
+            out[name].update(answers[members])
     return out
 
 
@@ -118,7 +125,8 @@ def collect(fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | No
             preflight: bool = True, history: Store | None = None) -> list[dict[str, Any]]:
     """Every host's facts (one gpu_facts call each) evaluated against the baseline: audit, plan, upgrade and the
     campaigns' precheck/verify. Controls that compare a host with itself get its last passing audit from HISTORY
-    (the user's history when None); those that compare it with its inventory group get the group's view (peers)."""
+    (the user's history when None); those that compare it with its inventory group or its NVLink domain get that
+    set's view (peers)."""
     from . import runner  # here: `fleetctl check` imports this module and never Ansible
     outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
                                    forks, preflight)

@@ -8,6 +8,13 @@ Ramp: a comma list of CUMULATIVE targets, each a host count ("1") or a percentag
 rounded up). Each wave brings the total up to its target, and takes at least one more host while any remain; waves
 left empty are dropped. The last entry must be 100%: a plan that leaves eligible hosts behind is an input error.
 
+NVLink domains (domains.py): the hosts of a multi-node NVLink domain (a GB200 NVL72 rack's trays) cannot run mixed
+drivers, so the ramp counts units of change, a domain or a host on its own: "1" is one domain, "25%" a quarter of the
+domains, and the failure budget counts failed domains. A domain goes into one wave whole, and is left out whole
+(domain_left_out, naming the host and its reason) when any of its hosts is excluded, or when its IMEX node list
+names more hosts than the inventory (after --limit) has of it: a rack is never changed in part. An HGX fleet's units are its
+hosts: its plans are as they always were.
+
 Order: a host's group is its most specific inventory group (the last of its groups: the one whose baseline policy
 wins); groups keep the inventory's order, hosts within a group are in natural name order. The i-th host of a group of
 n sits at i/n of the way through the sequence (ties: inventory group order). So the first hosts are one of every
@@ -32,11 +39,11 @@ import re
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Mapping
 
 import copy
 
-from . import audit, baseline as baseline_mod, controls, runs, schemas, settings
+from . import audit, baseline as baseline_mod, controls, domains, runs, schemas, settings
 from .campaign import packages
 from .errors import InputError
 from .exitcodes import Exit
@@ -177,7 +184,7 @@ def boot_risks(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def on_target(facts: dict[str, Any], running: str, target: str) -> dict[str, Any]:
     """FACTS as they would be once the campaign moved the host from RUNNING to TARGET: the driver's version and
     branch, the CUDA version of the target's branch (the table: controls.CUDA_BY_BRANCH), the flavor the target's
-    packages install, and a fabric manager package moved with the driver where the host has one."""
+    packages install, and a fabric manager and an IMEX package moved with the driver where the host has one."""
     after = copy.deepcopy(facts)
     d = after["driver"]
     before = packages.driver_versioned(facts["driver"]["packages"], running)
@@ -187,6 +194,10 @@ def on_target(facts: dict[str, Any], running: str, target: str) -> dict[str, Any
     fm = after.get("fabric_manager") or {}
     if fm.get("package_version") and any(packages.is_fabric_manager(n) for n in before):
         fm["package_version"] = f"{target}-1"
+    imex = after.get("imex") or {}
+    if imex.get("package_version") and any(packages.is_imex(n) for n in before):
+        imex.update(package=next((n for n in names if packages.is_imex(n)), imex.get("package")),
+                    package_version=f"{target}-1", version=target)
     return after
 
 
@@ -239,12 +250,13 @@ def classify(entry: dict[str, Any], base: baseline_mod.Baseline, target: str) ->
 
 # ---- failure budget ------------------------------------------------------------------------------
 
-def budget(index: int, size: int, policies: list[dict[str, Any]]) -> dict[str, Any]:
-    """The canary fails on any failed host; a later wave at >= max(budget_hosts, budget_percent of it) failed hosts,
-    never more than the wave's size; with several policies in one wave, the strictest wins."""
+def budget(index: int, size: int, policies: list[dict[str, Any]], unit: str = "host") -> dict[str, Any]:
+    """The canary fails on any failed UNIT (a host, or an NVLink domain: any of its hosts failed); a later wave at
+    >= max(budget_hosts, budget_percent of it) failed units, never more than the wave's SIZE (in units); with several
+    policies in one wave, the strictest wins."""
     if index == 1:
-        return {"canary": True, "fail_at": 1, "budget_hosts": None, "budget_percent": None,
-                "rule": "canary: any failed host fails the wave"}
+        return {"canary": True, "fail_at": 1, "budget_hosts": None, "budget_percent": None, "unit": unit,
+                "rule": f"canary: any failed {unit} fails the wave"}
     options = set()
     for pol in policies:
         c = pol.get("campaign", {})
@@ -255,37 +267,67 @@ def budget(index: int, size: int, policies: list[dict[str, Any]]) -> dict[str, A
         if best is None or fail_at < best[0]:
             best = (fail_at, hosts, percent)
     fail_at, hosts, percent = best
-    return {"canary": False, "fail_at": fail_at, "budget_hosts": hosts, "budget_percent": percent,
-            "rule": f"fails at >= max({hosts} hosts, {percent:g}% of {size}) = {fail_at} failed host"
+    return {"canary": False, "fail_at": fail_at, "budget_hosts": hosts, "budget_percent": percent, "unit": unit,
+            "rule": f"fails at >= max({hosts} {unit}s, {percent:g}% of {size}) = {fail_at} failed {unit}"
                     + ("s" if fail_at != 1 else "")}
 
 
 # ---- the plan ------------------------------------------------------------------------------------
 
-def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]],
-          base: baseline_mod.Baseline) -> dict[str, Any]:
+def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]], base: baseline_mod.Baseline,
+          nvlink: Mapping[str, domains.Domain] | None = None,
+          left_out: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """Waves, skipped and excluded hosts from audit-style host entries (name, groups, reachable, error, facts,
-    findings), in inventory order."""
+    findings), in inventory order. NVLINK: each host's NVLink domain (domains.group; none given: every host its
+    own); LEFT_OUT: hosts the caller already excludes (name, code, reason). The ramp counts units of change: a
+    multi-node domain is one, laid into one wave whole, and left out whole when any of its hosts is."""
+    nvlink = nvlink or {}
     group_order: list[str] = []
     for e in entries:
         if primary_group(e["groups"]) not in group_order:
             group_order.append(primary_group(e["groups"]))
+    given = {h["name"]: h for h in left_out}
+    verdicts = {e["name"]: (("excluded", given[e["name"]]["code"], given[e["name"]]["reason"]) if e["name"] in given
+                            else classify(e, base, target)) for e in entries}
+    own = dict(verdicts)
+    for e in entries:  # a domain with a host that cannot take part is left out whole, that host named
+        domain = nvlink.get(e["name"])
+        if domain is None or not domain.multi or own[e["name"]][0] != "wave":
+            continue
+        bad = next((m for m in domain.members if own.get(m, ("",))[0] == "excluded"), None)
+        listed = max((len(set(domains.node_list(x["facts"]))) for x in entries if x["name"] in domain.members),
+                     default=0)
+        if bad is not None:
+            verdicts[e["name"]] = ("excluded", "domain_left_out",
+                                   f"NVLink domain {domain.name} is left out whole: {bad}: {own[bad][2]}")
+        elif listed > len(domain.members):  # trays outside the inventory or --limit: it changes whole or not at all
+            verdicts[e["name"]] = ("excluded", "domain_left_out",
+                                   f"NVLink domain {domain.name} is left out whole: its IMEX node list names "
+                                   f"{listed} hosts, {len(domain.members)} of them in this inventory and --limit")
     eligible, skipped, excluded = [], [], []
     for e in entries:
-        verdict, code, detail = classify(e, base, target)
+        verdict, code, detail = verdicts[e["name"]]
         if verdict == "wave":
             change = "upgrade" if controls.version_tuple(target) > controls.version_tuple(detail) else "downgrade"
-            eligible.append({"name": e["name"], "groups": list(e["groups"]), "from_version": detail, "change": change})
+            domain = nvlink.get(e["name"])
+            eligible.append({"name": e["name"], "groups": list(e["groups"]), "from_version": detail, "change": change,
+                             "domain": domain.name if domain is not None and domain.multi else None})
         else:
             (skipped if verdict == "skipped" else excluded).append(
                 {"name": e["name"], "groups": list(e["groups"]), "code": code, "reason": detail})
-    sequence = order(eligible, group_order)
-    waves, start = [], 0
+    units: dict[str, list[dict[str, Any]]] = {}  # a domain's hosts where its first host comes in the sequence
+    for h in order(eligible, group_order):
+        units.setdefault(h["domain"] or f"host {h['name']}", []).append(h)
+    sequence = list(units.values())
+    unit = "domain" if any(h["domain"] for h in eligible) else "host"
+    waves, start, moved = [], 0, 0
     for index, size in enumerate(wave_sizes(ramp, len(sequence)), 1):
-        hosts = sequence[start:start + size]
+        hosts = [h for u in sequence[start:start + size] for h in u]
         start += size
-        waves.append({"index": index, "size": size, "cumulative": start,
-                      "budget": budget(index, size, [base.policy_for(h["groups"]) for h in hosts]), "hosts": hosts})
+        moved += len(hosts)
+        waves.append({"index": index, "size": len(hosts), "cumulative": moved,
+                      "budget": budget(index, size, [base.policy_for(h["groups"]) for h in hosts], unit),
+                      "hosts": hosts})
     return {"target": target, "ramp": [str(s) for s in ramp], "group_order": group_order, "waves": waves,
             "skipped": skipped, "excluded": excluded, "target_groups": target_groups(target, entries, excluded)}
 
@@ -322,7 +364,7 @@ def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as run_:
         hosts = audit.collect(fleet, base, opts.forks, opts.preflight)
-        plan = build(target, ramp, hosts, base)
+        plan = build(target, ramp, hosts, base, domains.group(fleet, {h["name"]: h["facts"] for h in hosts}))
         unreachable = sum(1 for h in hosts if not h["reachable"])
         summary = {"hosts": len(hosts), "eligible": sum(w["size"] for w in plan["waves"]), "waves": len(plan["waves"]),
                    "skipped": len(plan["skipped"]), "excluded": len(plan["excluded"]), "unreachable": unreachable,

@@ -243,6 +243,10 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
 
 
 def _message(res: dict[str, Any]) -> str:
+    failed = [r for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if failed:  # a loop ("One or more items failed"): the first item that failed, and why
+        item = failed[0].get("item")
+        return (f"{one_line(str(item))}: " if isinstance(item, (str, int)) else "") + _message(failed[0])
     msg = one_line(res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed")
     # OpenSSH puts its verdict ("Host key verification failed.") after a long banner: keep both ends.
     return msg if len(msg) <= 500 else msg[:200] + " ... " + msg[-280:]

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from . import __version__, baseline as baseline_mod, interrupts, inventory, runner
+from . import __version__, baseline as baseline_mod, domains, interrupts, inventory, runner
 from .errors import InputError, OperationError
 from .exitcodes import Exit
 from .store import Store
@@ -31,6 +31,7 @@ def prepare(inventory_path: str | None, limit: str | None,
     fleet = inventory.load(inventory_path, limit)
     base = baseline_mod.load(baseline_path)
     base.check_groups(set(fleet.groups))
+    domains.check_declared(fleet)
     runner.worker_command()  # a malformed $FLEETCTL_WORKER is an input error too
     sys.stderr.write(fleet.parse_warnings)
     return fleet, base

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from . import audit, baseline as baseline_mod, interrupts, inventory, notify, notify_events, plan, runs, settings
+from . import audit, baseline as baseline_mod, domains, interrupts, inventory, notify, notify_events, plan, runs, settings
 from .campaign import hooks, packages, progress, scheduler, steps, transitions
 from .campaign.transitions import CampaignState, HostState
 from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
@@ -67,14 +67,12 @@ def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.B
     """The plan (as `fleetctl plan` makes it), hosts locked by another campaign excluded, and with fleetctl's Slurm
     drains the hosts whose node someone else took out of service (left as they are)."""
     entries = audit.collect(fleet, base, opts.forks, opts.preflight)
-    groups = {e["name"]: e["groups"] for e in entries}
     out = [{"name": e["name"], "code": "in_campaign", "reason": f"in campaign {locks[e['name']]} (host lock)"}
            for e in entries if e["name"] in locks]
     if options.hooks.slurm:
         out += scheduler.left_out(fleet, [e["name"] for e in entries if e["name"] not in locks])
-    gone = {h["name"] for h in out}
-    made = plan.build(plan.parse_target(opts.target), ramp, [e for e in entries if e["name"] not in gone], base)
-    made["excluded"] += [{"name": h["name"], "groups": groups[h["name"]], **h} for h in out]
+    made = plan.build(plan.parse_target(opts.target), ramp, entries, base,
+                      domains.group(fleet, {e["name"]: e["facts"] for e in entries}), out)
     return made, entries
 
 
@@ -313,6 +311,7 @@ def document(store: Store, cid: int) -> dict[str, Any]:
     c = campaign_row(journal, cid)
     run = store.run(c["run_id"])
     hosts = []
+    domain = {h["name"]: h.get("domain") for w in json.loads(c["plan"])["waves"] for h in w["hosts"]}
     for r in journal.hosts(cid):
         steps = []
         for s in journal.steps(cid, r["host"]):
@@ -326,7 +325,8 @@ def document(store: Store, cid: int) -> dict[str, Any]:
                           "started_at": s["started_at"], "finished_at": s["finished_at"], "seconds": seconds,
                           "reason": s["reason"], "detail": detail})
         before = json.loads(r["before"]) if r["before"] else None
-        hosts.append({"name": r["host"], "wave": r["wave"], "state": r["state"], "changed": bool(r["changed"]),
+        hosts.append({"name": r["host"], "wave": r["wave"], "domain": domain.get(r["host"]),
+                      "state": r["state"], "changed": bool(r["changed"]),
                       "reason": r["reason"], "from_version": before["version"] if before else None,
                       "before_packages": before["packages"] if before else None, "steps": steps})
     return {"schema_version": 1, "campaign": {

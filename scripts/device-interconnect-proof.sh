@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # fleetctl on a real multi-GPU host, from a source checkout (wheels in .whl/): the raw NVML interconnect dump, the
 # audit's interconnect facts (NVML and nvidia-smi paths), the probe with its all-reduce/P2P metrics, and a P2P
-# series. Usage: scripts/device-interconnect-proof.sh OUTDIR [audit] [probe] [p2p]
+# series; `imex`: the collector's run recorded (collector-run.json: no IMEX command or file without a multi-node
+# NVLink domain). Usage: scripts/device-interconnect-proof.sh OUTDIR [audit] [probe] [p2p] [imex]
 set -u
-out=${1:?usage: device-interconnect-proof.sh OUTDIR [audit] [probe] [p2p]}; shift
+out=${1:?usage: device-interconnect-proof.sh OUTDIR [audit] [probe] [p2p] [imex]}; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH FLEETCTL_HOME=/tmp/fleetctl-home PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -22,5 +23,7 @@ for part in "$@"; do
       python3 -m orchestrator.cli probe --throughput --samples 5 --warmup 5 ;;
     p2p)
       python3 scripts/device-nvlink-capture.py "$out" --phases p2p --repeats 14 --name p2p-series.json ;;
+    imex)
+      python3 scripts/device-nvlink-capture.py "$out" --phases facts; echo "facts exit=$?" ;;
   esac
 done

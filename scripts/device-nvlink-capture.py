@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Raw interconnect captures of a real multi-GPU host, independent of fleetctl's own readers (so that tests can
 hold fleetctl's reading against them): every NVML NVLink / fabric / P2P / topology answer, and the NCCL all-reduce
-and ring P2P series (through fleetctl's own probe code) used to set the gate's default drop limits.
+and ring P2P series (through fleetctl's own probe code) used to set the gate's default drop limits. The `facts`
+phase runs the gpu_facts Collector as `fleetctl check` does and records every command it ran and every file and
+directory it read (collector-run.json: what a host without a multi-node NVLink domain does for IMEX - nothing).
 
-    python3 scripts/device-nvlink-capture.py OUTDIR [--repeats 15]
+    python3 scripts/device-nvlink-capture.py OUTDIR [--repeats 15] [--phases nvml,facts,sweep,allreduce,p2p]
 """
 import argparse
 import ctypes
@@ -82,6 +84,34 @@ def nvml_dump():
     return out
 
 
+def collector_run():
+    """facts as `fleetctl check` collects them, with the commands run, the files read and the directories listed."""
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    from orchestrator import check, resources
+    collector = resources.module("gpu_facts").Collector
+    ran, read, listed = [], [], []
+    run_command, read_file, listdir = check.LocalModule.run_command, collector.read, os.listdir
+
+    def recording_run(self, argv, environ_update=None):
+        ran.append(list(argv))
+        return run_command(self, argv, environ_update)
+
+    def recording_read(self, path, fact):
+        read.append(path)
+        return read_file(self, path, fact)
+
+    def recording_listdir(path="."):
+        listed.append(str(path))
+        return listdir(path)
+
+    check.LocalModule.run_command, collector.read, os.listdir = recording_run, recording_read, recording_listdir
+    try:
+        facts = check.collect_facts({})
+    finally:
+        check.LocalModule.run_command, collector.read, os.listdir = run_command, read_file, listdir
+    return {"facts": facts, "ran": ran, "read": read, "listed": listed}
+
+
 def summary(values):
     return {"n": len(values), "median": round(statistics.median(values), 2), "min": min(values), "max": max(values),
             "cv_pct": round(statistics.stdev(values) / statistics.fmean(values) * 100, 3) if len(values) > 1 else None}
@@ -105,7 +135,10 @@ def main():
         with open(os.path.join(args.out, "nvml-interconnect.json"), "w") as f:
             json.dump(dump, f, indent=1, default=str)
     print("nvml dump %.1f s" % (time.time() - t0), flush=True)
-    if phases == ["nvml"]:
+    if "facts" in phases:
+        with open(os.path.join(args.out, "collector-run.json"), "w") as f:
+            json.dump(collector_run(), f, indent=1)
+    if not set(phases) & {"sweep", "allreduce", "p2p"}:
         return
     import torch
     col = load_collective()

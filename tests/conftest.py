@@ -32,6 +32,7 @@ if str(COLLECTIONS) not in sys.path:
 # Sums: lab-a 1294, lab-b 1418; the unit tests (~460 worker-seconds) fill the gap on lab-a's worker, then both.
 LAB_SCOPES = {
     "test_lab_crash": "lab-a",          # 376
+    "test_lab_domains": "lab-a",        # 100
     "test_lab_soak": "lab-a",           # 338
     "test_lab_debian": "lab-a",         # 218  (the Debian mirror is shared: debian.ensure_mirror locks it)
     "test_lab_security": "lab-a",       # 100

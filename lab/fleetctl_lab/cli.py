@@ -17,35 +17,49 @@ from . import faults, slurm, state
 from .skus import DEFAULT_SKU, SKUS
 
 SPEC = re.compile(r"^(?P<count>\d+)x(?P<sku>[a-z0-9-]+)(?:/(?P<gpus>\d+))?(?:@(?P<driver>\d{3}\.\d+(?:\.\d+)?))?"
-                  r"(?P<drift>(?:\+[a-z-]+)*)$")
+                  r"(?P<drift>(?:\+[a-z-]+(?:=[^+]*)?)*)$")
 DRIFTS = ("nouveau", "persistence-off", "runtime")
 # +rpm: an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt); +debian: the driver from Debian's own
 # packages (real nvidia-tesla-470-*, nvidia-tesla-535-*, nvidia-*: lab/fleetctl_lab/debian.py)
 PACKAGINGS = ("deb", "rpm", "debian")
 FLAGS = set(DRIFTS) | {"rpm", "debian"}  # what may follow a spec's '+'
+# +domain=NAME: the hosts (rack-scale trays) are in multi-node NVLink domain NAME (docs/lab.md); specs naming the
+# same NAME build one domain.
+SPEC_FORM = "COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm|+debian][+domain=NAME]"
 
 
 def parse_specs(specs: tuple[str, ...], hosts: int, sku: str, gpus: int | None, driver: str | None,
                 drift: tuple[str, ...], packaging: str = "deb") -> tuple[list[state.HostSpec], dict[str, set[str]]]:
-    """HostSpecs for `--spec 3xh100-sxm/8@570.86.15+nouveau+rpm ...` (or the uniform --hosts/--sku/... form)."""
+    """HostSpecs for `--spec 3xh100-sxm/8@570.86.15+nouveau+rpm ...`, `--spec 3xgb200-nvl/4@570.86.15+domain=rack-a`
+    (or the uniform --hosts/--sku/... form)."""
     groups = []
     for text in specs or (f"{hosts}x{sku}" + (f"/{gpus}" if gpus else "") + (f"@{driver}" if driver else "")
                           + "".join(f"+{d}" for d in drift) + (f"+{packaging}" if packaging != "deb" else ""),):
         m = SPEC.match(text)
         if not m:
-            raise InputError(f"--spec {text!r}: expected COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm|+debian], "
-                             "e.g. 4xh100-sxm@570.86.15+nouveau")
+            raise InputError(f"--spec {text!r}: expected {SPEC_FORM}, e.g. 4xh100-sxm@570.86.15+nouveau")
         if m["sku"] not in SKUS:
             raise InputError(f"--spec {text!r}: unknown SKU {m['sku']!r} (known: {', '.join(SKUS)})")
-        drifts = set(filter(None, m["drift"].split("+")))
+        words = list(filter(None, m["drift"].split("+")))
+        options = dict(w.split("=", 1) for w in words if "=" in w)
+        drifts = {w for w in words if "=" not in w}
+        if set(options) - {"domain"}:
+            raise InputError(f"--spec {text!r}: unknown option {sorted(set(options) - {'domain'})[0]!r} "
+                             "(known: +domain=NAME)")
+        domain = options.get("domain")
+        if domain is not None and not state.DOMAIN_NAME_RE.match(domain):
+            raise InputError(f"--spec {text!r}: domain name {domain!r}: use lower-case letters, digits and '-'")
+        if domain is not None and not SKUS[m["sku"]].rack_scale:
+            raise InputError(f"--spec {text!r}: {m['sku']} is not a rack-scale SKU: no multi-node NVLink domain "
+                             f"(rack-scale: {', '.join(k for k, s in SKUS.items() if s.rack_scale)})")
         if drifts - FLAGS:
             raise InputError(f"--spec {text!r}: unknown drift {sorted(drifts - FLAGS)[0]!r} "
                              f"(known: {', '.join(DRIFTS)}; +rpm for an rpm host, +debian for Debian's own packages)")
         if {"rpm", "debian"} <= drifts:
             raise InputError(f"--spec {text!r}: +rpm and +debian exclude each other")
-        groups.append((int(m["count"]), m["sku"], int(m["gpus"]) if m["gpus"] else None, m["driver"], drifts))
+        groups.append((int(m["count"]), m["sku"], int(m["gpus"]) if m["gpus"] else None, m["driver"], drifts, domain))
     out, extra_drift, serial = [], {}, {}
-    for count, sku_key, n_gpus, drv, drifts in groups:
+    for count, sku_key, n_gpus, drv, drifts, domain in groups:
         for _ in range(count):
             prefix = sku_key.split("-")[0]  # a100-sxm and a100-pcie hosts number on: a100-01, a100-02
             serial[prefix] = serial.get(prefix, 0) + 1
@@ -53,7 +67,8 @@ def parse_specs(specs: tuple[str, ...], hosts: int, sku: str, gpus: int | None, 
             # A host with the NVIDIA driver installed has nouveau blacklisted by the package, unless drifted.
             out.append(state.HostSpec(name, sku_key, n_gpus, drv, nouveau="nouveau" in drifts,
                                       persistence_off="persistence-off" in drifts,
-                                      packaging=next((p for p in PACKAGINGS if p in drifts), "deb")))
+                                      packaging=next((p for p in PACKAGINGS if p in drifts), "deb"),
+                                      domain=domain))
             extra_drift[name] = drifts & {"runtime"}
     if not out:
         raise InputError("the lab needs at least one host")
@@ -77,7 +92,7 @@ def lab() -> None:
               help="rpm: Enterprise-Linux-style hosts (rpm, dnf, dnf versionlock; no apt); debian: the driver from "
                    "Debian's own packages (470.256.02, 535.216.03, 535.261.03).")
 @click.option("--spec", "specs", multiple=True, metavar="SPEC",
-              help="COUNTxSKU[/GPUS][@DRIVER][+DRIFT...][+rpm|+debian], repeatable, for a mixed fleet (overrides the above).")
+              help=f"{SPEC_FORM}, repeatable, for a mixed fleet (overrides the above).")
 @click.option("--slurm", "with_slurm", is_flag=True,
               help="A Slurm cluster over the hosts: slurmctld and munged here, munged and slurmd in every host "
                    "(eval \"$(fleetctl lab env)\" for srun, sbatch, sinfo, scontrol).")
@@ -422,3 +437,33 @@ def inject_sxid(host, code, switch, fatal) -> None:
 def inject_ib_port_down(host, port, rate) -> None:
     """An InfiniBand port loses its link (DOWN, Disabled; link_downed counts it), or retrains below its rate."""
     _report(host, faults.ib_port_down(host, port, rate))
+
+
+@inject.command("imex-down")
+@click.option("--next-boot", "next_boot", is_flag=True,
+              help="Instead: IMEX does not come up after the tray's next boot (that boot only).")
+@click.option("--restore", is_flag=True, help="Clear the fault and start IMEX.")
+@click.pass_obj
+def inject_imex_down(host, next_boot, restore) -> None:
+    """IMEX down on a tray of an NVLink domain: the daemon stops and will not start."""
+    _report(host, faults.imex_down(host, next_boot, restore))
+
+
+@inject.command("clique-change")
+@click.option("--clique", type=int, help="The clique id it comes back in (default: the domain's - 1).")
+@click.option("--restore", is_flag=True, help="Back in the domain's clique now.")
+@click.pass_obj
+def inject_clique_change(host, clique, restore) -> None:
+    """The tray comes back from its next reboot outside its domain's NVLink clique."""
+    _report(host, faults.clique_change(host, clique, restore))
+
+
+@inject.command("imex-node-missing")
+@click.argument("peer", required=False)
+@click.option("--restore", is_flag=True, help="Write the domain's whole node list again.")
+@click.pass_obj
+def inject_imex_node_missing(host, peer, restore) -> None:
+    """PEER (another tray of the domain) is missing from the tray's IMEX node list; IMEX restarts."""
+    if not peer and not restore:
+        raise InputError("name the PEER missing from the node list (or --restore)")
+    _report(host, faults.imex_node_missing(host, peer or "", restore))

@@ -7,6 +7,7 @@ into the host's /dev/kmsg (kernel/kmsg) and are gone after a reboot, like a real
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,7 +18,7 @@ from . import state
 from .conf import read_conf, write_conf
 from .kernel import (IB_LANE_DECI_GBPS, IB_WIDTHS, NVSWITCHES, append_kmsg, ib_ports, ib_rate_gbps, sysfs_pci_name,
                      write_aer, write_infiniband)
-from .skus import SKUS
+from .skus import DOMAIN_CLIQUE, SKUS
 
 # Real driver wording for the Xids the lab plants (kernel logs in bug reports and NVIDIA's catalog).
 XID_TEXT = {
@@ -309,6 +310,93 @@ def fabric_stuck(host: Host, driver: str | None = None) -> str:
     update_conf(host.faults_conf, **{f"fabric_stuck__{version}": 1})
     update_conf(host.gpus_conf, fabric_stuck=1)
     return f"the NVSwitch fabric stays in progress (driver {version})"
+
+
+# ---- NVLink domains and IMEX (docs/lab.md) ----------------------------------------------------------------------
+#
+# faults.conf: imex_down=1 (IMEX does not run and will not start), imex_down_next_boot=1 (the same at the next boot
+# only: the boot turns it into imex_down_boot=<its boot id>), clique_next_boot=N (the tray comes back from its next
+# boot in clique N: gpus.conf fabric.clique_id, until restored). The node list is the tray's own file.
+
+IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
+
+
+def apply_next_boot_faults(hw: dict[str, str], faults: dict[str, str], boot_id: str) -> bool:
+    """What the faults planted for the next boot do at the boot BOOT_ID: changes HW (gpus.conf) and FAULTS
+    (faults.conf) in place; True when they changed."""
+    changed = False
+    if faults.pop("imex_down_next_boot", "0") == "1":
+        faults["imex_down_boot"] = boot_id
+        changed = True
+    clique = faults.pop("clique_next_boot", "")
+    if clique:
+        hw["fabric.clique_id"] = clique
+        changed = True
+    return changed
+
+
+def domain_tray(host: Host) -> str:
+    """The NVLink domain HOST is a tray of (InputError if none)."""
+    domain = read_conf(host.gpus_conf).get("fabric.domain")
+    if not domain:
+        raise InputError(f"{host.record.name} is not a tray of an NVLink domain (lab spec +domain=NAME)")
+    return domain
+
+
+def imex_unit(host: Host, verb: str) -> str:
+    """`systemctl VERB nvidia-imex` in the host; '' when it worked, else why not."""
+    try:
+        run_in_host(host, ["systemctl", verb, "nvidia-imex"])
+        return ""
+    except (RuntimeError, subprocess.SubprocessError) as e:
+        return f" (IMEX not {verb}ed: {str(e).splitlines()[-1][-120:]})"
+
+
+def imex_down(host: Host, next_boot: bool = False, restore: bool = False) -> str:
+    """IMEX down on the tray: now (stopped, and it will not start), or with NEXT_BOOT after the tray's next boot,
+    for that boot only (a tray failing after its reboot). RESTORE clears both and starts IMEX."""
+    domain_tray(host)
+    if restore:
+        update_conf(host.faults_conf, imex_down=0, imex_down_next_boot=0, imex_down_boot="")
+        return "IMEX may run again" + imex_unit(host, "start")
+    if next_boot:
+        update_conf(host.faults_conf, imex_down_next_boot=1)
+        return "IMEX does not come up after the next boot"
+    update_conf(host.faults_conf, imex_down=1)
+    return "IMEX down: stopped, and it will not start" + imex_unit(host, "stop")
+
+
+def clique_change(host: Host, clique: int | None = None, restore: bool = False) -> str:
+    """The tray comes back from its next boot in another NVLink clique (CLIQUE, default the domain's - 1), and stays
+    there; RESTORE puts it back in the domain's clique now."""
+    domain_tray(host)
+    if restore:
+        update_conf(host.faults_conf, clique_next_boot="")
+        update_conf(host.gpus_conf, fabric__clique_id=DOMAIN_CLIQUE)
+        return f"back in clique {DOMAIN_CLIQUE}"
+    clique = DOMAIN_CLIQUE - 1 if clique is None else clique
+    if not 0 < clique < 2 ** 32 or clique == DOMAIN_CLIQUE:
+        raise InputError(f"--clique must be a clique id other than the domain's {DOMAIN_CLIQUE}, not {clique}")
+    update_conf(host.faults_conf, clique_next_boot=clique)
+    return f"comes back from the next boot in clique {clique}"
+
+
+def imex_node_missing(host: Host, peer: str, restore: bool = False) -> str:
+    """PEER (a tray of the same domain) is missing from the tray's IMEX node list, and IMEX restarted on it (as after
+    an edit by hand); RESTORE writes the domain's list again."""
+    domain = domain_tray(host)
+    nodes = json.loads((host.dir / "host.json").read_text()).get("imex_nodes") or []
+    if not restore:
+        try:
+            other = host.lab.host(peer)
+        except KeyError:
+            raise InputError(f"no lab host {peer!r}") from None
+        if other.spec.domain != domain or other.name == host.record.name:
+            raise InputError(f"{peer} is not another tray of {host.record.name}'s domain {domain}")
+        nodes = [a for a in nodes if a != other.address]
+    run_in_host(host, ["sh", "-c", f'printf "%s\\n" "$@" > {IMEX_NODES}', "sh", *nodes])
+    what = "node list restored" if restore else f"{peer} ({host.lab.host(peer).address}) missing from the node list"
+    return what + imex_unit(host, "restart")
 
 
 # ---- NVSwitch SXids and InfiniBand ports (docs/lab.md) --------------------------------------------------------

@@ -37,7 +37,7 @@ import fleetctl_lab
 import orchestrator
 from orchestrator.errors import OperationError
 from . import debian, network, slots, slurm, state
-from .skus import SKUS
+from .skus import DOMAIN_CLIQUE, SKUS, domain_cluster_uuid
 from .state import HostRecord, HostSpec, Lab
 
 __all__ = ["HostSpec", "Lab", "LabError", "up", "down", "status", "write_inventory"]
@@ -108,6 +108,11 @@ def check_specs(specs: list[HostSpec]) -> None:
             raise LabError(f"host {spec.name}: unknown SKU {spec.sku!r} (known: {', '.join(sorted(SKUS))})")
         if spec.gpus is not None and not 0 <= spec.gpus <= 64:
             raise LabError(f"host {spec.name}: gpus must be between 0 and 64")
+        if spec.domain is not None and not (state.DOMAIN_NAME_RE.match(spec.domain) and SKUS[spec.sku].rack_scale
+                                            and spec.packaging != "debian"):
+            raise LabError(f"host {spec.name}: NVLink domain {spec.domain!r} needs a rack-scale SKU (not "
+                           f"{spec.sku}), the lab's packages (deb or rpm) and a name of lower-case letters, digits "
+                           "and '-'")
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise LabError(f"duplicate host names: {', '.join(duplicates)}")
@@ -215,7 +220,9 @@ def prepare_host_dir(lab: Lab, host: HostRecord) -> str:
         "name": host.name, "address": host.address, "lab_dir": str(lab.dir),
         "client_pub": str(lab.client_key) + ".pub", "driver": host.spec.driver, "nouveau": host.spec.nouveau,
         "persistence_off": host.spec.persistence_off, "nvswitch": SKUS[host.spec.sku].nvswitch,
-        "packaging": host.spec.packaging,
+        "packaging": host.spec.packaging, "domain": host.spec.domain,
+        # IMEX's node list (/etc/nvidia-imex/nodes_config.cfg): the addresses of the trays of the host's domain
+        "imex_nodes": [h.address for h in lab.hosts if h.spec.domain == host.spec.domain] if host.spec.domain else None,
         "slurm": {"conf_dir": str(lab.slurm_dir), "run_dir": str(slurm_run_dir(lab.slot))} if lab.slurm else None,
         "debian_mirror": str(debian.mirror_dir()) if host.spec.packaging == "debian" else None}, indent=2) + "\n")
     return host_key
@@ -239,6 +246,9 @@ def gpus_conf(host: HostRecord) -> str:
             "recovery_action": 0, "lost": 0, "pcie_replays": 0, "mem_used_mib": 0,
         }
         lines += [f"gpu.{i}.{key}={value}" for key, value in values.items()]
+    if host.spec.domain:  # a tray of a multi-node NVLink domain (docs/lab.md: NVLink domains and IMEX)
+        lines += [f"fabric.domain={host.spec.domain}", f"fabric.cluster_uuid={domain_cluster_uuid(host.spec.domain)}",
+                  f"fabric.clique_id={DOMAIN_CLIQUE}"]
     if sku.ib_ports:  # the board's HCAs (docs/lab.md: /sys/class/infiniband)
         lines += [f"ib.count={sku.ib_ports}", f"ib.width={sku.ib_width}", f"ib.speed={sku.ib_speed}"]
     return "\n".join(lines) + "\n"

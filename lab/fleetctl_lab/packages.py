@@ -13,6 +13,9 @@ Packages (per driver version V of branch B; revision 0lab1):
                                  each other.
   nvidia-persistenced   V-0lab1  the daemon, its systemd unit (enabled by postinst, which also starts it)
   nvidia-fabricmanager-B V-0lab1 nv-fabricmanager and its unit (not started: as with the real package)
+  nvidia-imex-B         V-0lab1  the IMEX daemon nvidia-imex and nvidia-imex-ctl (emu/, rack-scale trays), its unit
+                                 (not enabled: the lab enables it on the trays of a domain) and the conffile
+                                 /etc/nvidia-imex/config.cfg. Branches conflict with and replace each other.
   nvidia-container-toolkit 1.17.4-1, 1.17.8-1: nvidia-ctk
   fleetctl-lab-gpu      1.0-0lab1: the NVML emulation, nvidia-smi and nvidia-lab-bench under /usr/local, answering for
                                  the version of the real libnvidia-ml.so.1 installed (`+debian` hosts: lab/fleetctl_lab/debian.py)
@@ -21,8 +24,8 @@ Packages (per driver version V of branch B; revision 0lab1):
 The same packages are also built as RPMs (rpmbuild) into an rpm-md repository in repo_dir/rpm (createrepo_c), for
 the lab's Enterprise-Linux-style hosts (dnf, rpm, dnf versionlock), named as NVIDIA's CUDA repository for RHEL
 names them: nvidia-driver, nvidia-persistenced and nvidia-fabric-manager (Epoch 3, Version V, Release 0lab1; no
-branch in the name), nvidia-container-toolkit, containerd, python3-nvidia-ml-py. Same files (the Debian library
-directory: the host underneath is Debian); the Debian maintainer scripts run as RPM scriptlets (RPM_SCRIPTLETS).
+branch in the name), nvidia-imex-B (the branch in the name, as on Ubuntu), nvidia-container-toolkit, containerd,
+python3-nvidia-ml-py. Same files (the Debian library directory: the host underneath is Debian); the Debian maintainer scripts run as RPM scriptlets (RPM_SCRIPTLETS).
 A host's rpm database holds only these packages, so the RPMs require nothing but what fleetctl-lab-system (no
 files, installed first) provides: the shell and python3 the host root already has.
 A content hash of the sources and the package list makes a rebuild of an unchanged repository a no-op, and
@@ -56,6 +59,15 @@ MAINTAINER = "fleetctl lab <lab@fleetctl.invalid>"
 EMU = Path(__file__).resolve().parent / "emu"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 FAULTS = "/var/lib/nvidia-lab/hw/faults.conf"
+IMEX_CONFIG = "etc/nvidia-imex/config.cfg"
+IMEX_PIDFILE = "/var/run/nvidia-imex/nvidia-imex.pid"
+# The keys of the real config.cfg the lab's daemon and nvidia-imex-ctl use (NVIDIA's IMEX guide), at its defaults.
+IMEX_CONFIG_TEXT = (b"# IMEX configuration (fleetctl lab emulation of nvidia-imex)\n"
+                    b"IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\n"
+                    b"SERVER_PORT=50000\n"
+                    b"IMEX_CMD_PORT=50005\n"
+                    b"IMEX_CMD_ENABLED=1\n"
+                    b"LOG_FILE_NAME=/var/log/nvidia-imex.log\n")
 MANIFEST = "lab-packages.json"
 RPM_DIR = "rpm"
 RPM_EPOCH = 3  # what NVIDIA's RHEL packages of the driver carry
@@ -87,10 +99,12 @@ SKU_HARDWARE = {
     "a100-sxm": dict(pci_device_id=0x20B210DE, pci_subsystem_id=0x147F10DE, memory_total=85899345920, arch="Ampere", mig=True),
     "a100-pcie": dict(pci_device_id=0x20B510DE, pci_subsystem_id=0x153310DE, memory_total=85899345920, arch="Ampere", mig=True),
     "l40s": dict(pci_device_id=0x26B910DE, pci_subsystem_id=0x185110DE, memory_total=48305799168, arch="Ada Lovelace", mig=False),
+    # plausible for GB200 (186 GB HBM3e a GPU), not read from a real board
+    "gb200-nvl": dict(pci_device_id=0x294110DE, pci_subsystem_id=0x20CA10DE, memory_total=199715979264, arch="Blackwell", mig=True),
 }
 GENERIC_HARDWARE = dict(pci_device_id=0x000010DE, pci_subsystem_id=0x000010DE, memory_total=85899345920, arch="Hopper", mig=True)
 ARCH_IDS = {"Ampere": 7, "Ada Lovelace": 8, "Hopper": 9, "Blackwell": 10}
-LAB_MAX_NVSWITCHES = 8
+LAB_MAX_NVSWITCHES = 18  # a GB200 NVL72 GPU's links reach the rack's 18 NVLink switch chips
 
 
 def branch(version: str) -> str:
@@ -159,6 +173,7 @@ class Package:
     version: str
     description: str
     files: dict = dataclasses.field(default_factory=dict)  # relative path -> (bytes, mode) or ("->", target)
+    conffiles: tuple = ()  # relative paths of FILES that are configuration (dpkg conffiles, rpm %config(noreplace))
     scripts: dict = dataclasses.field(default_factory=dict)  # preinst/postinst/prerm/postrm/triggers -> bytes
     fields: dict = dataclasses.field(default_factory=dict)  # extra control fields (Depends, Conflicts, ...)
     architecture: str = "amd64"
@@ -248,6 +263,18 @@ def package_list(pynvml: tuple[bytes, str], libs: dict[str, bytes]) -> list[Pack
             fields={"Provides": "nvidia-fabricmanager", "Conflicts": others_fm, "Replaces": others_fm,
                     "Section": "non-free/utils"},
             rpm_name="nvidia-fabric-manager", epoch=RPM_EPOCH))
+        others_imex = ", ".join("nvidia-imex-%s" % o for o in branches if o != b)
+        pkgs.append(Package(
+            "nvidia-imex-%s" % b, "%s-%s" % (v, REVISION),
+            "IMEX Manager %s for NVIDIA multi-node NVLink systems, fleetctl lab emulation" % v,
+            files={"usr/bin/nvidia-imex": (_script("nvidia-imex", LAB_DRIVER_VERSION=v), 0o755),
+                   "usr/bin/nvidia-imex-ctl": (_script("nvidia-imex-ctl"), 0o755),
+                   IMEX_CONFIG: (IMEX_CONFIG_TEXT, 0o644),
+                   "lib/systemd/system/nvidia-imex.service": (_unit(
+                       "NVIDIA IMEX service", "/usr/bin/nvidia-imex -c /%s" % IMEX_CONFIG, IMEX_PIDFILE), 0o644)},
+            conffiles=(IMEX_CONFIG,),
+            scripts={"prerm": _sh(_stop_daemon(IMEX_PIDFILE))},
+            fields={"Conflicts": others_imex, "Replaces": others_imex, "Section": "non-free/utils"}))
     for tv in TOOLKIT_VERSIONS:
         pkgs.append(Package(
             "nvidia-container-toolkit", "%s-1" % tv,
@@ -342,6 +369,8 @@ def _build_deb(pkg: Package, build: Path, repo_dir: Path) -> Path:
               "Maintainer": MAINTAINER, "Installed-Size": str(max(1, (size + 1023) // 1024)), "Priority": "optional",
               **{k: v for k, v in pkg.fields.items() if v}, "Description": pkg.description}
     (debian / "control").write_text("".join("%s: %s\n" % kv for kv in fields.items()))
+    if pkg.conffiles:
+        (debian / "conffiles").write_text("".join("/%s\n" % rel for rel in pkg.conffiles))
     out = repo_dir / pkg.filename
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out)],
                    check=True, capture_output=True, text=True)
@@ -384,7 +413,7 @@ def rpm_spec(pkg: Package, staged: Path) -> str:
     lines += ["Provides: " + p for p in pkg.rpm_provides]
     lines += ["", "%description", " ".join(rest.split()) or summary, "", "%install",
               "cp -a %s/. %%{buildroot}/" % staged, "", "%files"]
-    lines += ['"/%s"' % rel for rel in sorted(pkg.files)]
+    lines += [('%%config(noreplace) "/%s"' if rel in pkg.conffiles else '"/%s"') % rel for rel in sorted(pkg.files)]
     for name, body in rpm_scriptlets(pkg).items():
         lines += ["", "%" + name, body.replace("%", "%%").rstrip("\n")]
     return "\n".join(lines) + "\n"

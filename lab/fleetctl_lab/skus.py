@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 
@@ -21,7 +22,7 @@ class Sku:
     # NVLink (docs/lab.md, docs/interconnect.md): links per GPU, all to NVSwitches on an NVSwitch board (every GPU
     # pair then shows NV<links>); 0 for a PCIe-only GPU (NVML answers NOT_SUPPORTED).
     nvlinks: int = 0
-    nvlink_version: int = 0  # nvmlNvlinkVersion_t: 4 = 3.0 (A100), 6 = 4.0 (Hopper)
+    nvlink_version: int = 0  # nvmlNvlinkVersion_t: 4 = 3.0 (A100), 6 = 4.0 (Hopper), 7 = 5.0 (Blackwell)
     nvlink_gbs: float = 0.0  # per link and direction, as `nvidia-smi nvlink -s` prints it
     nvswitch_links: tuple[int, ...] = ()  # how a GPU's links spread over the board's NVSwitches, in link order
     # The benchmark's interconnect centres (hosts with 2+ GPUs, every link up): NCCL all-reduce bus bandwidth
@@ -34,6 +35,9 @@ class Sku:
     ib_ports: int = 0
     ib_width: int = 4
     ib_speed: str = ""
+    # A rack-scale tray (GB200 NVL72): its NVLinks leave the tray for the rack's NVLink switch trays, so its GPUs can
+    # join a multi-node NVLink domain (a lab spec's +domain=NAME) run by IMEX; no NVSwitch on the tray itself.
+    rack_scale: bool = False
 
 
 # Host<->device copies (the benchmark's h2d_gbs / d2h_gbs) follow each GPU's CURRENT PCIe link (gpus.conf
@@ -73,6 +77,13 @@ SKUS = {s.key: s for s in (
     Sku("a100-sxm", "NVIDIA A100-SXM4-80GB", 8, "92.00.45.00.06", 4, 16, 60000, 400000, 280.0, 1700.0, True,
         nvlinks=12, nvlink_version=4, nvlink_gbs=25.0, nvswitch_links=(2, 2, 2, 2, 2, 2),
         allreduce_busbw_gbs=(155.0, 230.0), p2p_gbs=230.0),
+    # A GB200 NVL72 compute tray (figures plausible for GB200, not measured): 4 Blackwell GPUs (2 per Grace CPU),
+    # 18 NVLink 5.0 links each, one to each of the rack's 18 NVLink switch chips (9 switch trays of 2), 50 GB/s a link
+    # and direction (nvidia-smi: 53.125); no NVSwitch and no fabric manager on the tray; one 400G NDR HCA per GPU.
+    Sku("gb200-nvl", "NVIDIA GB200", 4, "97.00.5C.00.01", 5, 16, 150000, 1200000, 2000.0, 6500.0, False,
+        nvlinks=18, nvlink_version=7, nvlink_gbs=53.125, nvswitch_links=(1,) * 18,
+        allreduce_busbw_gbs=(650.0, 900.0), p2p_gbs=740.0, inforom="G548.0201.00.06",
+        ib_ports=4, ib_speed="NDR", rack_scale=True),
     # A PCIe board without NVLink bridges, supported by every branch from 450 (Debian's 470 included: +debian hosts).
     Sku("a100-pcie", "NVIDIA A100 80GB PCIe", 4, "92.00.90.00.04", 4, 16, 45000, 300000, 250.0, 1500.0, False,
         allreduce_busbw_gbs=(20.0, 20.0), p2p_gbs=25.0),
@@ -80,3 +91,14 @@ SKUS = {s.key: s for s in (
         allreduce_busbw_gbs=(20.0, 20.0), p2p_gbs=25.0),
 )}
 DEFAULT_SKU = "h100-sxm"
+
+# A multi-node NVLink domain (a rack-scale tray's +domain=NAME): every GPU of its trays reports NVML fabric state
+# completed / success, the domain's cluster UUID (derived from its name: the same on every tray and every `lab up`,
+# never zero) and the default NVLink partition's clique id (NMX reserves 32766 for the default partition).
+DOMAIN_CLIQUE = 32766
+_DOMAIN_NAMESPACE = uuid.UUID("5b1f7a52-3c55-4f0e-9a63-4c4e5f2a1d70")
+
+
+def domain_cluster_uuid(name: str) -> str:
+    """The cluster UUID of the lab's NVLink domain NAME."""
+    return str(uuid.uuid5(_DOMAIN_NAMESPACE, name))

@@ -12,6 +12,7 @@ from pathlib import Path
 DEFAULT_LAB_DIR = Path("/var/lib/fleetctl-lab")
 LAB_ENV = "FLEETCTL_LAB_DIR"
 HOST_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
+DOMAIN_NAME_RE = HOST_NAME_RE  # an NVLink domain's name (+domain=NAME)
 
 
 def lab_dir(path: str | os.PathLike | None = None) -> Path:
@@ -30,6 +31,8 @@ class HostSpec:
     persistence_off: bool = False
     packaging: str = "deb"         # "rpm": an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt);
                                    # "debian": the driver from Debian's own packages (lab/fleetctl_lab/debian.py)
+    domain: str | None = None      # a rack-scale tray's multi-node NVLink domain (docs/lab.md): its GPUs' fabric
+                                   # cluster and clique, and IMEX over the domain's trays
 
     @property
     def branch(self) -> str | None:

@@ -19,6 +19,9 @@ from .transitions import CampaignState, HostState
 from .options import Campaign
 
 
+DOMAIN_PEER = "NVLink domain "  # how the reason of a host stopped with its domain begins
+
+
 def later(seconds: float, start: datetime | None = None) -> str:
     return stamp((start or datetime.now(timezone.utc)) + timedelta(seconds=seconds))
 
@@ -62,6 +65,8 @@ class Engine:
             raise OperationError(f"campaign {self.cid}: host {missing[0]} is not in the inventory any more "
                                  f"(give the inventory the campaign was started with)")
         self.ctx = steps.Context(journal, self.cid, campaign.target, fleet, base, self.options)
+        # Each host's unit of change: its multi-node NVLink domain, or itself (plans recorded before domains: itself)
+        self.unit = {h["name"]: h.get("domain") or h["name"] for w in self.plan["waves"] for h in w["hosts"]}
 
     # ---- the campaign table ------------------------------------------------------------------------------
     def run(self) -> CampaignState:
@@ -95,20 +100,25 @@ class Engine:
             return
         self.advance(members)
         rows = {h["host"]: h for h in self.journal.hosts(self.cid) if h["wave"] == wave}
-        failed = [h for h, r in rows.items() if r["state"] in transitions.FAILED]
+        failed = sorted((h for h, r in rows.items() if r["state"] in transitions.FAILED),
+                        key=lambda h: (rows[h]["reason"] or "").startswith(DOMAIN_PEER))  # who failed first
         budget = self.plan["waves"][wave - 1]["budget"]
-        if failed and len(failed) >= budget["fail_at"]:
+        units, unit = {self.unit.get(h, h) for h in failed}, budget.get("unit", "host")
+        if failed and len(units) >= budget["fail_at"]:
             everyone = self.journal.hosts(self.cid)
             moves = {"roll_back": [r["host"] for r in everyone
                                    if self.options.rollback_scope == "campaign" or r["wave"] == wave],
                      "cancel": [r["host"] for r in everyone if r["wave"] > wave]}
+            of = len({self.unit.get(h, h) for h in rows})
             self.journal.transition(self.cid, "wave_failed", moves=moves, wave=wave,
-                                    reason=f"wave {wave} failed ({len(failed)} of {len(rows)} hosts, "
+                                    reason=f"wave {wave} failed ({len(units)} of {of} {unit}s, "
                                            f"{budget['rule']}): {first_host(failed, rows)}")
             return
-        lone = [h for h in failed if rows[h]["state"] == HostState.FAILED and rows[h]["changed"]]
-        if lone:  # within budget: only the failed hosts go back, the campaign goes on
-            self.journal.move(self.cid, "host_rollback", "roll_back", lone, reason="failed within the wave's budget")
+        # within budget: only the failed hosts go back (with every host of their NVLink domains), the campaign goes on
+        lone = [h for h, r in rows.items() if r["changed"] and self.unit.get(h, h) in units
+                and r["state"] in (HostState.FAILED, HostState.DONE)]
+        if lone:
+            self.journal.move(self.cid, "host_rollback", {"roll_back": lone}, reason="failed within the wave's budget")
             self.advance(lone)
             return self.run_wave(self.journal.campaign(self.cid))
         held = [h for h, r in rows.items() if r["state"] == HostState.HELD]
@@ -168,13 +178,20 @@ class Engine:
         Over a budget the campaign rolls back as for a failed wave (True); within, those hosts roll back alone and
         the soak goes on."""
         c, rows = self.journal.campaign(self.cid), self.journal.hosts(self.cid)
+        watched = set(soak.watched(self.journal, self.cid))
+        for host, why in list(failures.items()):  # the soak watches an NVLink domain as one
+            for peer in sorted(h for h in watched if h != host and self.unit.get(h, h) == self.unit.get(host, host)):
+                failures.setdefault(peer, f"{DOMAIN_PEER}{self.unit[host]}: {host} failed ({why}): "
+                                          "the domain moves as one")
         over = []
         for wave in sorted({r["wave"] for r in rows if r["host"] in failures}):
             members = [r for r in rows if r["wave"] == wave]
-            failed = [r["host"] for r in members if r["state"] in transitions.FAILED or r["host"] in failures]
+            failed = {self.unit.get(r["host"], r["host"]) for r in members
+                      if r["state"] in transitions.FAILED or r["host"] in failures}
             budget = self.plan["waves"][wave - 1]["budget"]
+            of, unit = len({self.unit.get(r["host"], r["host"]) for r in members}), budget.get("unit", "host")
             if len(failed) >= budget["fail_at"]:
-                over.append(f"wave {wave} ({len(failed)} of {len(members)} hosts, {budget['rule']})")
+                over.append(f"wave {wave} ({len(failed)} of {of} {unit}s, {budget['rule']})")
         reasons = {h: r for h, r in failures.items()}
         text = first_host(sorted(failures), {h: {"reason": r} for h, r in failures.items()})
         if over:
@@ -222,6 +239,23 @@ class Engine:
                 o = results[host]
                 self.journal.finish_step(self.cid, host, step, o.outcome, o.reason, o.detail, o.before)
             self.journal.note(self.cid, "batch_finished", step=step, batch=batch, **timing)
+            self.stop_domains(scope)
+
+    def stop_domains(self, scope: set[str]) -> None:
+        """A host of a multi-node NVLink domain failed: the domain's other hosts stop where they are (those not yet
+        changed are released, those changed fail with it: the wave's rules then roll the domain back whole)."""
+        rows = {r["host"]: r for r in self.journal.hosts(self.cid)}
+        failed = {self.unit.get(h, h): h for h, r in rows.items() if h in scope and self.unit.get(h, h) != h
+                  and (r["state"] in transitions.FAILED or r["state"] in (HostState.RELEASE,))}
+        peers = sorted(h for h in scope if self.unit.get(h, h) in failed and h not in failed.values()
+                       and not transitions.is_terminal(rows[h]["state"]) and rows[h]["state"] != HostState.RELEASE
+                       and rows[h]["state"] not in transitions.IN_ROLLBACK)
+        if peers:
+            first = failed[self.unit[peers[0]]]
+            self.journal.move(self.cid, "domain_peer_failed", {"stop": peers, "release": peers, "fail": peers},
+                              reason=f"{DOMAIN_PEER}{self.unit[first]}: {first} failed "
+                                     f"({rows[first]['reason'] or rows[first]['state']}): the domain moves as one",
+                              host_reason=True)
 
     def load_befores(self) -> None:
         """What precheck recorded of each host, for the steps and the soak checks (read back: a resume has it)."""

@@ -337,15 +337,18 @@ class Journal:
         """Hand the listener what note_later() left."""
         self._flush()
 
-    def move(self, cid: int, event: str, move: str, hosts: list[str], reason: str | None = None) -> None:
-        """A host event that moves HOSTS outside the host table (transitions.EVENT_MOVES, e.g. a host's own
-        rollback within its wave's budget) and leaves the campaign's state as it is: one event per host moved."""
-        if not hosts:
+    def move(self, cid: int, event: str, moves: dict[str, list[str]], reason: str | None = None,
+             host_reason: bool = False) -> None:
+        """A host event that moves hosts outside the host table (MOVES: a transitions.MOVES name -> the hosts named,
+        as transitions.EVENT_MOVES allows EVENT: a host's own rollback within its wave's budget, the hosts of an
+        NVLink domain stopped when one of them failed) and leaves the campaign's state as it is, all in one
+        transaction: one event per host moved. HOST_REASON: REASON becomes each moved host's reason too."""
+        if not any(moves.values()):
             return
         with self.tx() as db:
-            for host, state in self._moved(db, cid, event, {move: hosts}).items():
-                db.execute("UPDATE campaign_hosts SET state=?, updated_at=? WHERE campaign_id=? AND host=?",
-                           (state, now(), cid, host))
+            for host, state in self._moved(db, cid, event, moves).items():
+                db.execute("UPDATE campaign_hosts SET state=?, reason=COALESCE(?, reason), updated_at=?"
+                           " WHERE campaign_id=? AND host=?", (state, reason if host_reason else None, now(), cid, host))
                 self._event(db, cid, event, host, state=state, reason=reason)
         self._flush()
 

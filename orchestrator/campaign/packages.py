@@ -1,8 +1,8 @@
 """Which exact packages a host moves to (upgrade) and back (rollback), from the packages its facts list.
 
-The driver-versioned packages are those of role driver, persistenced or fabricmanager whose upstream version is
-the running driver's (nvidia-driver-550-open 550.163.01-0ubuntu1, nvidia-fabricmanager-550, libnvidia-nscq-550,
-nvidia-persistenced ...). An upgrade asks for each of them at the target version, renamed to the target branch
+The driver-versioned packages are those of role driver, persistenced, fabricmanager or imex whose upstream version
+is the running driver's (nvidia-driver-550-open 550.163.01-0ubuntu1, nvidia-fabricmanager-550, libnvidia-nscq-550,
+nvidia-persistenced, nvidia-imex-570 ...: IMEX refuses to start against another driver). An upgrade asks for each of them at the target version, renamed to the target branch
 where the name carries the branch (each packaging family's spelling: collections/ansible_collections/fleetctl/gpu/plugins/module_utils/
 fleetctl_packaging.py, the same rules the hosts apply); the container toolkit and anything not versioned with the
 driver is left alone. A rollback asks for exactly the recorded set, distro versions and all.
@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import resources
 
-DRIVER_VERSIONED_ROLES = ("driver", "persistenced", "fabricmanager")
+DRIVER_VERSIONED_ROLES = ("driver", "persistenced", "fabricmanager", "imex")
 
 
 def upstream(version: str) -> str:
@@ -60,6 +60,10 @@ def flavor_of(names: list[str], current: str | None) -> str | None:
 
 def is_fabric_manager(name: str) -> bool:
     return resources.module_utils("fleetctl_packaging").role(name) == "fabricmanager"
+
+
+def is_imex(name: str) -> bool:
+    return resources.module_utils("fleetctl_packaging").role(name) == "imex"
 
 
 def describe(packages: dict[str, str]) -> str:

@@ -6,17 +6,19 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .. import audit, controls, gate, plan, probe, runner
+from .. import audit, controls, domains, gate, plan, probe, runner
 from . import hooks, packages, scheduler, transitions
 from .context import Context, Outcome, activation
 
 
 FABRIC_WAIT_S, FABRIC_POLL_S = 120.0, 10.0  # verify waits this long for the fabric manager to register the GPUs
+IMEX_POLL_S = 2.0  # and looks this often whether an NVLink domain's IMEX has re-formed (its trays reboot together)
 FABRIC_PENDING = ("not_started", "in_progress")
 # What a rollback must give back as it was at the precheck: the driver's own findings (the controls of the
 # "restored_on_rollback" role) and its daemons.
 DAEMON_UNITS = {"nvidia-persistenced.service": ("persistence", "daemon_running"),
-                "nvidia-fabricmanager.service": ("fabric_manager", "running")}
+                "nvidia-fabricmanager.service": ("fabric_manager", "running"),
+                "nvidia-imex.service": ("imex", "running")}
 
 
 def unreachable_or_failed(outcome: runner.HostOutcome) -> Outcome | None:
@@ -54,6 +56,7 @@ def precheck(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
                       "gpus": len(controls.live_gpus(facts)),
                       "packages": packages.driver_versioned(facts["driver"]["packages"], detail),
                       "held": facts["driver"]["held"], "nvlink_up": nvlink_up(facts),
+                      "cliques": domains.cliques(facts),
                       "interconnect": {f["control"]: f["status"] for f in entry["findings"]
                                        if f["control"] in controls.with_role("interconnect")},
                       "driver_findings": {f["control"]: f["status"] for f in entry["findings"]
@@ -241,6 +244,10 @@ def interconnect_problems(entry: dict[str, Any], before: dict[str, Any]) -> list
     for gpu, up in sorted((before.get("nvlink_up") or {}).items()):
         if gpu in now and now[gpu] < up:  # a GPU gone altogether is the GPU count's problem
             problems.append(f"GPU {gpu}: {now[gpu]} of the {up} NVLink links up at the pre-check are up")
+    cliques = domains.cliques(entry["facts"])
+    for gpu, was in sorted((before.get("cliques") or {}).items()):
+        if cliques.get(gpu) != was:  # the tray came back outside its rack's NVLink domain
+            problems.append(f"GPU {gpu}: NVLink clique {cliques.get(gpu) or 'none'}, {was} at the pre-check")
     return problems
 
 
@@ -250,20 +257,40 @@ def fabric_pending(entry: dict[str, Any]) -> bool:
     return any((g.get("fabric") or {}).get("state") in FABRIC_PENDING for g in ic.get("gpus", []))
 
 
+def imex_pending(entry: dict[str, Any]) -> bool:
+    """The host's NVLink domain has not re-formed yet: its IMEX is not running, or does not see every peer of its
+    node list connected and ready (the domain's trays reboot together and come back one by one)."""
+    return bool(domain_problems(entry))
+
+
+def domain_problems(entry: dict[str, Any]) -> list[str]:
+    """Why the host's rack-scale NVLink domain has not formed (the "domain_formed" controls not passing), [] when it
+    has or the host is in none."""
+    if (entry["facts"] or {}).get("imex") is None:
+        return []
+    return [f"{f['control']}: {f['message']}" for f in entry["findings"]
+            if f["control"] in controls.with_role("domain_formed") and f["status"] not in ("pass", "not_applicable")]
+
+
 def facts_after_activation(ctx: Context, hosts: list[str]) -> dict[str, dict[str, Any]]:
-    """facts_of, collected again (every FABRIC_POLL_S, up to the baseline's campaign.fabric_wait_s) for hosts whose
-    NVSwitch fabric is still being registered: the fabric manager starts after sshd is back."""
+    """facts_of, collected again (up to the baseline's campaign.fabric_wait_s) for hosts whose NVSwitch fabric is
+    still being registered (every FABRIC_POLL_S: the fabric manager starts after sshd is back) or whose NVLink
+    domain has not re-formed yet (every IMEX_POLL_S)."""
     entries = facts_of(ctx, hosts)
     deadline = {h: time.monotonic() + ctx.policy(h).get("campaign", {}).get("fabric_wait_s", FABRIC_WAIT_S)
                 for h in hosts}
-    waiting = [h for h, e in entries.items() if e["facts"] is not None and fabric_pending(e)]
+
+    def pending(h: str) -> bool:
+        return entries[h]["facts"] is not None and (fabric_pending(entries[h]) or imex_pending(entries[h]))
+    waiting = [h for h in entries if pending(h)]
     while True:
-        waiting = [h for h in waiting if time.monotonic() + FABRIC_POLL_S <= deadline[h]]
+        poll = FABRIC_POLL_S if any(fabric_pending(entries[h]) for h in waiting) else IMEX_POLL_S
+        waiting = [h for h in waiting if time.monotonic() + poll <= deadline[h]]
         if not waiting:
             return entries
-        time.sleep(FABRIC_POLL_S)
+        time.sleep(poll)
         entries.update(facts_of(ctx, waiting))
-        waiting = [h for h in waiting if entries[h]["facts"] is not None and fabric_pending(entries[h])]
+        waiting = [h for h in waiting if pending(h)]
 
 
 def not_restored(entry: dict[str, Any], before: dict[str, Any]) -> list[str]:
@@ -324,6 +351,7 @@ def _verify(ctx: Context, hosts: list[str], version_of: Callable[[str], str],
         if d["held"] is False:
             problems.append("driver packages are not held")
         problems += interconnect_problems(entry, ctx.befores[name])
+        problems += [p for p in domain_problems(entry) if p not in problems]  # the NVLink domain formed again
         problems += [f"driver.next_boot: {f['message']}" for f in entry["findings"]
                      if f["control"] == "driver.next_boot" and f["status"] == "fail"]
         if whole_host:

@@ -145,12 +145,13 @@ class Move:
     """Hosts put in a state outside the host table: of the hosts named, those the move concerns go to TO."""
     to: HostState
     changed: bool = False                         # only hosts the campaign changed
+    unchanged: bool = False                       # only hosts the campaign has not changed
     only: tuple[HostState, ...] | None = None     # only hosts in one of these states
     never: tuple[HostState, ...] = ()             # never hosts in one of these states
 
     def concerns(self, state: str, changed: bool) -> bool:
-        return ((changed or not self.changed) and (self.only is None or state in self.only)
-                and state not in self.never)
+        return ((changed or not self.changed) and (not changed or not self.unchanged)
+                and (self.only is None or state in self.only) and state not in self.never)
 
 
 MOVES = {
@@ -159,6 +160,11 @@ MOVES = {
     "cancel":      Move(H.NOT_STARTED),                        # a later wave that will not run
     "accept":      Move(H.UNDRAIN,       only=(H.HELD,)),      # the operator accepts a held host
     "abandon":     Move(H.NOT_STARTED,   only=READ_ONLY_STATES),  # aborted before anything changed it
+    # a host of its NVLink domain failed: the others stop where they are, the domain moves as one
+    "stop":        Move(H.FAILED,        only=READ_ONLY_STATES + (H.DRAIN,)),     # nothing done to it yet
+    "release":     Move(H.RELEASE,       unchanged=True, only=(H.WAIT_IDLE, H.INSTALL)),  # drained: undrained
+    "fail":        Move(H.FAILED,        changed=True, only=(H.INSTALL, H.ACTIVATE, H.VERIFY, H.PROBE_AFTER,
+                                                             H.PROBE_AGAIN, H.UNDRAIN)),  # goes back with it
 }
 # The events that move hosts between the tables, and how; Journal.transition (and Journal.move, for a host's own
 # rollback within its wave's budget) apply them in the event's transaction, in this order.
@@ -167,6 +173,7 @@ EVENT_MOVES = {
     "soak_failed":        ("roll_back", "cancel"),
     "soak_host_failed":   ("roll_back",),
     "host_rollback":      ("roll_back",),
+    "domain_peer_failed": ("stop", "release", "fail"),
     "rollback_requested": ("roll_back",),
     "resumed":            ("accept",),
     "abort_requested":    ("abandon",),

@@ -104,12 +104,14 @@ def show_table(doc: dict[str, Any], console: Console, verbose: bool = False) -> 
     """The hosts and their one-line reasons; VERBOSE: every gate's reasons in full and its series, one row each."""
     c = doc["campaign"]
     t = Table(title=safe(f"campaign {c['id']} to {c['target']}: {c['state']}", "table.title"), title_justify="left")
-    for col in ("Wave", "Host", "From", "State", "Steps", "Reason"):
+    domains = any(h.get("domain") for h in doc["hosts"])  # an NVLink domain's hosts move as one: say which
+    for col in ("Wave", *(("Domain",) if domains else ()), "Host", "From", "State", "Steps", "Reason"):
         t.add_column(col, overflow="fold")
     for h in doc["hosts"]:
         steps = " ".join(f"{s['step']}:{s['status']}" + (f"x{s['attempts']}" if s["attempts"] > 1 else "")
                          for s in h["steps"])
-        t.add_row(str(h["wave"]), safe(h["name"]), safe(h["from_version"] or ""),
+        t.add_row(str(h["wave"]), *((safe(h.get("domain") or "-"),) if domains else ()), safe(h["name"]),
+                  safe(h["from_version"] or ""),
                   safe(h["state"], STATE_STYLE.get(h["state"], "cyan")), safe(steps), safe(h["reason"] or ""))
     console.print(t)
     s = doc["soak"]

@@ -121,11 +121,15 @@ def plan_table(report: dict[str, Any]) -> Table:
         t.add_column(name, **kw)
     for w in report["waves"]:
         label = Text(f"{w['index']}") + (Text(" canary", style="bold") if w["budget"]["canary"] else Text(""))
-        by_version: dict[str, list[str]] = {}
+        by_version: dict[tuple[str | None, str], list[str]] = {}  # an NVLink domain's hosts together, named
         for h in w["hosts"]:
-            by_version.setdefault(h["from_version"], []).append(h["name"])
-        names = "; ".join(f"{', '.join(hosts)} (from {version})" for version, hosts in by_version.items())
-        t.add_row(label, str(w["size"]), str(w["cumulative"]), str(w["budget"]["fail_at"]), safe(names))
+            by_version.setdefault((h.get("domain"), h["from_version"]), []).append(h["name"])
+        names = "; ".join(f"{domain + ': ' if domain else ''}{', '.join(hosts)} (from {version})"
+                          for (domain, version), hosts in by_version.items())
+        unit = w["budget"].get("unit", "host")
+        fails_at = str(w["budget"]["fail_at"]) + (f" {unit}{'s' if w['budget']['fail_at'] != 1 else ''}"
+                                                  if unit != "host" else "")
+        t.add_row(label, str(w["size"]), str(w["cumulative"]), fails_at, safe(names))
     if not report["waves"]:
         t.add_row("-", "0", "0", "-", Text("no host to move", style="dim"))
     return t

@@ -41,7 +41,8 @@ class Control:
     evaluate: Callable[..., Check | None]  # (facts, policy), + reference with uses_reference, + peers with peers
     uses_reference: bool = False
     roles: tuple[str, ...] = ()  # see registry.ROLES
-    peers: Callable[[list[dict[str, Any]]], Any] | None = None  # the group's facts -> what evaluate gets last
+    peers: Callable[[dict[Any, dict[str, Any] | None]], Any] | None = None  # the peers -> what evaluate gets last
+    peers_by: str = "group"  # see registry.PEERS_BY
 
 
 def passed(message: str, **evidence: Any) -> Check:

@@ -266,10 +266,10 @@ def gpu_memory_leak(facts, policy):
 FIRMWARE = (("vbios", "VBIOS"), ("inforom_image", "InfoROM image"))
 
 
-def firmware_census(group: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def firmware_census(group: dict[Any, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
     """The firmware of a group's GPUs: {GPU model: {"hosts": N, "vbios"|"inforom_image": {version: GPUs}}}."""
     census: dict[str, dict[str, Any]] = {}
-    for facts in group:
+    for facts in filter(None, group.values()):
         seen: set[str] = set()
         for g in live_gpus(facts):
             if not g.get("name"):

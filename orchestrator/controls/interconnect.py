@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .. import domains
 from .base import Check, failed, not_applicable, passed, running_version, unread as _unread, unread_message, warned
 from .registry import control
 
@@ -260,6 +261,38 @@ def gpu_fabric(facts, policy):
     cliques = sorted({g["fabric"].get("clique_id") for g in gpus}, key=str)
     return passed(f"fabric registration completed (success) on all {len(gpus)} GPUs, clique "
                   f"{', '.join(map(str, cliques))}", **evidence)
+
+
+@control("gpu.fabric_clique", "GPUs in the fabric clique they were in", "high", (),
+         "the tray came back outside its rack's NVLink domain: check its NVLink cables and the NVLink switch trays' "
+         "fabric (NMX), then reset the GPUs or reboot the tray", reference=True,
+         roles=("health", "judged_by_verify"))  # the verify compares with the pre-check itself
+def gpu_fabric_clique(facts, policy, reference):
+    """Fails when a GPU of a host in a multi-node NVLink domain is not in the fabric clique (NVML's cluster UUID and
+    clique id) it had at the host's last passing audit, naming the GPU and both cliques; not applicable where neither
+    now nor then the GPUs reported a multi-node domain (no IMEX facts: HGX boards, PCIe GPUs)."""
+    # No `needs`: an unread fabric state matters only on a host in a multi-node domain.
+    if facts.get("imex") is None and (reference or {}).get("imex") is None:
+        return not_applicable("no multi-node NVLink domain, now or at the last passing audit")
+    ic, skip = interconnect_of(facts)
+    if skip:
+        return skip
+    gpus = ic.get("gpus") or []
+    if any(g.get("fabric") is None for g in gpus):
+        return Check("error", f"fabric clique unread: {unread_message(facts, 'interconnect.gpus[*].fabric')}")
+    now, was = domains.cliques(facts), domains.cliques(reference)
+    evidence: dict[str, Any] = {"cliques": now}
+    shown = ", ".join(sorted(set(now.values()))) or "none"
+    if not reference:
+        return passed(f"{len(gpus)} GPUs in clique {shown} (no earlier passing audit to compare with: this one "
+                      f"becomes the reference)", **evidence)
+    moved = [f"{gpu_label(g)}: clique {now.get(pci, 'none')}, was {was.get(pci, 'none')}"
+             for g in gpus for pci in [str(g.get("pci_bus_id"))] if now.get(pci) != was.get(pci)]
+    evidence["reference_collected_at"] = reference.get("collected_at")
+    if moved:
+        return failed(f"{len(moved)} GPU{'s' if len(moved) > 1 else ''} not in the fabric clique of the last passing "
+                      f"audit ({reference.get('collected_at')}): " + "; ".join(moved), **evidence)
+    return passed(f"{len(gpus)} GPUs in clique {shown}, as at the last passing audit", **evidence)
 
 
 @control("gpu.topology", "GPU pairs connected as expected", "high", ("interconnect.topology",),

@@ -24,18 +24,29 @@ ROLES = {
                         "next boot, interconnect): changed_controls does not repeat it",
     "verify_always": "the verify fails a host on it whatever it was at the precheck (held packages, the next boot's "
                      "module), so the rollback's comparison with the precheck leaves it out",
+    "domain_formed": "passing says the host's rack-scale NVLink domain has formed again (IMEX running, every peer "
+                     "ready and connected): after an activation the verify collects the facts again until it passes "
+                     "(steps.imex_pending)",
+}
+# The hosts a control registered with peers compares a host with (audit.peer_sets):
+PEERS_BY = {
+    "group": "the host's inventory group (its most specific one)",
+    "nvlink_domain": "the host's NVLink domain (domains.group: the trays of one rack-scale NVLink fabric)",
 }
 
 
 def control(id: str, title: str, severity: str, needs: tuple[str, ...], remediation: str, reference: bool = False,
-            roles: tuple[str, ...] = (), peers: Callable[[list[dict[str, Any]]], Any] | None = None):
-    """PEERS: for a control that compares a host with the other hosts of its inventory group, the function the audit
-    calls once per group with the facts of the group's hosts; what it returns is handed to the control."""
+            roles: tuple[str, ...] = (), peers: Callable[[dict[Any, dict[str, Any] | None]], Any] | None = None,
+            peers_by: str = "group"):
+    """PEERS: for a control that compares a host with other hosts (PEERS_BY says which), the function the audit calls
+    once per set of peers with {inventory.Host: its facts, None where not collected}; what it returns is handed to the
+    control."""
     assert set(roles) <= set(ROLES), roles
     assert id not in {c.id for c in CONTROLS}, id
+    assert peers_by in PEERS_BY, peers_by
 
     def register(fn: Callable[..., Check | None]):
-        CONTROLS.append(Control(id, title, severity, needs, remediation, fn, reference, roles, peers))
+        CONTROLS.append(Control(id, title, severity, needs, remediation, fn, reference, roles, peers, peers_by))
         return fn
     return register
 
@@ -59,7 +70,7 @@ def reference_controls() -> list[str]:
 
 
 def peer_controls() -> list[Control]:
-    """The controls that compare a host with the other hosts of its inventory group."""
+    """The controls that compare a host with other hosts (its inventory group, its NVLink domain)."""
     return [c for c in CONTROLS if c.peers is not None]
 
 
@@ -78,7 +89,7 @@ def evaluate(facts: dict[str, Any], policy: dict[str, Any], reference: dict[str,
 
     REFERENCE maps a control id to the host's facts at its latest recorded audit where that control passed (see
     Store.passing_facts); controls registered with reference=True get theirs, or None. PEERS maps a control id to
-    what its peers function made of the host's inventory group (audit.peers); controls registered with peers get
+    what its peers function made of the host's peers (audit.peers); controls registered with peers get
     theirs, or None (a host judged alone: fleetctl check, the plan's target)."""
     severities = policy.get("severity", {})
     findings = []

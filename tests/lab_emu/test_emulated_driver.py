@@ -172,7 +172,7 @@ def test_repository_has_every_package_indexed(repo):
     for v in packages.DRIVER_VERSIONS:
         b = v.split(".")[0]
         want |= {("nvidia-driver-%s-open" % b, v + "-0lab1"), ("nvidia-persistenced", v + "-0lab1"),
-                 ("nvidia-fabricmanager-%s" % b, v + "-0lab1")}
+                 ("nvidia-fabricmanager-%s" % b, v + "-0lab1"), ("nvidia-imex-%s" % b, v + "-0lab1")}
     assert packages.DRIVER_VERSIONS == ("550.163.01", "570.86.15", "570.124.06", "580.95.05")
     names = {(p["name"], p["version"]) for p in built}
     assert want <= names and len(names) == len(want) + 1

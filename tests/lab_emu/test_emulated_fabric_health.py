@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_infiniband as ib
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_kernel_log as klog
-from fleetctl_lab import faults, hosts
+from fleetctl_lab import faults, hosts, state
 from fleetctl_lab.conf import read_conf
 from fleetctl_lab.kernel import ib_boot, write_infiniband
 from orchestrator import controls, schemas
@@ -28,7 +28,7 @@ class Host:
     """A lab host's hw/ and kernel/ as `fleetctl lab up` writes them, and the handle `lab inject` works on."""
 
     def __init__(self, path: Path, sku: str = "h100-sxm"):
-        record = SimpleNamespace(name=f"{sku}-01", index=0, spec=SimpleNamespace(sku=sku, gpus=2, persistence_off=False))
+        record = SimpleNamespace(name=f"{sku}-01", index=0, spec=state.HostSpec(f"{sku}-01", sku, 2))
         (path / "hw").mkdir(parents=True)
         (path / "kernel").mkdir()
         (path / "hw/gpus.conf").write_text(hosts.gpus_conf(record))

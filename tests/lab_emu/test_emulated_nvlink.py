@@ -480,3 +480,33 @@ def test_bench_needs_the_fabric_manager_on_nvswitch_boards(make):
     report = bench(host)
     assert "allreduce_busbw_gbs" not in report["metrics"]  # one GPU: no interconnect
     assert all("p2p_gbs" not in s for s in report["samples"])
+
+
+# ---- a rack-scale tray's multi-node NVLink domain (lab spec +domain=NAME) ------------------------------------
+
+def test_a_tray_of_a_domain_reports_its_cluster_and_clique(make):
+    from fleetctl_lab.skus import DOMAIN_CLIQUE, domain_cluster_uuid
+
+    host = make("gb200-nvl", 4, fm=False)  # a compute tray runs no fabric manager: the rack's switch trays do
+    code = ("import ctypes, json, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(3); "
+            "i = pynvml.c_nvmlGpuFabricInfo_v3_t(); i.version = pynvml.nvmlGpuFabricInfo_v3; "
+            "pynvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(i)); "
+            "print(json.dumps([i.state, i.status, i.cliqueId, bytes(i.clusterUuid).hex(), "
+            "pynvml.nvmlDeviceGetNvLinkVersion(h, 0), pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, 17)]))")
+    assert host.py(code) == [0, 0, 0, "00" * 16, 7, 2]  # no domain: no fabric of its own, as an HGX board's is zero
+    cluster = domain_cluster_uuid("rack-a")
+    assert cluster == domain_cluster_uuid("rack-a") != domain_cluster_uuid("rack-b")
+    host.conf(fabric__domain="rack-a", fabric__cluster_uuid=cluster, fabric__clique_id=DOMAIN_CLIQUE)
+    assert host.py(code) == [3, 0, 32766, cluster.replace("-", ""), 7, 2]  # completed, success, NVLink 5.0, switch
+    fabric = host.tool("-q").stdout.split("    Fabric\n")[1]
+    assert "State                                          : Completed" in fabric
+    assert f"CliqueId                                       : {DOMAIN_CLIQUE}" in fabric
+    assert f"ClusterUUID                                    : {cluster}" in fabric
+    assert f"<clusterUuid>{cluster}</clusterUuid>" in host.tool("-q", "-x").stdout
+
+
+def test_a_tray_back_from_its_reboot_in_another_clique():
+    hw, planted = {"fabric.clique_id": "32766"}, {"clique_next_boot": "32765", "imex_down_next_boot": "1"}
+    assert faults.apply_next_boot_faults(hw, planted, "boot-2")
+    assert hw == {"fabric.clique_id": "32765"} and planted == {"imex_down_boot": "boot-2"}
+    assert not faults.apply_next_boot_faults(hw, planted, "boot-3")  # once: the boot after that is plain

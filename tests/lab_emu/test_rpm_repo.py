@@ -40,12 +40,15 @@ def test_names_epochs_and_versions_are_nvidias_el_ones(repo):
     for v in packages.DRIVER_VERSIONS:
         for name in ("nvidia-driver", "nvidia-persistenced", "nvidia-fabric-manager"):
             expected.add(f"{name}|3|{v}|0lab1|x86_64")
+        expected.add(f"nvidia-imex-{v.split('.')[0]}|0|{v}|0lab1|x86_64")  # named as on Ubuntu: the branch in it
     expected |= {f"nvidia-container-toolkit|0|{tv}|1|x86_64" for tv in packages.TOOLKIT_VERSIONS}
     expected.add(f"containerd|0|{packages.CONTAINERD_VERSION}|0lab1|x86_64")
     expected.add(f"python3-nvidia-ml-py|0|{packages.pynvml_source()[1]}|1|noarch")
     expected.add("fleetctl-lab-system|0|1|1|noarch")
     assert found == expected
     assert sorted(rpms(repo)) == sorted(Path(p).name for p in (path / "rpm").glob("*.rpm"))
+    imex = rpms(repo)["nvidia-imex-570-570.86.15-0lab1.x86_64.rpm"]
+    assert query(imex, "--configfiles").split() == ["/etc/nvidia-imex/config.cfg"]
 
 
 def test_driver_rpm_holds_the_debs_files(repo):

@@ -70,14 +70,17 @@ def test_campaign_table_and_exit_codes():
 
 # ---- the journal and the engine with scripted steps -------------------------------------------------------
 
-def plan_of(*waves: list[str], fail_at: list[int] | None = None) -> dict:
+def plan_of(*waves: list[str], fail_at: list[int] | None = None, domains: dict[str, str] | None = None) -> dict:
+    """A recorded plan of WAVES; DOMAINS: host -> its NVLink domain (the budget then counts domains)."""
     fail_at = fail_at or [1] + [2] * (len(waves) - 1)
+    domains = domains or {}
     return {"target": "570.86.15", "ramp": ["1", "100%"], "group_order": ["all"], "skipped": [], "excluded": [],
             "waves": [{"index": i, "size": len(w), "cumulative": 0,
                        "budget": {"canary": i == 1, "fail_at": fail_at[i - 1], "budget_hosts": None,
-                                  "budget_percent": None, "rule": f"fails at {fail_at[i - 1]}"},
-                       "hosts": [{"name": h, "groups": [], "from_version": "550.163.01", "change": "upgrade"}
-                                 for h in w]}
+                                  "budget_percent": None, "unit": "domain" if domains else "host",
+                                  "rule": f"fails at {fail_at[i - 1]}"},
+                       "hosts": [{"name": h, "groups": [], "from_version": "550.163.01", "change": "upgrade",
+                                  "domain": domains.get(h)} for h in w]}
                       for i, w in enumerate(waves, 1)]}
 
 
@@ -115,13 +118,13 @@ class Script:
         return run
 
 
-def start(store, script, *waves, fail_at=None, observe=None, **options):
+def start(store, script, *waves, fail_at=None, observe=None, domains=None, **options):
     """A campaign over WAVES driven by an engine given SCRIPT as its steps (and OBSERVE as its soak checks)."""
     names = [h for w in waves for h in w]
     fleet = inventory.Fleet("test", tuple(inventory.Host(n, ("all",)) for n in names), frozenset({"all"}), {})
     journal = Journal(store)
     run_id, _ = store.begin_run("campaign", [], "test", None, None)
-    cid, locked = journal.create(run_id, plan_of(*waves, fail_at=fail_at), options_of(**options))
+    cid, locked = journal.create(run_id, plan_of(*waves, fail_at=fail_at, domains=domains), options_of(**options))
     return journal, cid, Engine(journal, journal.handle(cid), fleet, baseline_mod.load(None), parts(script, observe))
 
 
@@ -610,3 +613,69 @@ def test_the_live_view_shows_the_soaks_time_left_and_its_last_check(store):
     assert re.search(r"soaking: 0h00m0\ds left; last check \d\d:\d\d:\d\d: soak check after wave 1: 1 ok", screens[1])
     assert "soak check after wave 2: 1 ok; b FAILED: soak: canary run failed" in lines.getvalue()
     assert "soaking" not in str(view.render().caption or "")  # gone once the campaign ran on
+
+
+# ---- NVLink domains: the domain, not the host, is the unit of change ----------------------------------------
+
+RACKS = {"a1": "rack-a", "a2": "rack-a", "a3": "rack-a", "b1": "rack-b", "b2": "rack-b", "b3": "rack-b"}
+
+
+def test_a_tray_failing_after_its_reboot_rolls_its_whole_domain_back_and_the_other_is_never_touched(store):
+    script = Script({("a2", "verify"): "fail"})
+    journal, cid, engine = start(store, script, ["a1", "a2", "a3"], ["b1", "b2", "b3"], fail_at=[1, 1],
+                                 domains=RACKS)
+    assert engine.run() == "rolled_back"
+    got = states(journal, cid)
+    assert [got[h] for h in ("a1", "a2", "a3")] == ["rolled_back"] * 3
+    assert [got[h] for h in ("b1", "b2", "b3")] == ["not_started"] * 3
+    # the trays that verified went no further than their failed peer: no probe, no undrain on the new driver
+    assert ("probe_after", ("a1", "a3")) not in script.calls
+    assert ("rollback_install", ("a1", "a2", "a3")) in script.calls  # the domain goes back together
+    c = journal.campaign(cid)
+    assert c["reason"].startswith("wave 1 failed (1 of 1 domains, ") and "a2: verify fail" in c["reason"]
+    reasons = {r["host"]: r["reason"] for r in journal.hosts(cid)}
+    assert reasons["a1"].startswith("NVLink domain rack-a: a2 failed (verify fail)")
+
+
+def test_a_domain_failing_within_the_budget_goes_back_whole_and_the_campaign_goes_on(store):
+    script = Script({("a1", "undrain"): "fail"})  # a1's peers are done by then: they go back with it
+    domains = dict(RACKS, c1="rack-c")
+    journal, cid, engine = start(store, script, ["c1"], ["a1", "a2", "b1", "b2"], fail_at=[1, 2], domains=domains)
+    assert engine.run() == "done"
+    got = states(journal, cid)
+    assert (got["a1"], got["a2"]) == ("rolled_back", "rolled_back")
+    assert (got["b1"], got["b2"], got["c1"]) == ("done", "done", "done")
+
+
+def test_a_drain_failing_on_one_tray_releases_the_domains_drained_trays_and_changes_nothing(store):
+    script = Script({("a1", "wait_idle"): "fail"})
+    journal, cid, engine = start(store, script, ["a1", "a2", "a3"], fail_at=[1], domains=RACKS)
+    assert engine.run() == "rolled_back"
+    assert set(states(journal, cid).values()) == {"failed"}  # nothing changed: nothing to roll back
+    assert ("release", ("a1", "a2", "a3")) in script.calls
+    assert not any(step == "install" for step, _ in script.calls)
+
+
+def test_the_soak_watches_a_domain_as_one_a_tray_failing_it_takes_its_domain_back_within_the_budget(store):
+    watch = Watch({("b2", 2, "check"): "new Xid 79"})
+    script = Script()
+    domains = dict(RACKS, c1="rack-c", d1="rack-d")
+    journal, cid, engine = start(store, script, ["c1"], ["b1", "b2", "b3", "d1"], ["a1", "a2"], fail_at=[1, 2, 2],
+                                 observe=watch, domains=domains, **SOAKING)
+    assert engine.run() == "done"
+    got = states(journal, cid)
+    assert [got[h] for h in ("b1", "b2", "b3")] == ["rolled_back"] * 3 and got["d1"] == "done"
+    assert ("rollback_drain", ("b1", "b2", "b3")) in script.calls
+    reasons = {r["host"]: r["reason"] for r in journal.hosts(cid)}
+    assert reasons["b1"] == "NVLink domain rack-b: b2 failed (soak: new Xid 79): the domain moves as one", reasons
+
+
+def test_a_failed_loop_task_says_which_item_failed_and_why():
+    """A unit the activation must start again (nvidia-imex.service on a tray whose IMEX will not come up) fails a
+    loop task: the step's reason names the item and its error, not Ansible's "One or more items failed"."""
+    from orchestrator.runner import _message
+    res = {"msg": "One or more items failed", "results": [
+        {"item": "nvidia-persistenced.service", "changed": False},
+        {"item": "nvidia-imex.service", "failed": True, "msg": "Unable to start service nvidia-imex.service"}]}
+    assert _message(res) == "nvidia-imex.service: Unable to start service nvidia-imex.service"
+    assert _message({"msg": "boom"}) == "boom"

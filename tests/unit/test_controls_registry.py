@@ -14,31 +14,37 @@ from orchestrator import controls, resources
 GPU = {"gpu.count", "gpu.ecc", "gpu.ecc_errors", "gpu.remapped_rows", "gpu.retired_pages", "gpu.mig", "gpu.pcie",
        "gpu.clocks", "gpu.xid", "gpu.recovery_action", "gpu.pcie_errors", "gpu.memory_leak", "gpu.firmware_uniform"}
 INTERCONNECT = {"gpu.fabric", "gpu.topology", "gpu.nvlink", "nvswitch.sxid"}  # was steps.INTERCONNECT_CONTROLS
+# issue 34: the fabric clique a GPU belongs to, the IMEX service and domain of a rack-scale NVLink domain
+CLIQUE, IMEX_SERVICE, IMEX_VERSION, IMEX_DOMAIN = "gpu.fabric_clique", "imex.service", "imex.version", "imex.domain"
 IB = {"ib.ports", "ib.rate"}
 DRIVER = {"driver.installed", "driver.loaded", "driver.version_match", "driver.version_allowed", "driver.flavor",
           "driver.held", "driver.cuda_support", "driver.next_boot"}
 # Each role as it was before the registry (hard-coded here so that a role lost on the way shows).
 ROLES = {
     # plan.HEALTH_CONTROLS and "every gpu.* control"
-    "health": {"driver.loaded", "driver.version_match"} | GPU | INTERCONNECT | IB,
+    "health": {"driver.loaded", "driver.version_match"} | GPU | INTERCONNECT | IB | {CLIQUE, IMEX_SERVICE},
     # plan.BOOT_RISK_CONTROLS
     "boot_risk": {"nouveau.not_loaded", "nouveau.blacklisted", "driver.next_boot"},
     # policy's roles=("target",)
-    "target": {"driver.version_allowed", "driver.flavor", "driver.cuda_support", "fabricmanager.version"},
-    "interconnect": INTERCONNECT,
+    "target": {"driver.version_allowed", "driver.flavor", "driver.cuda_support", "fabricmanager.version", IMEX_VERSION},
+    "interconnect": INTERCONNECT | {IMEX_DOMAIN},
     # steps.RESTORED_CONTROLS: the prefixes driver., nouveau., persistence., runtime., fabricmanager.
     "restored_on_rollback": DRIVER | {"nouveau.not_loaded", "nouveau.blacklisted", "nouveau.initramfs",
                                       "persistence.mode", "persistence.daemon", "runtime.nvidia", "runtime.default",
-                                      "runtime.toolkit", "runtime.cdi", "fabricmanager.version"},
+                                      "runtime.toolkit", "runtime.cdi", "fabricmanager.version", IMEX_SERVICE,
+                                      IMEX_VERSION},
     # steps.JUDGED_BY_VERIFY
     "judged_by_verify": {"driver.installed", "driver.loaded", "driver.version_match", "driver.held",
-                         "driver.next_boot", "gpu.count"} | INTERCONNECT,
+                         "driver.next_boot", "gpu.count"} | INTERCONNECT | {CLIQUE, IMEX_DOMAIN},
     # steps.not_restored's exclusion ("driver.held", "driver.next_boot")
     "verify_always": {"driver.held", "driver.next_boot"},
+    # steps.imex_pending: what says a domain has re-formed after its activation
+    "domain_formed": {IMEX_SERVICE, IMEX_DOMAIN},
 }
 FAMILIES = {"driver": "driver.", "nouveau": "nouveau.", "persistence": "persistence.", "runtime": "runtime.",
             "fabric": "fabricmanager.", "gpu": "gpu.", "interconnect": ("gpu.nvlink", "gpu.fabric", "gpu.topology",
-                                                                        "gpudirect.", "nvswitch.", "ib.")}
+                                                                        "gpudirect.", "nvswitch.", "ib."),
+            "imex": ("imex.", "nvlink.")}
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))
@@ -60,11 +66,20 @@ def test_roles_the_code_asks_for_are_declared():
     for path in (resources.root() / "orchestrator").rglob("*.py"):
         asked |= set(re.findall(r"with_role\(\"([a-z_]+)\"\)", path.read_text()))
     assert {"health", "boot_risk", "target", "interconnect", "restored_on_rollback", "judged_by_verify",
-            "verify_always"} <= asked <= set(controls.ROLES)
+            "verify_always", "domain_formed"} <= asked <= set(controls.ROLES)
 
 
 def test_reference_controls():
-    assert controls.reference_controls() == ["gpu.nvlink", "gpu.topology"]
+    assert controls.reference_controls() == ["gpu.nvlink", "gpu.fabric_clique", "gpu.topology"]
+
+
+def test_peer_controls_and_whom_they_compare_a_host_with():
+    """The inventory group for firmware; the NVLink domain (domains.group) for what a rack-scale domain must share.
+    None of them is a health control: a mixed domain must stay one a campaign can repair."""
+    assert {c.id: c.peers_by for c in controls.peer_controls()} == {
+        "gpu.firmware_uniform": "group", "nvlink.domain_uniform": "nvlink_domain",
+        "nvlink.domain_declared": "nvlink_domain"}
+    assert not {"nvlink.domain_uniform", "nvlink.domain_declared"} & set(controls.with_role("health"))
 
 
 def test_each_family_module_declares_its_own_controls():

@@ -22,7 +22,7 @@ TYPES = {"str": {"string"}, "int": {"integer", "number"}, "float": {"number"}, "
          "dict": {"object"}, "list": {"array"}}
 # Top-level keys the collector always writes that the schema leaves optional, only so that facts recorded by older
 # collectors (before these keys existed) still validate.
-OPTIONAL_FOR_OLD_FACTS = {"facts.boot", "facts.interconnect", "facts.sxid", "facts.infiniband"}
+OPTIONAL_FOR_OLD_FACTS = {"facts.boot", "facts.interconnect", "facts.sxid", "facts.infiniband", "facts.imex"}
 
 
 def schema() -> dict[str, Any]:

@@ -37,7 +37,20 @@ def test_a_debian_host_holds_everything_at_its_driver_version():
     assert held("535.216.03", installed) == ["firmware-nvidia-tesla-535-gsp", "nvidia-tesla-535-kernel-dkms"]
 
 
+def test_rack_scale_trays_in_nvlink_domains():
+    specs, extra = parse_specs(("3xgb200-nvl/4@570.86.15+domain=rack-a", "2xgb200-nvl@570.86.15+rpm+domain=rack-b",
+                                "1xh100-sxm/2"), 1, "h100-sxm", None, None, ())
+    assert [(s.name, s.sku, s.gpus, s.packaging, s.domain) for s in specs] == [
+        ("gb200-01", "gb200-nvl", 4, "deb", "rack-a"), ("gb200-02", "gb200-nvl", 4, "deb", "rack-a"),
+        ("gb200-03", "gb200-nvl", 4, "deb", "rack-a"), ("gb200-04", "gb200-nvl", None, "rpm", "rack-b"),
+        ("gb200-05", "gb200-nvl", None, "rpm", "rack-b"), ("h100-01", "h100-sxm", 2, "deb", None)]
+    assert extra["gb200-01"] == set()
+
+
 @pytest.mark.parametrize("spec,message", [
+    ("2xh100-sxm+domain=rack-a", "h100-sxm is not a rack-scale SKU"),
+    ("2xgb200-nvl+domain=Rack_A", "domain name 'Rack_A'"), ("2xgb200-nvl+domain=", "domain name ''"),
+    ("2xgb200-nvl+rack=a", "unknown option 'rack'"),
     ("2xa100-pcie+rpm+debian", "exclude each other"),
     ("3xh900", "unknown SKU 'h900'"), ("h100-sxm", "expected COUNTxSKU"), ("2xl40s+melted", "unknown drift 'melted'"),
     ("0xl40s", "at least one host"),

@@ -129,7 +129,8 @@ def test_round_robin_across_groups_canary_first(device_facts):
     assert first["budget"]["canary"] and first["budget"]["fail_at"] == 1 and first["cumulative"] == 1
     assert p["waves"][-1]["cumulative"] == 13
     host = first["hosts"][0]
-    assert host == {"name": "h100-1", "groups": ["gpu", "h100"], "from_version": "550.163.01", "change": "upgrade"}
+    assert host == {"name": "h100-1", "groups": ["gpu", "h100"], "from_version": "550.163.01", "change": "upgrade",
+                    "domain": None}
     assert p["skipped"] == [] and p["excluded"] == []
 
 

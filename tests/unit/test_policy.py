@@ -71,12 +71,15 @@ def test_the_healthy_real_host_passes_every_control(healthy):
     # not applicable on this host: no NVSwitch, and H100s use row remapping, not page retirement; the capture
     # predates facts.interconnect, facts.boot, facts.sxid and facts.infiniband, so the interconnect controls,
     # driver.next_boot, nvswitch.sxid and the InfiniBand ones have nothing to judge (test_policy_interconnect.py,
-    # test_next_boot.py, test_fabric_health.py); gpu.firmware_uniform has no other host to compare with
+    # test_next_boot.py, test_fabric_health.py); gpu.firmware_uniform has no other host to compare with; no
+    # multi-node NVLink domain: the IMEX and NVLink domain controls (test_policy_imex.py)
     assert {c for c, s in got.items() if s == "not_applicable"} == {"fabricmanager.version", "gpu.retired_pages",
                                                                    "gpu.nvlink", "gpu.fabric", "gpu.topology",
                                                                    "gpudirect.peermem", "driver.next_boot",
                                                                    "gpu.firmware_uniform", "nvswitch.sxid",
-                                                                   "ib.ports", "ib.rate"}
+                                                                   "ib.ports", "ib.rate", "gpu.fabric_clique",
+                                                                   "imex.service", "imex.version", "imex.domain",
+                                                                   "nvlink.domain_uniform", "nvlink.domain_declared"}
 
 
 def test_the_device_host_as_captured_shows_its_real_drift(device_facts):

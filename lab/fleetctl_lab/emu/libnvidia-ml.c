@@ -17,6 +17,8 @@
  *                                        (gpu.N.nvlink_down, gpu.N.nvlink_<counter>) and fabric_stuck
  *   /var/run/nvidia-fabricmanager/       nv-fabricmanager.pid and .version: the fabric of an NVSwitch board is
  *                                        completed only while that process runs at the loaded driver's version
+ *   gpus.conf fabric.cluster_uuid, fabric.clique_id   a rack-scale tray in a multi-node NVLink domain (lab spec
+ *                                        +domain=NAME): its GPUs' fabric is completed in that cluster and clique
  * A GPU with lost=1 still counts (the kernel driver still enumerates it, as on a real host), but
  * nvmlDeviceGetHandleByIndex_v2 on it and every query on a handle taken before it was lost answer
  * NVML_ERROR_GPU_IS_LOST.
@@ -203,6 +205,9 @@ struct lab_gpu {
 struct lab_hw {
     unsigned int count;
     unsigned int fabric_stuck; /* lab inject fabric-stuck: the fabric never completes */
+    int in_domain;             /* fabric.cluster_uuid set: a tray of a multi-node NVLink domain */
+    unsigned char cluster_uuid[NVML_GPU_FABRIC_UUID_LEN];
+    unsigned int clique_id;
     const struct lab_sku *sku;
 };
 
@@ -268,6 +273,22 @@ static const struct lab_sku *lab_find_sku(const char *key)
     return &LAB_SKUS[0];
 }
 
+/* "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" into 16 bytes; 0 when it is not a UUID. */
+static int lab_parse_uuid(const char *text, unsigned char *out)
+{
+    unsigned int n = 0;
+    for (const char *c = text; *c; c++) {
+        if (*c == '-')
+            continue;
+        if (!isxdigit((unsigned char)c[0]) || !isxdigit((unsigned char)c[1]) || n == NVML_GPU_FABRIC_UUID_LEN)
+            return 0;
+        char byte[3] = {c[0], c[1], '\0'};
+        out[n++] = (unsigned char)strtoul(byte, NULL, 16);
+        c++;
+    }
+    return n == NVML_GPU_FABRIC_UUID_LEN;
+}
+
 /* Reads gpus.conf: the host's SKU and GPU count, and (index >= 0) that GPU's values over its SKU's defaults. */
 static void lab_read_hw(struct lab_hw *hw, int index, struct lab_gpu *g)
 {
@@ -275,6 +296,7 @@ static void lab_read_hw(struct lab_hw *hw, int index, struct lab_gpu *g)
     char sku_key[64] = "";
     unsigned int max_index = 0, count = 0, fabric_stuck = 0;
     int have_count = 0;
+    memset(hw, 0, sizeof *hw);
     FILE *f;
 
     lab_path(path, sizeof path, "/var/lib/nvidia-lab/hw/gpus.conf");
@@ -295,6 +317,10 @@ static void lab_read_hw(struct lab_hw *hw, int index, struct lab_gpu *g)
             snprintf(sku_key, sizeof sku_key, "%s", value);
         } else if (strcmp(key, "fabric_stuck") == 0) {
             fabric_stuck = (unsigned int)strtoul(value, NULL, 0) != 0;
+        } else if (strcmp(key, "fabric.cluster_uuid") == 0) {
+            hw->in_domain = lab_parse_uuid(value, hw->cluster_uuid);
+        } else if (strcmp(key, "fabric.clique_id") == 0) {
+            hw->clique_id = (unsigned int)strtoul(value, NULL, 0);
         } else if (strcmp(key, "count") == 0) {
             count = (unsigned int)strtoul(value, NULL, 0);
             have_count = 1;
@@ -987,7 +1013,7 @@ API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned 
     LINK_QUERY(dev, link, type);
     if (lab_link_listed(g.nvlink_down, link))
         return NVML_ERROR_NOT_SUPPORTED;
-    *type = hw.sku->nvswitch ? NVML_NVLINK_DEVICE_TYPE_SWITCH : NVML_NVLINK_DEVICE_TYPE_GPU;
+    *type = hw.sku->nvswitch_count ? NVML_NVLINK_DEVICE_TYPE_SWITCH : NVML_NVLINK_DEVICE_TYPE_GPU;
     return NVML_SUCCESS;
 }
 
@@ -1063,10 +1089,13 @@ static int lab_fabric_manager_at(const char *version)
     return strcmp(lab_trim(buf), version) == 0;
 }
 
-/* not_supported off an NVSwitch board; completed only while the fabric manager runs at this (the loaded) driver's
+/* completed on a tray of a multi-node NVLink domain (the rack's switch trays run its fabric); else not_supported off
+ * an NVSwitch board; completed only while the fabric manager runs at this (the loaded) driver's
  * version and no fabric-stuck fault holds it; in_progress otherwise. */
 static unsigned int lab_fabric_state(const struct lab_hw *hw)
 {
+    if (hw->in_domain)
+        return NVML_GPU_FABRIC_STATE_COMPLETED; /* the rack's switch trays run the fabric, not this tray */
     if (!hw->sku->nvswitch)
         return NVML_GPU_FABRIC_STATE_NOT_SUPPORTED;
     if (hw->fabric_stuck || !lab_fabric_manager_at(lab_driver_version()))
@@ -1082,6 +1111,10 @@ API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_
     memset(info, 0, sizeof *info); /* cluster UUID zero, clique 0: a single HGX board */
     info->state = lab_branch() >= 580 && hw.sku->nvlink_version >= 6 ? NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
                                                                       : lab_fabric_state(&hw);
+    if (hw.in_domain && info->state == NVML_GPU_FABRIC_STATE_COMPLETED) {
+        memcpy(info->clusterUuid, hw.cluster_uuid, sizeof info->clusterUuid);
+        info->cliqueId = hw.clique_id;
+    }
     info->status = NVML_SUCCESS;
     return NVML_SUCCESS;
 }
@@ -1097,6 +1130,10 @@ API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo
     memset(info, 0, version == NVML_GPU_FABRIC_INFO_V2 ? 36 : sizeof *info);
     info->version = version;
     info->state = lab_fabric_state(&hw);
+    if (hw.in_domain) { /* else cluster UUID zero, clique 0: a single HGX board */
+        memcpy(info->clusterUuid, hw.cluster_uuid, sizeof info->clusterUuid);
+        info->cliqueId = hw.clique_id;
+    }
     info->status = NVML_SUCCESS;
     return NVML_SUCCESS;
 }

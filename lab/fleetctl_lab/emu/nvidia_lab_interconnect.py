@@ -69,9 +69,18 @@ def fabric_manager_version(root):
         return None
 
 
+def fabric_domain(hw):
+    """(cluster UUID, clique id) of a tray in a multi-node NVLink domain (gpus.conf fabric.cluster_uuid and
+    fabric.clique_id, the lab spec's +domain=NAME), or None."""
+    cluster = hw.get("fabric.cluster_uuid")
+    return (cluster, _number(hw.get("fabric.clique_id"))) if cluster else None
+
+
 def fabric_state(root, sku, hw, driver_version):
-    """not_supported (no NVSwitch), completed (the fabric manager runs at DRIVER_VERSION, no fabric_stuck fault),
-    else in_progress."""
+    """completed on a tray of a multi-node NVLink domain (the rack's switch trays run its fabric), not_supported
+    (no NVSwitch), completed (the fabric manager runs at DRIVER_VERSION, no fabric_stuck fault), else in_progress."""
+    if fabric_domain(hw):
+        return "completed"
     if not sku.get("nvswitch"):
         return "not_supported"
     if _number(hw.get("fabric_stuck", "0")) or fabric_manager_version(root) != driver_version:

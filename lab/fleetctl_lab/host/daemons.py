@@ -20,7 +20,10 @@ PERSISTENCED = "usr/bin/nvidia-persistenced"
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
 FABRICMANAGER = "usr/bin/nv-fabricmanager"
 FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
-UNITS = {PERSISTENCED_UNIT: PERSISTENCED, FABRICMANAGER_UNIT: FABRICMANAGER}  # what the systemctl shim can manage
+IMEX = "usr/bin/nvidia-imex"
+IMEX_UNIT = "nvidia-imex.service"
+UNITS = {PERSISTENCED_UNIT: PERSISTENCED, FABRICMANAGER_UNIT: FABRICMANAGER, IMEX_UNIT: IMEX}  # the systemctl shim's
+ARGS = {PERSISTENCED: ("--verbose",), IMEX: ("-c", "/etc/nvidia-imex/config.cfg")}  # each unit's ExecStart arguments
 
 
 class InitSystem:
@@ -89,10 +92,12 @@ class InitSystem:
         return True
 
     def start_daemons(self) -> None:
-        persistent = self.booted_module is not None and self.start_daemon(PERSISTENCED, PERSISTENCED_UNIT, "--verbose")
+        persistent = self.booted_module is not None and self.start_daemon(PERSISTENCED, PERSISTENCED_UNIT,
+                                                                          *ARGS[PERSISTENCED])
         self.reset_driver_state(persistent)
         if self.booted_module is not None and self.config.get("nvswitch"):
             self.start_daemon(FABRICMANAGER, FABRICMANAGER_UNIT)
+        self.start_daemon(IMEX, IMEX_UNIT, *ARGS[IMEX])  # it checks the driver itself (and refuses another version)
         if self.config.get("slurm"):
             self.start_slurmd(**self.config["slurm"])
 
@@ -195,8 +200,7 @@ class InitSystem:
         if not (self.root / program).exists():
             return 5, "", f"Failed to start {unit}: Unit {unit} not found.\n"
         if not self.daemon_pids(program):
-            args = ["--verbose"] if program == PERSISTENCED else []
-            proc = subprocess.run(["chroot", str(self.root), "/" + program, *args], env=HOST_ENV,
+            proc = subprocess.run(["chroot", str(self.root), "/" + program, *ARGS.get(program, ())], env=HOST_ENV,
                                   capture_output=True, text=True, timeout=30)
             if proc.returncode != 0:
                 log(f"{program}: exit {proc.returncode} {proc.stderr.strip()[-200:]}")

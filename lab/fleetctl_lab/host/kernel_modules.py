@@ -9,15 +9,15 @@ import re
 import time
 import uuid
 
-from ..conf import read_conf
-from ..faults import apply_link_faults, xid_line
+from ..conf import read_conf, write_conf
+from ..faults import apply_link_faults, apply_next_boot_faults, xid_line
 from ..kernel import STACK, append_kmsg, ib_boot, load_messages, sysfs_pci_name, write_aer, write_infiniband
 from .base import clear_dir, write_in_place
 from .daemons import UNITS
 
 MODULE_FILE = "usr/lib/nvidia-lab/modules/nvidia.version"
 PCI_DEVICE_IDS = {"h100-sxm": "0x2330", "h200-sxm": "0x2335", "a100-sxm": "0x20b2", "a100-pcie": "0x20b5",
-                  "l40s": "0x26b9"}
+                  "l40s": "0x26b9", "gb200-nvl": "0x2941"}
 PCIE_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
 
 
@@ -39,6 +39,10 @@ class KernelModules:
         self.boot_id = str(uuid.uuid4())
         write_in_place(self.kernel / "boot_id", self.boot_id + "\n")
         write_in_place(self.kernel / "booted_at", f"{time.time():.3f}\n")
+        faults = read_conf(self.hw / "faults.conf")
+        if apply_next_boot_faults(hw, faults, self.boot_id):  # IMEX down this boot, a tray back in another clique
+            write_in_place(self.hw / "gpus.conf", "".join(f"{k}={v}\n" for k, v in hw.items()))
+            write_conf(self.hw / "faults.conf", faults)
         extra = self.boot_faults(hw, module)
         self.write_modules(module, nouveau)
         self.write_pci(hw)

@@ -9,7 +9,7 @@ import subprocess
 
 from .. import debian
 from .base import HOST_ENV, log, replace_file
-from .daemons import FABRICMANAGER_UNIT, PERSISTENCED_UNIT
+from .daemons import FABRICMANAGER_UNIT, IMEX_UNIT, PERSISTENCED_UNIT
 
 LAB_SYSTEM = "fleetctl-lab-system"  # an rpm host's first package (lab/fleetctl_lab/packages.py)
 GPU_EMULATION = "fleetctl-lab-gpu"  # the emulated GPUs beside a +debian host's real driver packages (packages.py)
@@ -59,6 +59,11 @@ class Provisioning:
                 wants.mkdir(parents=True, exist_ok=True)
                 if self.config.get("nvswitch") and not os.path.lexists(wants / FABRICMANAGER_UNIT):
                     os.symlink("/lib/systemd/system/" + FABRICMANAGER_UNIT, wants / FABRICMANAGER_UNIT)
+                if self.config.get("imex_nodes"):  # a tray of an NVLink domain: IMEX enabled, its node list
+                    if not os.path.lexists(wants / IMEX_UNIT):
+                        os.symlink("/lib/systemd/system/" + IMEX_UNIT, wants / IMEX_UNIT)
+                    replace_file(self.root / "etc/nvidia-imex/nodes_config.cfg",
+                                 "".join(f"{a}\n" for a in self.config["imex_nodes"]))
                 if self.config.get("persistence_off") and os.path.lexists(wants / PERSISTENCED_UNIT):
                     os.unlink(wants / PERSISTENCED_UNIT)
             if rpm:
@@ -78,6 +83,8 @@ class Provisioning:
             packages.append(f"nvidia-persistenced={persistenced}")
         if self.config.get("nvswitch") and f"nvidia-fabricmanager-{branch}" in in_repo:
             packages.append(f"nvidia-fabricmanager-{branch}={driver}-0lab1")  # HGX: exactly the driver's version
+        if self.config.get("domain") and f"nvidia-imex-{branch}" in in_repo:
+            packages.append(f"nvidia-imex-{branch}={driver}-0lab1")  # an NVLink domain's tray: IMEX at the driver's
         host_run("apt-get", "install", "-y", "-o", "Dpkg::Options::=--force-confold", *packages)
         return [p.split("=", 1)[0] for p in packages if "=" in p]
 
@@ -96,6 +103,8 @@ class Provisioning:
         held = ["nvidia-driver", "nvidia-persistenced"]
         if self.config.get("nvswitch"):
             held.append("nvidia-fabric-manager")  # HGX: exactly the driver's version
+        if self.config.get("domain"):
+            held.append(f"nvidia-imex-{driver.split('.', 1)[0]}")  # an NVLink domain's tray: IMEX at the driver's
         host_run("dnf", "-y", "install", *[f"{name}-{driver}" for name in held],
                  "python3-nvidia-ml-py", "containerd", "nvidia-container-toolkit")
         return held

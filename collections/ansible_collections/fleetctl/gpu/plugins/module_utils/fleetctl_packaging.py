@@ -17,7 +17,8 @@ branches, so that a package can be spelled for another branch or family:
                     libnvidia-ml1, nvidia-kernel-dkms, libcuda1, nvidia-smi).
   branched          Ubuntu's archive and NVIDIA's CUDA repositories for Ubuntu/Debian: the branch at the end, before
                     an -open/-server flavour (nvidia-driver-570-server-open, libnvidia-compute-570, nvidia-dkms-570,
-                    nvidia-open-570, cuda-drivers-570, nvidia-fabricmanager-570, libnvidia-nscq-570).
+                    nvidia-open-570, cuda-drivers-570, nvidia-fabricmanager-570, libnvidia-nscq-570,
+                    nvidia-imex-570).
   versioned         Ubuntu: the driver's whole version in the name (nvidia-firmware-580-580.159.03), brought in by
                     the packages that depend on it, never asked for.
   el                Enterprise Linux (NVIDIA's CUDA repository, rpm): unversioned names, the branch chosen by the dnf
@@ -64,6 +65,9 @@ DEBIAN_LAST_BRANCH = {"libnvidia-cbl": 470, "libnvidia-ifr1": 470, "libnvidia-co
 # Packages of every family that are versioned with the driver but are not the driver itself.
 PERSISTENCED = re.compile(r"^nvidia-persistenced$")
 FABRICMANAGER = re.compile(r"^(nvidia-fabric-?manager(-\d+)?|cuda-drivers-fabricmanager(-\d+)?|libnvidia-nscq(-\d+)?)$")
+# NVIDIA's IMEX service (rack-scale NVLink domains): nvidia-imex-570 (Ubuntu's archive and NVIDIA's repositories,
+# deb and rpm; a branched name, spelled for another branch like the driver's) and the unversioned nvidia-imex.
+IMEX = re.compile(r"^nvidia-imex(-\d{3})?$")
 CONTAINER_TOOLKIT = re.compile(r"^(nvidia-container-toolkit(-base)?|libnvidia-container1|libnvidia-container-tools"
                                r"|nvidia-container-runtime)$")
 
@@ -172,9 +176,12 @@ def equivalents(name, branch):
 
 
 def role(name):
-    """What an installed package is to fleetctl: driver, persistenced, fabricmanager, container_toolkit, or None."""
+    """What an installed package is to fleetctl: driver, persistenced, fabricmanager, imex, container_toolkit, or
+    None."""
     if PERSISTENCED.match(name):
         return "persistenced"
+    if IMEX.match(name):
+        return "imex"
     if CONTAINER_TOOLKIT.match(name):
         return "container_toolkit"
     if FABRICMANAGER.match(name):

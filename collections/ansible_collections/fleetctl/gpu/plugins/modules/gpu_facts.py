@@ -19,6 +19,8 @@ description:
   - Multi-GPU interconnect (C(facts.interconnect), docs/interconnect.md) is read in the same NVML session, else from
     C(nvidia-smi nvlink -s), C(nvidia-smi nvlink -e), C(nvidia-smi topo -m) and the fabric elements of
     C(nvidia-smi -q -x); these extra nvidia-smi commands run only when pynvml cannot be imported.
+  - IMEX (C(facts.imex) - C(nvidia-imex --version), C(nvidia-imex-ctl -N -j -H), /etc/nvidia-imex, the IMEX
+    channels) is read only on a host whose GPUs report a multi-node NVLink domain (GB200/GB300 NVL72).
   - Read-only; never changes the host.
 options:
   xid_catalog:
@@ -241,8 +243,8 @@ facts:
         packages:
           description:
             - Installed NVIDIA packages fleetctl knows about, each with C(name), C(version) (distro version string),
-              C(manager) (dpkg or rpm), C(role) (driver, persistenced, container_toolkit or fabricmanager) and C(held)
-              (apt-mark hold, or in the dnf/yum versionlock list).
+              C(manager) (dpkg or rpm), C(role) (driver, persistenced, container_toolkit, fabricmanager or imex) and
+              C(held) (apt-mark hold, or in the dnf/yum versionlock list).
           returned: always
           type: list
           elements: dict
@@ -654,6 +656,79 @@ facts:
                     "phys_state_code": 5, "rate": "400 Gb/sec (4X NDR)", "rate_gbps": 400.0, "width": 4,
                     "speed": "NDR", "link_layer": "InfiniBand",
                     "counters": {"link_downed": 0, "symbol_error": 0, "link_error_recovery": 0, "port_rcv_errors": 0}}]
+    imex:
+      description:
+        - NVIDIA IMEX on a host in a multi-node NVLink domain (module_utils/fleetctl_imex.py, docs/interconnect.md).
+        - Null when no live GPU reports a fabric cluster UUID other than the zero one of an HGX board; then nothing
+          IMEX is run or read. A part that could not be read is null, with C(errors) C(imex.version), C(imex.nodes),
+          C(imex.channels), C(imex.domain) or C(imex.config_file). Absent from facts of older collectors.
+      returned: always
+      type: dict
+      contains:
+        package:
+          description: The installed IMEX package (role imex); null when none.
+          returned: always
+          type: str
+          sample: nvidia-imex-570
+        package_version:
+          description: Its distro version string; null without the package.
+          returned: always
+          type: str
+          sample: 570.86.15-1
+        version:
+          description:
+            - "The binary's version, from C(nvidia-imex --version) (C(IMEX version is: 570.86.15)); null when not
+              installed or unread."
+          returned: always
+          type: str
+          sample: 570.86.15
+        running:
+          description: An nvidia-imex process runs.
+          returned: always
+          type: bool
+          sample: true
+        enabled:
+          description: nvidia-imex.service is enabled; null without systemd unit directories.
+          returned: always
+          type: bool
+          sample: true
+        config_file:
+          description: The IMEX configuration read.
+          returned: always
+          type: str
+          sample: /etc/nvidia-imex/config.cfg
+        nodes_config_file:
+          description:
+            - IMEX_NODE_CONFIG_FILE of the configuration, its default where the key is absent or empty; null when
+              the configuration is absent or unreadable.
+          returned: always
+          type: str
+          sample: /etc/nvidia-imex/nodes_config.cfg
+        nodes:
+          description: The members the node list names (IP addresses, file order); null when it is absent or unreadable.
+          returned: always
+          type: list
+          elements: str
+          sample: ["10.213.0.2", "10.213.0.3", "10.213.0.4"]
+        channels:
+          description:
+            - The IMEX channels - C(major), the character device's major number in /proc/devices
+              (nvidia-caps-imex-channels; null when the driver has not registered it), and C(count), how many
+              /dev/nvidia-caps-imex-channels/channelN nodes exist.
+          returned: always
+          type: dict
+          sample: {"major": 234, "count": 1}
+        domain:
+          description:
+            - C(nvidia-imex-ctl -N -j -H) as parsed - the domain's C(status) (UP, DEGRADED, DOWN as printed) and
+              every configured member's C(address), C(hostname), C(status) (READY, UNAVAILABLE...), C(version) and
+              C(connection), this host's connection to it (CONNECTED, INVALID...; null when this host is not found
+              among the members, C(errors.imex.domain)).
+            - Null when the command is not installed, could not run or printed what does not parse.
+          returned: always
+          type: dict
+          sample: {"status": "UP", "nodes": [{"address": "10.213.0.2", "hostname": "gb200-01", "status": "READY",
+                                             "version": "570.86.15", "connection": "CONNECTED"}]}
     sources:
       description:
         - Where facts came from (C(packages), C(driver.module_version), C(driver.module_flavor),
@@ -689,6 +764,9 @@ from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import 
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_interconnect import NvmlInterconnect, from_smi
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_boot import boot_facts
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_infiniband import read_infiniband
+from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_imex import (
+    CHANNELS_DIR, CONFIG_FILE, ImexOutputError, local_addresses, nodes_config_file, nvlink_domains, parse_channels,
+    parse_config, parse_domain, parse_nodes, parse_version)
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_packaging import moves_with_driver, role as packaging_role
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_kernel_log import (
     KernelLogUnreadable, catalog_index, read_kernel_log, sxid_events, xid_events)
@@ -701,6 +779,7 @@ LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib
             "/lib/x86_64-linux-gnu", "/usr/local/nvidia/lib64")
 BIN_DIRS = ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/usr/local/nvidia/bin", "/bin", "/sbin"]
 MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d")
+IMEX_CTL_TIMEOUT_S = 10  # nvidia-imex-ctl -N asks the domain's daemons over the network (`fleetctl check`: 10 s too)
 
 _VERSION = r"(\d{1,9}\.\d{1,9}(?:\.\d{1,9})?)"  # bounded: int() refuses a part of thousands of digits
 _PROC_VERSION = re.compile(r"NVRM version: NVIDIA UNIX (?P<open>Open )?Kernel Module(?: for \S+)?\s+" + _VERSION)
@@ -729,7 +808,7 @@ def nvidia_pci_gpus(sysfs="/sys/bus/pci/devices"):
 
 
 def package_role(name):
-    """driver, persistenced, fabricmanager, container_toolkit or None: every packaging family's names
+    """driver, persistenced, fabricmanager, imex, container_toolkit or None: every packaging family's names
     (module_utils/fleetctl_packaging.py)."""
     return packaging_role(name)
 
@@ -828,13 +907,18 @@ class Collector:
         self.interconnect = None
 
     # -- helpers ---------------------------------------------------------------------------------
-    def run(self, argv, fact):
-        """(rc, stdout) of a command; a missing command is (None, '')."""
+    def run(self, argv, fact, timeout=None):
+        """(rc, stdout) of a command; a missing command is (None, ''). With TIMEOUT (s) it runs under coreutils'
+        timeout where installed: AnsibleModule.run_command waits for ever (`fleetctl check`'s runner has its own)."""
         path = self.module.get_bin_path(argv[0], opt_dirs=BIN_DIRS)
         if path is None:
             return None, ""
-        rc, out, err = self.module.run_command([path] + argv[1:], environ_update={"LC_ALL": "C"})
-        if rc != 0:
+        wrapper = self.module.get_bin_path("timeout", opt_dirs=BIN_DIRS) if timeout else None
+        command = ([wrapper, "-k", "5", str(timeout)] if wrapper else []) + [path] + argv[1:]
+        rc, out, err = self.module.run_command(command, environ_update={"LC_ALL": "C"})
+        if wrapper and rc in (124, 137):
+            self.errors[fact] = "%s: no answer in %d s" % (" ".join(argv), timeout)
+        elif rc != 0:
             self.errors[fact] = "%s exited %d: %s" % (" ".join(argv), rc, " ".join((err or out).split())[:300])
         return rc, out
 
@@ -1152,6 +1236,52 @@ class Collector:
         return {"nvswitch_present": nvswitch, "package_version": fm[0]["version"] if fm else None,
                 "running": self.running("nv-fabricmanager"), "enabled": self.unit_enabled("nvidia-fabricmanager.service")}
 
+    def imex(self, packages):
+        """facts.imex (module_utils/fleetctl_imex.py): None unless a live GPU reports a multi-node NVLink domain, and
+        then nothing IMEX is run or read."""
+        if not nvlink_domains(self.interconnect):
+            return None
+        package = next((p for p in packages if p["role"] == "imex"), None)
+        rc, out = self.run(["nvidia-imex", "--version"], "imex.version")
+        version = parse_version(out) if rc == 0 else None
+        if rc == 0 and version is None:
+            self.errors["imex.version"] = "nvidia-imex --version: unexpected output %r" % out.strip()[:80]
+        config_text = self.read(CONFIG_FILE, "imex.config_file")
+        config = parse_config(config_text or "")
+        nodes_file = nodes_config_file(config) if config_text is not None else None
+        nodes_text = self.read(nodes_file, "imex.nodes") if nodes_file else None
+        nodes, problems = parse_nodes(nodes_text) if nodes_text is not None else (None, [])
+        if problems:
+            self.errors["imex.nodes"] = "%s: %s" % (nodes_file, "; ".join(problems)[:300])
+        try:
+            names = os.listdir(CHANNELS_DIR)
+        except (IOError, OSError) as e:
+            names = []
+            if e.errno != 2:
+                self.errors["imex.channels"] = "%s: %s" % (CHANNELS_DIR, e.strerror or e)
+        channels = parse_channels(self.read("/proc/devices", "imex.channels") or "", names)
+        return {"package": package["name"] if package else None,
+                "package_version": package["version"] if package else None, "version": version,
+                "running": self.running("nvidia-imex"), "enabled": self.unit_enabled("nvidia-imex.service"),
+                "config_file": CONFIG_FILE, "nodes_config_file": nodes_file, "nodes": nodes, "channels": channels,
+                "domain": self.imex_domain(config)}
+
+    def imex_domain(self, config):
+        """`nvidia-imex-ctl -N -j -H`, with this host's connection to each member (its own entry: the member at
+        BIND_INTERFACE_IP, else at one of this host's addresses)."""
+        rc, out = self.run(["nvidia-imex-ctl", "-N", "-j", "-H"], "imex.domain", IMEX_CTL_TIMEOUT_S)
+        if rc != 0:
+            return None
+        own = [config["BIND_INTERFACE_IP"]] if config.get("BIND_INTERFACE_IP") else local_addresses(
+            self.read("/proc/net/fib_trie", "imex.domain"), self.read("/proc/net/if_inet6", "imex.domain"))
+        try:
+            domain, problem = parse_domain(out, own)
+        except ImexOutputError as e:
+            domain, problem = None, str(e)
+        if problem:
+            self.errors["imex.domain"] = problem
+        return domain
+
     def xid(self, catalog, overrides, since_seq):
         try:
             records, source = read_kernel_log()
@@ -1194,6 +1324,7 @@ class Collector:
         }
         facts["sxid"] = self.sxid(params["kmsg_since_seq"])
         facts["infiniband"] = self.guarded(lambda: read_infiniband(self.errors), "infiniband")
+        facts["imex"] = self.guarded(lambda: self.imex(packages), "imex")
         facts["sources"] = self.sources
         facts["errors"] = self.errors
         facts["collect_seconds"] = round(time.time() - started, 3)

@@ -45,7 +45,7 @@ options:
         those only enabled are started when they can be (fabric manager on a host without NVSwitch cannot).
     type: list
     elements: str
-    default: [nvidia-persistenced.service, nvidia-fabricmanager.service]
+    default: [nvidia-persistenced.service, nvidia-fabricmanager.service, nvidia-imex.service]
 attributes:
   check_mode:
     support: full
@@ -271,7 +271,8 @@ def main():
     module = AnsibleModule(argument_spec=dict(version=dict(type="str", required=True),
                                               units=dict(type="list", elements="str",
                                                          default=["nvidia-persistenced.service",
-                                                                  "nvidia-fabricmanager.service"])),
+                                                                  "nvidia-fabricmanager.service",
+                                                                  "nvidia-imex.service"])),
                            supports_check_mode=True)
     want, units = module.params["version"], module.params["units"]
     for unit in units:
