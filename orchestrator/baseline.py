@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from . import inputs, resources, schemas
+from . import inputs, promql, resources, schemas
 from .errors import InputError, yaml_error
 
 DEFAULT_PATH = resources.data_path("default-baseline.yml")
@@ -36,9 +36,60 @@ class Baseline:
         if unknown:
             raise InputError(f"{self.path}: $.groups.{unknown[0]}: group '{unknown[0]}' is not in the inventory")
 
+    def canary_for(self, host_groups: list[str]) -> Canary:
+        """The canary analysis of a host of HOST_GROUPS (its policy's `canary`, inherited as the rest)."""
+        section = self.policy_for(host_groups).get("canary", {})
+        metrics = tuple(CanaryMetric(name=m["name"], query=m["query"], good=m["good"],
+                                     max_change=max_change(m["max_change"]), kind=m.get("kind", "level"),
+                                     host_label=m.get("host_label", promql.DEFAULT_HOST_LABEL))
+                        for m in section.get("metrics", ()))
+        return Canary(on_missing=section.get("on_missing", "hold"), min_samples=section.get("min_samples"),
+                      metrics=metrics)
+
     def xid_overrides(self) -> dict[str, dict[str, Any]]:
         """Overrides of the 'all' group: the ones that travel to every host's collector."""
         return self.groups.get("all", {}).get("xid", {}).get("overrides", {})
+
+
+@dataclass(frozen=True, kw_only=True)
+class CanaryMetric:
+    name: str
+    query: str  # with the {hosts} placeholder: promql.render
+    good: str  # higher | lower
+    max_change: float  # the fraction tolerated in the bad direction, in (0, 1]
+    kind: str = "level"  # level | rate
+    host_label: str = promql.DEFAULT_HOST_LABEL
+
+
+@dataclass(frozen=True, kw_only=True)
+class Canary:
+    on_missing: str = "hold"  # hold | fail | ignore
+    min_samples: int | None = None  # None: the judge's default
+    metrics: tuple[CanaryMetric, ...] = ()
+
+
+def max_change(value: float | str) -> float:
+    """A max_change as a fraction: 0.05 or '5%' -> 0.05 (the schema has checked its form)."""
+    return float(value[:-1]) / 100 if isinstance(value, str) else float(value)
+
+
+def canary_problem(groups: dict[str, Any]) -> str | None:
+    """'JSON path: why' of the first canary metric the schema cannot refuse (a second one of a name in its group, a
+    percentage outside (0%, 100%], a {hosts} outside a quoted matcher), or None."""
+    for group, policy in groups.items():
+        seen: set[str] = set()
+        for i, metric in enumerate(policy.get("canary", {}).get("metrics", ())):
+            where = f"$.groups.{group}.canary.metrics[{i}]"
+            if metric["name"] in seen:
+                return f"{where}.name: a second metric named {metric['name']!r} in group {group}"
+            seen.add(metric["name"])
+            if not 0 < max_change(metric["max_change"]) <= 1:
+                return f"{where}.max_change: {metric['max_change']!r} is not above 0% and at most 100%"
+            try:
+                promql.placeholders(metric["query"])
+            except ValueError as e:
+                return f"{where}.query: {e}"
+    return None
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -84,5 +135,8 @@ def load(path: str | Path | None) -> Baseline:
     where, key = non_string_key(doc)
     if where:
         raise InputError(f"{inputs.shown(path)}: {where}: key {key} is not a string (quote it in the YAML)")
+    problem = canary_problem(doc["groups"])
+    if problem:
+        raise InputError(f"{inputs.shown(path)}: {problem}")
     return Baseline(path=path, name=doc.get("name", path.stem), digest="sha256:" + hashlib.sha256(raw).hexdigest(),
                     groups=doc["groups"])

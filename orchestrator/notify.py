@@ -36,7 +36,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import redact
+from . import inputs, redact
 from .errors import InputError
 from .sanitize import one_line
 
@@ -47,6 +47,7 @@ FORMATS = ("json", "slack", "teams")
 PLACEHOLDERS = ("event", "severity", "kind", "campaign", "host", "target", "state", "run")
 HEADERS_ENV = "FLEETCTL_WEBHOOK_HEADERS"
 TRIES = 3  # a webhook's (orchestrator/webhook.py)
+MAX_HEADERS_BYTES = 64 * 1024  # a headers file (real ones: a line or two)
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 RESERVED_HEADERS = ("content-type", "content-length", "host", "transfer-encoding", "connection")
 PLACEHOLDER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,30}")  # a typo worth naming; anything else is not named
@@ -72,18 +73,20 @@ def is_loopback(host: str) -> bool:
     return False
 
 
-def check_url(url: str, with_headers: bool) -> None:
+def check_url(url: str, with_headers: bool, flag: str = "--webhook", what: str = "webhook") -> None:
+    """URL (FLAG's, with WHAT's headers when WITH_HEADERS) is an http(s) URL without credentials, https where headers
+    would leave this machine."""
     try:
         p = urllib.parse.urlsplit(url)
         p.port  # noqa: B018 (raises on a bad port)
     except ValueError:
-        raise InputError(f"--webhook {redact.url(url)}: not a URL") from None
+        raise InputError(f"{flag} {redact.url(url)}: not a URL") from None
     if p.scheme not in ("http", "https") or not p.hostname:
-        raise InputError(f"--webhook {redact.url(url)}: not an http:// or https:// URL")
+        raise InputError(f"{flag} {redact.url(url)}: not an http:// or https:// URL")
     if p.username is not None or p.password is not None:
-        raise InputError(f"--webhook {redact.url(url)}: credentials in the URL: put them in --webhook-headers")
+        raise InputError(f"{flag} {redact.url(url)}: credentials in the URL: put them in --{what.lower()}-headers")
     if p.scheme == "http" and with_headers and not is_loopback(p.hostname):
-        raise InputError(f"--webhook {redact.url(url)}: plain http would send the webhook headers in clear text "
+        raise InputError(f"{flag} {redact.url(url)}: plain http would send the {what} headers in clear text "
                          "(use https)")
 
 
@@ -105,20 +108,27 @@ def parse_headers(text: str, source: str) -> list[tuple[str, str]]:
     return out
 
 
+def read_headers(path: str, what: str) -> list[tuple[str, str]]:
+    """The headers of the file at PATH (WHAT's: webhook, Prometheus): a regular file (or /dev/null) of at most
+    MAX_HEADERS_BYTES of `Name: value` lines that only its owner may read. A problem is one InputError line that
+    never quotes the file."""
+    label = f"the {what} headers"
+    raw = inputs.read_regular(path, label, MAX_HEADERS_BYTES, devnull_is_empty=True)
+    try:
+        mode, text = os.stat(path).st_mode, raw.decode()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{inputs.shown(path)}: cannot read {label}: {getattr(e, 'strerror', None) or e}") from None
+    if stat.S_ISREG(mode) and mode & (stat.S_IRGRP | stat.S_IROTH):  # tokens: for the owner's eyes only
+        raise InputError(f"{inputs.shown(path)}: {label} file is readable by others (mode {stat.S_IMODE(mode):04o}): "
+                         "chmod 600 it")
+    return parse_headers(text, inputs.shown(path))
+
+
 def load_headers(path: str | None) -> list[tuple[str, str, str]]:
     """(name, value, source): the file's headers, then the environment's (which win on the same name)."""
     found: dict[str, tuple[str, str, str]] = {}
     if path:
-        try:
-            with open(path, "rb") as fh:
-                mode = os.fstat(fh.fileno()).st_mode
-                text = fh.read().decode()
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"{path}: cannot read the webhook headers: {getattr(e, 'strerror', None) or e}") from None
-        if stat.S_ISREG(mode) and mode & (stat.S_IRGRP | stat.S_IROTH):  # tokens: for the owner's eyes only
-            raise InputError(f"{path}: the webhook headers file is readable by others (mode "
-                             f"{stat.S_IMODE(mode):04o}): chmod 600 it")
-        for name, value in parse_headers(text, path):
+        for name, value in read_headers(path, "webhook"):
             found[name.lower()] = (name, value, path)
     env = os.environ.get(HEADERS_ENV)
     if env:

@@ -43,7 +43,7 @@ from typing import Any, Mapping
 
 import copy
 
-from . import audit, baseline as baseline_mod, controls, domains, runs, schemas, settings
+from . import audit, baseline as baseline_mod, controls, domains, promql, runs, schemas, settings
 from .campaign import packages
 from .errors import InputError
 from .exitcodes import Exit
@@ -332,6 +332,68 @@ def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]], ba
             "skipped": skipped, "excluded": excluded, "target_groups": target_groups(target, entries, excluded)}
 
 
+# ---- canary metrics --------------------------------------------------------------------------------
+
+CANARY_LOOKBACK_S, CANARY_STEP_S = 600.0, 30.0  # plan looks for each canary metric's series over the last 10 min
+
+
+def canary_metrics(fleet: Any, base: baseline_mod.Baseline, client: Any) -> list[dict[str, Any]]:
+    """The baseline's canary metrics (docs/canary.md), checked before any host is touched when Prometheus is
+    configured (CLIENT, promql.Client): each query parses (a syntax error is an InputError, one line), and returns a
+    series for some host of its group over the last CANARY_LOOKBACK_S (none at all is an InputError too; the hosts
+    without one are listed). Without a client the metrics are listed, unchecked."""
+    by_group: dict[str, list[Any]] = {}
+    for h in fleet.hosts:
+        by_group.setdefault(primary_group(h.groups), []).append(h)
+    out = []
+    for group, hosts in by_group.items():
+        for m in base.canary_for(list(hosts[0].groups)).metrics:
+            entry = {"group": group, "metric": m.name, "kind": m.kind, "good": m.good, "max_change": m.max_change,
+                     "checked": client is not None, "without_series": []}
+            if client is not None:
+                where = f"baseline canary metric {m.name} (group {group})"
+                query = promql.render(m.query, hosts)
+                try:
+                    client.check(query)
+                except InputError as e:
+                    raise InputError(f"{where}: {e}") from None
+                now = time.time()
+                found = promql.by_host(client.range(query, now - CANARY_LOOKBACK_S, now, CANARY_STEP_S,
+                                                    m.host_label), hosts)
+                entry["without_series"] = [h.name for h in hosts if h.name not in found]
+                if not found:
+                    raise InputError(f"{where}: no series for any of its {len(hosts)} hosts over the last "
+                                     f"{CANARY_LOOKBACK_S / 60:g} minutes (label {m.host_label}): {query[:120]}")
+            out.append(entry)
+    return out
+
+
+def canary_summary(report: dict[str, Any]) -> str | None:
+    """The plan's canary metrics in one line: each checked against Prometheus or not, the hosts without a series."""
+    canary = report.get("canary")
+    if not canary:
+        return None
+    said = []
+    for m in canary["metrics"]:
+        state = ("no Prometheus configured: not checked" if not m["checked"] else
+                 f"{len(m['without_series'])} host(s) without a series: {', '.join(m['without_series'][:3])}"
+                 if m["without_series"] else "series for every host")
+        said.append(f"{m['metric']} (group {m['group']}, {m['kind']}, {m['good']} is good, "
+                    f"{m['max_change']:.0%} tolerated): {state}")
+    return "canary metrics: " + "; ".join(said) + "; the soak does not judge them yet"
+
+
+def control_cohorts(made: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
+    """Per wave, per group: the hosts the canary metrics compare that wave's hosts with (the group's hosts of later
+    waves, not changed yet while it soaks)."""
+    out = {}
+    for w in made["waves"]:
+        later = [h for x in made["waves"] if x["index"] > w["index"] for h in x["hosts"]]
+        groups = dict.fromkeys(primary_group(h["groups"]) for h in w["hosts"])
+        out[str(w["index"])] = {g: [h["name"] for h in later if primary_group(h["groups"]) == g] for g in groups}
+    return out
+
+
 REFUSED = ("not_blessed", "target_not_blessed")  # the baseline's matrix refuses the target for the host
 
 
@@ -354,17 +416,21 @@ def target_groups(target: str, entries: list[dict[str, Any]], excluded: list[dic
     return list(out.values())
 
 
-def run(opts: PlanOptions, store: Store, argv: list[str]) -> dict[str, Any]:
-    """Collect facts as the audit does, build the plan, record it as a run of kind 'plan'.
+def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None) -> dict[str, Any]:
+    """Collect facts as the audit does, build the plan, record it as a run of kind 'plan'. PROMETHEUS
+    (promql.Client or None): where the baseline's canary metrics are checked.
 
     Input errors (InputError) are raised before anything is recorded."""
     started = time.monotonic()
     target = parse_target(opts.target)
     ramp = parse_ramp(opts.waves)
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
+    metrics = canary_metrics(fleet, base, prometheus)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as run_:
         hosts = audit.collect(fleet, base, opts.forks, opts.preflight)
         plan = build(target, ramp, hosts, base, domains.group(fleet, {h["name"]: h["facts"] for h in hosts}))
+        if metrics:
+            plan["canary"] = {"metrics": metrics, "control": control_cohorts(plan), "judged_by_soak": False}
         unreachable = sum(1 for h in hosts if not h["reachable"])
         summary = {"hosts": len(hosts), "eligible": sum(w["size"] for w in plan["waves"]), "waves": len(plan["waves"]),
                    "skipped": len(plan["skipped"]), "excluded": len(plan["excluded"]), "unreachable": unreachable,

@@ -37,10 +37,11 @@ def _template(value: str) -> str:
 
 
 # flag -> what the history keeps of its value: a probe's or canary's command and the drain/undrain templates may
-# carry tokens (only the program stays, always marked); a --notify command likewise; a webhook its scheme://host.
+# carry tokens (only the program stays, always marked); a --notify command likewise; a webhook or a Prometheus
+# server its scheme://host.
 ARGV_RULES: dict[str, Callable[[str], str]] = {
     "--command": _template, "--canary": _template, "--drain": _template, "--undrain": _template,
-    "--notify": program, "--webhook": url,
+    "--notify": program, "--webhook": url, "--prometheus-url": url,
 }
 
 

@@ -20,6 +20,7 @@ from .campaign.hooks import PRESETS
 from .controls.base import SEVERITIES
 from .exitcodes import Exit
 from .notify import FORMATS, HEADERS_ENV, TRIES
+from .promql import TRIES as PROMQL_TRIES
 
 MAX_DURATION_S = 366 * 86400
 FORKS_CAP = 64  # hosts worked on at once by default, at most: more processes would hurt the control node
@@ -31,6 +32,7 @@ KINDS = ("text", "int", "choice", "duration", "durations")
 RUNS = (("audit",), ("probe",), ("plan",), ("upgrade",))
 NOTIFYING = (("audit",), ("probe",), ("upgrade",), ("campaign", "resume"), ("rollback",))
 UPGRADE = (("upgrade",),)
+PROMETHEUS = (("plan",), *UPGRADE, ("campaign", "resume"))  # the campaign's canary metrics (baseline: canary)
 
 
 def duration_text(seconds: float) -> str:
@@ -200,6 +202,16 @@ WEBHOOK_CA = Setting(name="webhook_ca", flag="--webhook-ca", metavar="FILE", pat
 NOTIFY_TIMEOUT = Setting(name="notify_timeout", flag="--notify-timeout", kind="duration", minimum=0.1, maximum=600,
                          default="10s", metavar="DURATION", commands=NOTIFYING,
                          help="For each --notify command and each webhook try.")
+PROMETHEUS_URL = Setting(name="prometheus_url", flag="--prometheus-url", metavar="URL", pattern="^https?://",
+                         commands=PROMETHEUS, help="The Prometheus server whose metrics judge the canary against its "
+                                                   "control hosts (the baseline's canary metrics; TLS verified).")
+PROMETHEUS_HEADERS = Setting(name="prometheus_headers", flag="--prometheus-headers", metavar="FILE", path=True,
+                             commands=PROMETHEUS, help="HTTP headers for Prometheus ('Name: value' lines, a file only "
+                                                       "its owner reads); never shown or recorded.")
+PROMETHEUS_TIMEOUT = Setting(name="prometheus_timeout", flag="--prometheus-timeout", kind="duration", minimum=0.1,
+                             maximum=600, default="10s", metavar="DURATION", commands=PROMETHEUS,
+                             help=f"For each read of a Prometheus answer and the query's evaluation; a request gets "
+                                  f"{PROMQL_TRIES} tries.")
 WINDOW_DURATION = Setting(name="duration", flag="--duration", kind="duration", above=True, metavar="DURATION",
                           file=False, commands=(("systemd", "install"),), help="How long the window lasts: 3h, 90m.")
 WINDOW_MARGIN = Setting(name="margin", flag="--margin", kind="duration", metavar="DURATION", file=False,

@@ -99,6 +99,12 @@ def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: C
                 f"{options.soak_interval_s:g}s, the throughput gate at its end" if length else " (not watched)"))
     for h in made["skipped"] + made["excluded"]:
         lines.append(f"not in the campaign: {h['name']}: {h['reason']}")
+    canary = plan.canary_summary(made)
+    if canary is not None:
+        lines.append(canary)
+        for wave, groups in (made.get("canary") or {}).get("control", {}).items():
+            lines += [f"  control cohort of wave {wave}, group {g}: {', '.join(hosts) or 'none'}"
+                      for g, hosts in groups.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -153,7 +159,8 @@ def exit_code(journal: Journal, cid: int) -> Exit | None:
 
 
 def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
-          live: Live | None, notifier: notify.Notifier | None = None) -> tuple[int | None, Exit, str]:
+          live: Live | None, notifier: notify.Notifier | None = None,
+          prometheus: Any = None) -> tuple[int | None, Exit, str]:
     """(campaign id or None, exit code, text for the operator). The planning audit is a run of its own (kind plan),
     sealed as soon as it is made, as `fleetctl plan`'s; the campaign it starts has another (kind campaign), closed
     with the campaign's outcome and exit code when it stops (a rolled-back campaign's run says 4)."""
@@ -161,9 +168,12 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     plan.parse_target(opts.target)
     options = campaign_options(opts)
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
+    metrics = plan.canary_metrics(fleet, base, prometheus)  # a query that does not parse: before any host is touched
     journal = Journal(store)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as planning:
         made, entries = make_plan(opts, fleet, base, ramp, journal.locks(), options)
+        if metrics:
+            made["canary"] = {"metrics": metrics, "control": plan.control_cohorts(made), "judged_by_soak": False}
         hosts = sum(w["size"] for w in made["waves"])
         refused = not hosts and made["excluded"] and all(h["code"] in plan.REFUSED for h in made["excluded"])
         # The command's code where no campaign starts; hosts left out with a reason are off the target: an

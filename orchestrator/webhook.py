@@ -10,7 +10,7 @@ import ssl
 import threading
 import urllib.parse
 import urllib.request
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import urllib3
 
@@ -20,6 +20,7 @@ from .sanitize import one_line
 BACKOFF_S = 1.0  # urllib3's backoff factor: the second try at once, the third after 2 s
 MAX_RETRY_AFTER_S = 30  # the longest wait before a try, whatever the server's Retry-After says
 RETRY_STATUSES = frozenset({408, 425, 429, *range(500, 600)})
+T = TypeVar("T")
 
 
 def proxy_for(url: str) -> str | None:
@@ -107,15 +108,11 @@ class Webhook:
         return None if reason is None else reason + (f" ({took} tries)" if took > 1 else "")
 
     def bounded_try(self, data: bytes, limit_s: float) -> tuple[Any, str | None, Exception | None]:
-        """One try within LIMIT_S in all (the timeout bounds each read, and a server that answers a byte at a time
-        would hold a try for ever): (response, the failure it means or None, the error that stopped it or None).
-        A try cut short is left to finish in its daemon thread, which the process does not wait for."""
-        done: dict[str, tuple[Any, str | None, Exception | None]] = {}
-        worker = threading.Thread(target=lambda: done.setdefault("r", self.one_try(data)), daemon=True)
-        worker.start()
-        worker.join(limit_s)
-        if "r" in done:
-            return done["r"]
+        """One try within LIMIT_S in all (within()): (response, the failure it means or None, the error that stopped
+        it or None)."""
+        done = within(lambda: self.one_try(data), limit_s)
+        if done:
+            return done[0]
         why = f"no complete answer in {limit_s:g}s"
         return None, why, urllib3.exceptions.ReadTimeoutError(None, self.url, why)  # type: ignore[arg-type]
 
@@ -134,20 +131,37 @@ class Webhook:
         return response, (reason + ": redirects are not followed" if response.status < 400 else reason), None
 
     def describe_error(self, e: BaseException) -> str:
-        if isinstance(e, ssl.SSLCertVerificationError):
-            return f"TLS: certificate not trusted ({one_line(e.verify_message, 120)})"
-        if isinstance(e, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
-            return "TLS: the server closed the connection"
-        if isinstance(e, ssl.SSLError):
-            return f"TLS: {one_line(e.reason or type(e).__name__, 120)}"
-        if isinstance(e, http.client.IncompleteRead):
-            return "the answer was cut short"
-        if isinstance(e, TimeoutError):
-            return f"no answer in {self.timeout_s:g}s"
-        if isinstance(e, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(e, socket.gaierror):
-            return f"cannot resolve the host name ({one_line(e.strerror, 80)})"
-        if isinstance(e, OSError) and e.strerror:
-            return one_line(e.strerror, 120)
-        return type(e).__name__  # never str(e): an exception's text could quote what was sent
+        return describe(e, self.timeout_s)
+
+
+def within(call: Callable[[], T], limit_s: float) -> tuple[T] | tuple[()]:
+    """(CALL's result,) if it returns within LIMIT_S, else (): a call cut short is left to finish in its daemon
+    thread, which the process does not wait for. (A timeout bounds each read; a server that answers a byte at a time
+    would hold a request for ever.)"""
+    done: list[T] = []
+    worker = threading.Thread(target=lambda: done.append(call()), daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    return (done[0],) if done else ()
+
+
+def describe(e: BaseException, timeout_s: float) -> str:
+    """The socket, TLS or HTTP error E (underlying()'s) in a few words, never its text (it could quote what was
+    sent); TIMEOUT_S: the one each read had."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"TLS: certificate not trusted ({one_line(e.verify_message, 120)})"
+    if isinstance(e, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        return "TLS: the server closed the connection"
+    if isinstance(e, ssl.SSLError):
+        return f"TLS: {one_line(e.reason or type(e).__name__, 120)}"
+    if isinstance(e, http.client.IncompleteRead):
+        return "the answer was cut short"
+    if isinstance(e, TimeoutError):
+        return f"no answer in {timeout_s:g}s"
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve the host name ({one_line(e.strerror, 80)})"
+    if isinstance(e, OSError) and e.strerror:
+        return one_line(e.strerror, 120)
+    return type(e).__name__  # never str(e): an exception's text could quote what was sent

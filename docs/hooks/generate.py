@@ -156,7 +156,8 @@ def schema_page(title: str, file: str, intro: str) -> str:
         return text + (f" ({', '.join(bounds)})" if bounds else "")
 
     def entry(path: str, node: dict, rows: list) -> None:
-        ref = node["$ref"].rsplit("/", 1)[1] if local(node) else ""
+        items = node.get("items", {}) if node.get("type") == "array" else {}
+        ref = node["$ref"].rsplit("/", 1)[1] if local(node) else items["$ref"].rsplit("/", 1)[1] if local(items) else ""
         is_object = node.get("type") == "object" and not ref
         value = node.get("default")
         default = "" if "default" not in node else f"`{value if isinstance(value, str) else json.dumps(value)}`"

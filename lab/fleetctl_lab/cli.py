@@ -1,4 +1,5 @@
-"""`fleetctl lab up|status|inventory|inject|reboot|down`: an emulated GPU fleet on this machine (root)."""
+"""`fleetctl lab up|status|inventory|env|inject|drift|prometheus|reboot|down`: an emulated GPU fleet on this machine
+(root)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.errors import InputError
-from . import faults, slurm, state
+from . import faults, prometheus, slurm, state
 from .skus import DEFAULT_SKU, SKUS
 
 SPEC = re.compile(r"^(?P<count>\d+)x(?P<sku>[a-z0-9-]+)(?:/(?P<gpus>\d+))?(?:@(?P<driver>\d{3}\.\d+(?:\.\d+)?))?"
                   r"(?P<drift>(?:\+[a-z-]+(?:=[^+]*)?)*)$")
 DRIFTS = ("nouveau", "persistence-off", "runtime")
+PROMETHEUS_ENV = "FLEETCTL_LAB_PROMETHEUS"  # `fleetctl lab env`: the lab's Prometheus URL
 # +rpm: an Enterprise-Linux-style host (rpm, dnf, dnf versionlock; no apt); +debian: the driver from Debian's own
 # packages (real nvidia-tesla-470-*, nvidia-tesla-535-*, nvidia-*: lab/fleetctl_lab/debian.py)
 PACKAGINGS = ("deb", "rpm", "debian")
@@ -96,7 +98,9 @@ def lab() -> None:
 @click.option("--slurm", "with_slurm", is_flag=True,
               help="A Slurm cluster over the hosts: slurmctld and munged here, munged and slurmd in every host "
                    "(eval \"$(fleetctl lab env)\" for srun, sbatch, sinfo, scontrol).")
-def up(count, sku, gpus, driver, drift, packaging, specs, with_slurm) -> None:
+@click.option("--prometheus", "with_prometheus", is_flag=True,
+              help="A DCGM exporter in every host and a Prometheus here scraping them (its URL: fleetctl lab env).")
+def up(count, sku, gpus, driver, drift, packaging, specs, with_slurm, with_prometheus) -> None:
     """Build the lab's package repo and bring the hosts up (in the lowest free lab slot, or $FLEETCTL_LAB_SLOT's:
     several labs, each in its own FLEETCTL_LAB_DIR, live side by side)."""
     from . import debian, hosts, packages
@@ -121,7 +125,9 @@ def up(count, sku, gpus, driver, drift, packaging, specs, with_slurm) -> None:
     if with_slurm and (missing := [p for p in slurm.PROGRAMS if not os.path.exists(p)]):
         raise InputError(f"--slurm needs Slurm and munge ({', '.join(missing)} missing): apt-get install "
                          f"{' '.join(slurm.PACKAGES)}")
-    the_lab = hosts.up(specs_, directory, with_slurm=with_slurm)
+    if with_prometheus and not os.path.exists(prometheus.PROGRAM):
+        raise InputError(f"--prometheus needs {prometheus.PROGRAM}: apt-get install {prometheus.PACKAGE}")
+    the_lab = hosts.up(specs_, directory, with_slurm=with_slurm, with_prometheus=with_prometheus)
     for name, drifts in extra.items():
         if "runtime" in drifts:
             faults.runtime_misconfigured(faults.Host(the_lab, name))
@@ -131,6 +137,9 @@ def up(count, sku, gpus, driver, drift, packaging, specs, with_slurm) -> None:
     if the_lab.slurm:
         click.echo(f"slurm: partition {slurm.PARTITION} of {len(specs_)} nodes; eval \"$(fleetctl lab env)\" "
                    "for srun, sbatch, sinfo and scontrol")
+    if the_lab.prometheus is not None:
+        click.echo(f"prometheus: {prometheus.url(the_lab.prometheus)} scraping a DCGM exporter in every host "
+                   f"every {prometheus.SCRAPE_INTERVAL}")
 
 
 @lab.command()
@@ -166,16 +175,46 @@ def inventory() -> None:
 
 @lab.command()
 def env() -> None:
-    """Shell lines for the lab (eval "$(fleetctl lab env)"): FLEETCTL_LAB_DIR, and in a Slurm lab SLURM_CONF, so
-    srun, sbatch, sinfo and scontrol talk to the lab's cluster."""
+    """Shell lines for the lab (eval "$(fleetctl lab env)"): FLEETCTL_LAB_DIR, in a Slurm lab SLURM_CONF, so srun,
+    sbatch, sinfo and scontrol talk to the lab's cluster, and with --prometheus FLEETCTL_LAB_PROMETHEUS (its URL)."""
     from . import hosts
 
     the_lab = _lab()
     values = {state.LAB_ENV: str(the_lab.dir)}
     if the_lab.slurm:
         values.update(hosts.slurm_cluster(the_lab).env())
+    if the_lab.prometheus is not None:
+        values[PROMETHEUS_ENV] = prometheus.url(the_lab.prometheus)
     for key, value in values.items():
         click.echo(f"export {key}={shlex.quote(value)}")
+
+
+@lab.command()
+@click.argument("factor", type=float, required=False)
+@click.option("--restore", is_flag=True, help="The drift is over: every host back at its own throughput.")
+def drift(factor, restore) -> None:
+    """A fleet-wide drift: every host's workload (DCGM exporter levels, benchmark) at FACTOR, e.g. 0.92."""
+    click.echo(faults.drift(_lab(), factor, restore))
+
+
+@lab.group("prometheus")
+def prometheus_group() -> None:
+    """The lab's Prometheus (lab up --prometheus): stop it and start it again (same port, same storage)."""
+
+
+@prometheus_group.command("stop")
+def prometheus_stop() -> None:
+    """Stop the lab's Prometheus (as a monitoring outage would)."""
+    the_lab = _lab()
+    if the_lab.prometheus is None:
+        raise InputError("this lab has no Prometheus: bring it up with `fleetctl lab up --prometheus`")
+    click.echo("prometheus: " + ("stopped" if prometheus.stop(the_lab.dir) else "was not running"))
+
+
+@prometheus_group.command("start")
+def prometheus_start() -> None:
+    """Start the lab's Prometheus again, on its recorded port."""
+    click.echo(f"prometheus: {prometheus.start(_lab())}")
 
 
 @lab.command()
@@ -312,6 +351,17 @@ def inject_gpu_in_use(host, gpu) -> None:
 def inject_throughput(host, factor, driver) -> None:
     """Scale the benchmark's throughput by FACTOR (e.g. 0.92)."""
     _report(host, faults.throughput(host, factor, driver))
+
+
+@inject.command("metric")
+@click.argument("name")
+@click.argument("factor", type=float, required=False)
+@click.option("--driver", metavar="VERSION", help="Only while this driver version is loaded (default: any).")
+@click.option("--restore", is_flag=True, help="Remove that fault (for --driver's version, or any).")
+@click.pass_obj
+def inject_metric(host, name, factor, driver, restore) -> None:
+    """Scale the DCGM exporter's metric NAME (e.g. DCGM_FI_PROF_PIPE_TENSOR_ACTIVE) by FACTOR (e.g. 0.94)."""
+    _report(host, faults.metric(host, name, factor, driver, restore))
 
 
 @inject.command("pcie-downgrade")

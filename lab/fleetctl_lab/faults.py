@@ -147,6 +147,42 @@ def throughput(host: Host, factor: float, driver: str | None = None) -> str:
     return f"throughput x{factor} on driver {driver or 'any'}"
 
 
+def metric(host: Host, name: str, factor: float | None, driver: str | None = None, restore: bool = False) -> str:
+    """The DCGM exporter's metric NAME on this host scaled by FACTOR (only while DRIVER is loaded, when given), on
+    top of the throughput factor; RESTORE: that fault gone (exporter.py)."""
+    from .exporter import SCALED
+
+    if name not in SCALED:
+        raise InputError(f"no lab metric {name!r} to scale (metrics: {', '.join(SCALED)})")
+    key = f"metric.{name}.{check_version(driver) if driver else 'any'}"
+    faults = read_conf(host.faults_conf)
+    if restore:
+        faults.pop(key, None)
+    elif factor is None or not 0 < factor <= 2:
+        raise InputError(f"a metric's factor must be in (0, 2], not {factor}")
+    else:
+        faults[key] = str(factor)
+    write_conf(host.faults_conf, faults)
+    return f"{name} " + ("as the workload makes it" if restore else f"x{factor}") + f" on driver {driver or 'any'}"
+
+
+def drift(lab: state.Lab, factor: float | None, restore: bool = False) -> str:
+    """A fleet-wide drift (a warm afternoon, a slow shared filesystem): every host's workload, canary and control
+    alike, at FACTOR of its throughput (the DCGM exporter's levels and nvidia-lab-bench) until RESTORE."""
+    if not restore and (factor is None or not 0 < factor <= 2):
+        raise InputError(f"a drift's factor must be in (0, 2], not {factor}")
+    for record in lab.hosts:
+        path = Host(lab, record.name).faults_conf
+        faults = read_conf(path)
+        if restore:
+            faults.pop("drift", None)
+        else:
+            faults["drift"] = str(factor)
+        write_conf(path, faults)
+    return (f"every host ({len(lab.hosts)}): " +
+            ("the drift is over" if restore else f"the workload at x{factor} of its throughput"))
+
+
 def pcie_downgrade(host: Host, gpu: int, width: int | None = 8, gen: int | None = None) -> str:
     """GPU's PCIe link trains narrower (WIDTH lanes) and/or slower (Gen GEN) than it can (a bad riser or slot): NVML
     and nvidia-smi report the current link, and the benchmark's host<->device copies fall with it (skus.py). The

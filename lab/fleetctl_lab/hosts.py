@@ -36,7 +36,7 @@ from pathlib import Path
 import fleetctl_lab
 import orchestrator
 from orchestrator.errors import OperationError
-from . import debian, network, slots, slurm, state
+from . import debian, network, prometheus, slots, slurm, state
 from .skus import DOMAIN_CLIQUE, SKUS, domain_cluster_uuid
 from .state import HostRecord, HostSpec, Lab
 
@@ -57,10 +57,12 @@ class LabError(OperationError):
 # -- up ------------------------------------------------------------------------------------------------------
 
 def up(specs: list[HostSpec], lab_dir: str | os.PathLike | None = None, timeout: float | None = None,
-       slot: int | None = None, with_slurm: bool = False) -> Lab:
+       slot: int | None = None, with_slurm: bool = False, with_prometheus: bool = False) -> Lab:
     """Build and boot the hosts of SPECS in a slot of their own (SLOT, else $FLEETCTL_LAB_SLOT, else the lowest free
     one); return the lab once every host's sshd answers. WITH_SLURM: a Slurm cluster over the hosts (slurm.py),
-    its controller started before the hosts boot. On failure, nothing stays up (the apt repository is kept)."""
+    its controller started before the hosts boot. WITH_PROMETHEUS: a DCGM exporter in every host (exporter.py) and
+    a Prometheus scraping them (prometheus.py), started once the hosts are up. On failure, nothing stays up (the apt
+    repository is kept)."""
     directory = state.lab_dir(lab_dir)
     check_specs(specs)
     refuse_directory_up(directory)
@@ -70,7 +72,7 @@ def up(specs: list[HostSpec], lab_dir: str | os.PathLike | None = None, timeout:
     except slots.SlotError as e:
         raise LabError(str(e)) from None
     try:
-        lab = plan(specs, directory, claim.names, with_slurm)
+        lab = plan(specs, directory, claim.names, with_slurm, with_prometheus)
         return build(lab, specs, timeout, claim)
     finally:
         claim.close()  # unlocked: from now on its supervisors keep the slot taken, until `down` releases it
@@ -91,6 +93,8 @@ def build(lab: Lab, specs: list[HostSpec], timeout: float | None, claim: slots.C
         wait_up(lab, timeout or (INSTALL_TIMEOUT_S if any(s.driver for s in specs) else UP_TIMEOUT_S))
         state.save(lab)
         write_inventory(lab)
+        if lab.prometheus is not None:
+            prometheus.start(lab)
     except BaseException:
         down(directory, keep_repo=True, claim=claim)
         raise
@@ -145,14 +149,18 @@ def reclaim_remains(names: network.Names) -> None:
     remove_slot_links(names)
     owner = slots.owner_of(names.slot)  # the dead lab's directory, when its claim names one
     slurm.stop_controller(owner / "slurm" if owner else None, slurm_run_dir(names.slot))
+    if owner:
+        prometheus.stop(owner)
     print(f"fleetctl lab: removed the remains of a dead lab ({', '.join(namespaces) or names.bridge})",
           file=sys.stderr)
 
 
-def plan(specs: list[HostSpec], directory: Path, names: network.Names, with_slurm: bool = False) -> Lab:
+def plan(specs: list[HostSpec], directory: Path, names: network.Names, with_slurm: bool = False,
+         with_prometheus: bool = False) -> Lab:
     hosts = [HostRecord(spec, i, names.host_address(i), names.netns(spec.name), names.veth(i))
              for i, spec in enumerate(specs)]
-    return Lab(directory, names.bridge, names.bridge_address, hosts, names.slot, with_slurm)
+    return Lab(directory, names.bridge, names.bridge_address, hosts, names.slot, with_slurm,
+               prometheus.free_port() if with_prometheus else None)
 
 
 # -- Slurm (slurm.py) ----------------------------------------------------------------------------------------
@@ -224,6 +232,7 @@ def prepare_host_dir(lab: Lab, host: HostRecord) -> str:
         # IMEX's node list (/etc/nvidia-imex/nodes_config.cfg): the addresses of the trays of the host's domain
         "imex_nodes": [h.address for h in lab.hosts if h.spec.domain == host.spec.domain] if host.spec.domain else None,
         "slurm": {"conf_dir": str(lab.slurm_dir), "run_dir": str(slurm_run_dir(lab.slot))} if lab.slurm else None,
+        "exporter": lab.prometheus is not None,  # a DCGM exporter at every boot (exporter.py)
         "debian_mirror": str(debian.mirror_dir()) if host.spec.packaging == "debian" else None}, indent=2) + "\n")
     return host_key
 
@@ -401,6 +410,7 @@ def down(lab_dir: str | os.PathLike | None = None, keep_repo: bool = False, clai
         slot = None  # reclaimed by another lab once ours was dead: our remains went then; its names are its own
     held = claim or (lock_slot(slot) if slot is not None else None)  # waits while an `up` builds in the slot
     try:
+        prometheus.stop(directory)
         stop_supervisors(directory, lab)
         ours = held is not None and held.owner in (directory, None)
         slurm.stop_controller(directory / "slurm", slurm_run_dir(held.slot) if ours else None)

@@ -61,6 +61,8 @@ class Lab:
     hosts: list[HostRecord] = field(default_factory=list)
     slot: int = 0                  # the lab's slot (slots.py): its bridge, subnet, namespace and veth names
     slurm: bool = False            # a Slurm cluster over the hosts (slurm.py): slurmctld here, slurmd in each host
+    prometheus: int | None = None  # the port (127.0.0.1) of the lab's Prometheus (prometheus.py), scraping a DCGM
+                                   # exporter in each host (exporter.py); None: none (no --prometheus)
 
     # paths (docs/lab.md)
     @property
@@ -103,7 +105,7 @@ class Lab:
 
 def save(lab: Lab) -> None:
     """Write lab.json atomically."""
-    data = {"slot": lab.slot, "slurm": lab.slurm, "bridge": lab.bridge, "bridge_address": lab.bridge_address,
+    data = {"slot": lab.slot, "slurm": lab.slurm, "prometheus": lab.prometheus, "bridge": lab.bridge, "bridge_address": lab.bridge_address,
             "hosts": [dict(asdict(h), spec=asdict(h.spec)) for h in lab.hosts]}
     lab.dir.mkdir(parents=True, exist_ok=True)
     tmp = lab.json_path.with_suffix(".json.tmp")
@@ -122,4 +124,5 @@ def load(path: str | os.PathLike | None = None) -> Lab | None:
     slot = data.get("slot")
     if slot is None:  # a lab.json from before slots: its bridge says which (flbr0: slot 0)
         slot = int(data["bridge"][4:]) if re.fullmatch(r"flbr\d+", data["bridge"]) else 0
-    return Lab(directory, data["bridge"], data["bridge_address"], hosts, int(slot), bool(data.get("slurm")))
+    return Lab(directory, data["bridge"], data["bridge_address"], hosts, int(slot), bool(data.get("slurm")),
+               data.get("prometheus"))

@@ -42,6 +42,7 @@ from .output import stored_argv, terminal
 @options.forks(f"Hosts of a wave worked on at once (default: all, up to {settings.FORKS_CAP}).")
 @options.no_preflight("Skip the SSH pre-flight of the planning audit.")
 @options.notifications
+@options.prometheus
 @documented("upgrade")
 def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, soak_interval, soak_grace, canary,
             canary_max_failures, window, rollback_scope, drain_preset, drain, undrain, idle_timeout, samples, warmup_s,
@@ -64,7 +65,7 @@ def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, 
         click.confirm(f"Upgrade the fleet's driver to {target}?", abort=True)
     with Store() as store:
         cid, code, text = upgrade_mod.start(opts, store, stored_argv(), dry_run, campaign_view.live(terminal()),
-                                           options.notifier())
+                                           options.notifier(), options.prometheus_client())
     click.echo(clean(text), nl=False)  # reasons quote hosts
     sys.exit(code)
 
@@ -108,6 +109,7 @@ def campaign_show(campaign_id, fmt, verbose) -> None:
 @options.baseline(options.OWN_BASELINE_HELP)
 @options.window("A new maintenance window from now.")
 @options.notifications
+@options.prometheus
 @documented("campaign resume")
 def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window) -> None:
     """Continue a campaign after a crash, or after a halt (held hosts are accepted and undrained).

@@ -10,12 +10,13 @@ from typing import Callable
 
 import click
 
-from .. import notify, settings
+from .. import notify, promql, settings
 from ..notify import build as build_notifier  # the wrapper's `notify` parameter hides the module
 from ..settings import Setting
 
 CAMPAIGN_ID = click.IntRange(1, 2**63 - 1)  # what SQLite can look up: a bigger number is a usage error, not a crash
 NOTIFIER = "fleetctl.notifier"  # the context's meta key of the command's notifier
+PROMETHEUS = "fleetctl.prometheus"  # the context's meta key of the command's Prometheus client
 
 OWN_INVENTORY_HELP = "Default: the campaign's own."
 OWN_BASELINE_HELP = "Default: the campaign's own (unchanged)."
@@ -146,6 +147,30 @@ def notifications(f: Callable) -> Callable:
 
 NOTIFICATIONS = (settings.NOTIFY, settings.WEBHOOK, settings.WEBHOOK_FORMAT, settings.WEBHOOK_HEADERS,
                  settings.WEBHOOK_CA, settings.NOTIFY_TIMEOUT)
+
+
+def prometheus(f: Callable) -> Callable:
+    """The Prometheus flags, for plan, upgrade and campaign resume: the command finds its client (checked before
+    anything runs: the URL, the headers file) with prometheus_client()."""
+
+    @functools.wraps(f)
+    def command(*args, prometheus_url, prometheus_headers, prometheus_timeout, **kwargs):
+        click.get_current_context().meta[PROMETHEUS] = promql.client(prometheus_url, prometheus_headers,
+                                                                     prometheus_timeout)
+        return f(*args, **kwargs)
+
+    for s in reversed(PROMETHEUS_SETTINGS):
+        command = option(s)(command)
+    return command
+
+
+PROMETHEUS_SETTINGS = (settings.PROMETHEUS_URL, settings.PROMETHEUS_HEADERS, settings.PROMETHEUS_TIMEOUT)
+
+
+def prometheus_client() -> promql.Client | None:
+    """The client the command's Prometheus flags built (None without --prometheus-url)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(PROMETHEUS) if ctx is not None else None
 
 
 def notifier() -> notify.Notifier | None:

@@ -25,6 +25,7 @@ from .output import emit, stored_argv, terminal
 @options.output("Write the plan to FILE instead of stdout.")
 @options.forks()
 @options.no_preflight()
+@options.prometheus
 @documented("plan")
 def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_preflight) -> None:
     """Plan canary waves to move the fleet's driver to VERSION (nothing is changed on any host).
@@ -37,7 +38,7 @@ def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_
                                 forks=forks, preflight=not no_preflight)
     writable(output)
     with Store() as store:
-        report = plan_mod.run(opts, store, stored_argv())
+        report = plan_mod.run(opts, store, stored_argv(), options.prometheus_client())
     if fmt == "json":
         emit(json.dumps(report, indent=2) + "\n", output)
     elif output:

@@ -11,6 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from .. import plan as plan_mod
 from ..exitcodes import Exit
 from ..sanitize import clean, clean_line
 
@@ -162,8 +163,13 @@ def plan_summary_line(report: dict[str, Any]) -> Text:
     return Text(clean_line(text), style="bold green" if s["exit_code"] == Exit.OK else "bold magenta")
 
 
+def plan_canary_line(report: dict[str, Any]) -> Text | None:
+    line = plan_mod.canary_summary(report)
+    return Text(clean_line(line), style="yellow") if line else None
+
+
 def print_plan(report: dict[str, Any], console: Console) -> None:
-    parts = [plan_table(report), plan_left_out_table(report), plan_summary_line(report)]
+    parts = [plan_table(report), plan_left_out_table(report), plan_canary_line(report), plan_summary_line(report)]
     console.print(Group(*[p for p in parts if p is not None]))
 
 

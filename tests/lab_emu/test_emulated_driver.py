@@ -486,6 +486,8 @@ def test_bench_follows_the_sku_and_faults(make_host, sku):
     assert slow["factor"] == 0.9 and ratio == pytest.approx(0.9, abs=0.006)
     faults.write_text("throughput.any=0.8\n")
     assert bench(root)["factor"] == 0.8
+    faults.write_text("throughput.any=0.8\ndrift=0.9\n")  # the lab's fleet-wide drift (fleetctl lab drift 0.9)
+    assert bench(root)["factor"] == pytest.approx(0.72)
 
 
 def test_bench_host_copies_follow_the_current_pcie_link(make_host):

@@ -62,6 +62,73 @@ def test_a_bad_baseline_is_one_line_naming_the_file_and_json_path(tmp_path, text
     assert message.startswith(f"{path}:") and expected in message and "\n" not in message
 
 
+CANARY = """schema_version: 1
+groups:
+  all:
+    canary:
+      metrics:
+        - name: tensor_active
+          query: 'avg by (Hostname) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"{hosts}"})'
+          host_label: Hostname
+          good: higher
+          max_change: 5%
+        - name: xid
+          query: 'sum by (Hostname) (DCGM_FI_DEV_XID_ERRORS{Hostname=~"{hosts}"})'
+          good: lower
+          max_change: 0.5
+          kind: rate
+  h100:
+    canary: {on_missing: fail, min_samples: 60}
+  l40s:
+    canary:
+      metrics: [{name: power, query: 'DCGM_FI_DEV_POWER_USAGE{instance=~"{hosts}"}', good: lower, max_change: 10%}]
+"""
+
+
+def test_the_canary_metrics_of_a_host_inherit_as_the_rest_of_its_policy(tmp_path):
+    loaded = baseline.load(write(tmp_path, "b.yml", CANARY))
+    everyone = loaded.canary_for(["all", "gpu"])
+    assert everyone == baseline.Canary(on_missing="hold", min_samples=None, metrics=(
+        baseline.CanaryMetric(name="tensor_active", query='avg by (Hostname) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE'
+                              '{Hostname=~"{hosts}"})', good="higher", max_change=0.05, host_label="Hostname"),
+        baseline.CanaryMetric(name="xid", query='sum by (Hostname) (DCGM_FI_DEV_XID_ERRORS{Hostname=~"{hosts}"})',
+                              good="lower", max_change=0.5, kind="rate")))
+    h100 = loaded.canary_for(["all", "gpu", "h100"])  # its own keys over all's; all's metrics
+    assert (h100.on_missing, h100.min_samples, h100.metrics) == ("fail", 60, everyone.metrics)
+    l40s = loaded.canary_for(["all", "gpu", "l40s"])  # a list of its own replaces all's
+    assert [(m.name, m.max_change, m.host_label, m.kind) for m in l40s.metrics] == [("power", 0.1, "instance", "level")]
+    assert baseline.load(None).canary_for(["all"]) == baseline.Canary()  # none: nothing judged
+
+
+@pytest.mark.parametrize("where, change, expected", [
+    (1, "name: tensor_active", "$.groups.all.canary.metrics[1].name: a second metric named 'tensor_active' in group "
+                               "all"),
+    (0, "max_change: 0%", "$.groups.all.canary.metrics[0].max_change: '0%' is not above 0% and at most 100%"),
+    (0, "max_change: 150%", "$.groups.all.canary.metrics[0].max_change: '150%' is not above 0% and at most 100%"),
+    (0, "max_change: 1.5", "$.groups.all.canary.metrics[0].max_change: 1.5 is greater than the maximum of 1"),
+    (0, "max_change: five", "$.groups.all.canary.metrics[0].max_change: 'five' does not match"),
+    (0, "max_change: 0", "$.groups.all.canary.metrics[0].max_change: 0 is less than or equal to the minimum of 0"),
+    (0, "name: Tensor-Active", "$.groups.all.canary.metrics[0].name: 'Tensor-Active' does not match"),
+    (0, "query: [up]", "$.groups.all.canary.metrics[0].query: expected string, found a list"),
+    (0, "query: 'up{hosts}'", "$.groups.all.canary.metrics[0].query: {hosts} at character 3 is outside a quoted "
+                              "label matcher"),
+    (0, "good: up", "$.groups.all.canary.metrics[0].good: 'up' is not one of ['higher', 'lower']"),
+    (0, "kind: counter", "$.groups.all.canary.metrics[0].kind: 'counter' is not one of ['level', 'rate']"),
+    (0, "window: 5m", "$.groups.all.canary.metrics[0]: Additional properties are not allowed ('window' was "
+                      "unexpected)"),
+    (None, "on_missing: wait", "$.groups.all.canary.on_missing: 'wait' is not one of ['hold', 'fail', 'ignore']"),
+])
+def test_a_bad_canary_section_is_one_line_naming_the_metric(tmp_path, where, change, expected):
+    """WHERE: the metric CHANGE is made to (None: the section)."""
+    doc = yaml.safe_load(CANARY)
+    section = doc["groups"]["all"]["canary"]
+    (section if where is None else section["metrics"][where]).update(yaml.safe_load(change))
+    path = write(tmp_path, "bad.yml", yaml.safe_dump(doc))
+    with pytest.raises(InputError) as e:
+        baseline.load(path)
+    assert str(e.value).startswith(f"{path}: {expected}") and "\n" not in str(e.value)
+
+
 def test_a_baseline_group_missing_from_the_inventory_is_an_input_error(tmp_path):
     path = write(tmp_path, "b.yml", "schema_version: 1\ngroups:\n  all: {}\n  a100: {gpus: {count: 8}}\n")
     fleet = inventory.load(str(REPO / "inventory" / "hosts.example.ini"))

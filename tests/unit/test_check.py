@@ -258,7 +258,7 @@ def test_bad_input_is_one_line_and_exit_2(args, said):
 def test_check_imports_no_ansible_rich_or_numpy():
     probe = ("import runpy, sys\nsys.argv = ['fleetctl', 'check']\ntry:\n runpy.run_module('orchestrator.cli', "
              "run_name='__main__')\nexcept SystemExit:\n pass\nprint(sorted(m for m in ('ansible', 'ansible_runner',"
-             " 'rich', 'numpy', 'paramiko', 'psutil') if m in sys.modules), file=sys.stderr)")
+             " 'rich', 'numpy', 'paramiko', 'psutil', 'urllib3') if m in sys.modules), file=sys.stderr)")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert result.stderr.strip().splitlines()[-1] == "[]"

@@ -22,7 +22,7 @@ from tests.cli_helpers import REPO
 
 SCHEMA = json.loads((REPO / "schemas" / "config.schema.json").read_text())
 TIME_FLAGS = {"--soak", "--soak-interval", "--soak-grace", "--window", "--idle-timeout", "--warmup", "--trial",
-              "--notify-timeout", "--duration", "--margin"}
+              "--notify-timeout", "--prometheus-timeout", "--duration", "--margin"}
 
 
 def command(path: tuple[str, ...]) -> click.Command:

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -100,6 +101,17 @@ class InitSystem:
         self.start_daemon(IMEX, IMEX_UNIT, *ARGS[IMEX])  # it checks the driver itself (and refuses another version)
         if self.config.get("slurm"):
             self.start_slurmd(**self.config["slurm"])
+        if self.config.get("exporter"):
+            self.start_exporter()
+
+    def start_exporter(self) -> None:
+        """A `lab up --prometheus` host's DCGM exporter (fleetctl_lab/exporter.py): the supervisor's Python (it
+        needs prometheus_client, which the host's python3 has not), in the host's namespaces, not in its root."""
+        with open(self.dir / "exporter.log", "ab") as logfile:
+            pid = subprocess.Popen([sys.executable, "-m", "fleetctl_lab.exporter", str(self.dir)], cwd="/",
+                                   stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
+                                   start_new_session=True).pid
+        log(f"DCGM exporter started (pid {pid})")
 
     def start_slurmd(self, conf_dir: str, run_dir: str) -> None:
         """A Slurm lab's node (fleetctl_lab/slurm.py): its files from the controller's CONF_DIR, munged, and once
