@@ -53,7 +53,8 @@ NOTES = (
          "gate, with what was seen; no later wave starts, the campaign rolls it back", (("critical", ""),)),
     Note("rolled_back", ("rollback_finished",), "the rollback finished",
          (("warning", ""), ("critical", "a host's rollback failed"))),
-    Note("halted", ("host_held",), "an inconclusive gate twice: hosts held for a person; `action`: `fleetctl "
+    Note("halted", ("host_held", "soak_held"), "an inconclusive gate twice (hosts held for a person), or canary "
+         "metrics that could not be judged at the end of a soak (`canary.on_missing: hold`); `action`: `fleetctl "
          "campaign resume N` (accept them) or `fleetctl rollback N`", (("critical", ""),)),
     Note("window_closed", ("window_closed",), "no wave starts after `--window`; `action`: `fleetctl campaign resume "
          "N --window 2h` or `fleetctl rollback N`", (("warning", ""),)),

@@ -380,7 +380,7 @@ def canary_summary(report: dict[str, Any]) -> str | None:
                  if m["without_series"] else "series for every host")
         said.append(f"{m['metric']} (group {m['group']}, {m['kind']}, {m['good']} is good, "
                     f"{m['max_change']:.0%} tolerated): {state}")
-    return "canary metrics: " + "; ".join(said) + "; the soak does not judge them yet"
+    return "canary metrics, judged by the soak against the control cohort: " + "; ".join(said)
 
 
 def control_cohorts(made: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
@@ -430,7 +430,7 @@ def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None
         hosts = audit.collect(fleet, base, opts.forks, opts.preflight)
         plan = build(target, ramp, hosts, base, domains.group(fleet, {h["name"]: h["facts"] for h in hosts}))
         if metrics:
-            plan["canary"] = {"metrics": metrics, "control": control_cohorts(plan), "judged_by_soak": False}
+            plan["canary"] = {"metrics": metrics, "control": control_cohorts(plan), "judged_by_soak": True}
         unreachable = sum(1 for h in hosts if not h["reachable"])
         summary = {"hosts": len(hosts), "eligible": sum(w["size"] for w in plan["waves"]), "waves": len(plan["waves"]),
                    "skipped": len(plan["skipped"]), "excluded": len(plan["excluded"]), "unreachable": unreachable,

@@ -173,7 +173,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as planning:
         made, entries = make_plan(opts, fleet, base, ramp, journal.locks(), options)
         if metrics:
-            made["canary"] = {"metrics": metrics, "control": plan.control_cohorts(made), "judged_by_soak": False}
+            made["canary"] = {"metrics": metrics, "control": plan.control_cohorts(made), "judged_by_soak": True}
         hosts = sum(w["size"] for w in made["waves"])
         refused = not hosts and made["excluded"] and all(h["code"] in plan.REFUSED for h in made["excluded"])
         # The command's code where no campaign starts; hosts left out with a reason are off the target: an
@@ -194,17 +194,17 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     with runs.recorded(store, "campaign", argv, fleet, base, opts.limit) as run_:
         cid, _ = journal.create(run_.id, made, options)
         return cid, *driven(store, journal, run_, cid, fleet, base, live, notifier,
-                            {**summary, "plan_run": planning.id})
+                            {**summary, "plan_run": planning.id}, prometheus)
 
 
 def driven(store: Store, journal: Journal, run_: runs.Run, cid: int, fleet: inventory.Fleet,
            base: baseline_mod.Baseline, live: Live | None, notifier: notify.Notifier | None,
-           summary: dict[str, Any]) -> tuple[Exit, str]:
+           summary: dict[str, Any], prometheus: Any = None) -> tuple[Exit, str]:
     """Drive the campaign, then close RUN_ with where the campaign stands and its exit code. Every command that
     drives a campaign (upgrade, resume, rollback) has a run of its own, kind campaign, its summary naming the
     campaign: the latest such run of a campaign says what `campaign show` says. A campaign stopped by a signal
     leaves its run interrupted."""
-    drive(journal, cid, fleet, base, live, notifier)
+    drive(journal, cid, fleet, base, live, notifier, Parts(prometheus=prometheus) if prometheus else None)
     code = exit_code(journal, cid)
     store.close_run(run_.id, code, {**summary, "campaign": cid, "state": journal.campaign(cid)["state"],
                                     "exit_code": code})
@@ -233,7 +233,7 @@ def campaign_row(journal: Journal, cid: int):
 
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
            window_s: float | None, live: Live | None,
-           notifier: notify.Notifier | None = None, *, argv: list[str]) -> tuple[Exit, str]:
+           notifier: notify.Notifier | None = None, *, argv: list[str], prometheus: Any = None) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if c["state"] in transitions.CAMPAIGN_TERMINAL:
@@ -248,7 +248,7 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
             journal.update_options(cid, window_end=later(window_s))
         if c["state"] == CampaignState.HALTED:
             accept_held(journal, cid)
-        return driven(store, journal, run_, cid, fleet, base, live, notifier, {"resumed": True})
+        return driven(store, journal, run_, cid, fleet, base, live, notifier, {"resumed": True}, prometheus)
 
 
 def interrupted(journal: Journal) -> list[int]:
@@ -260,7 +260,7 @@ def interrupted(journal: Journal) -> list[int]:
 
 def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: str | None, window_s: float | None,
                        live: Live | None, notifier: notify.Notifier | None = None, *,
-                       argv: list[str]) -> tuple[Exit, str]:
+                       argv: list[str], prometheus: Any = None) -> tuple[Exit, str]:
     """`campaign resume --interrupted` (a maintenance window's unit runs it before anything new): every interrupted
     campaign, oldest first. Exit 0 when there is none; else the highest of their exit codes."""
     ids = interrupted(Journal(store))
@@ -268,7 +268,8 @@ def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: 
         return Exit.OK, "no interrupted campaign\n"
     codes, texts = [], []
     for cid in ids:
-        code, text = resume(store, cid, inventory_path, baseline_path, window_s, live, notifier, argv=argv)
+        code, text = resume(store, cid, inventory_path, baseline_path, window_s, live, notifier, argv=argv,
+                            prometheus=prometheus)
         codes.append(code if code is not None else Exit.INTERNAL)  # a drive ends in a state with a code
         texts.append(f"campaign {cid}: " + text if len(ids) > 1 else text)
     return max(codes), "".join(texts)

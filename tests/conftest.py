@@ -43,6 +43,7 @@ LAB_SCOPES = {
     "test_lab_fabric_health": "lab-a",  # 9
     "test_lab_readme_tour": "lab-a",    # 60
     "test_lab_upgrade": "lab-b",        # 806
+    "test_lab_canary_metrics": "lab-b",  # 160
     "test_lab_interconnect": "lab-b",   # 157
     "test_lab_fleet": "lab-b",          # 121
     "test_molecule": "lab-b",           # 45

@@ -28,6 +28,7 @@ class Context:
     base: baseline_mod.Baseline
     options: CampaignOptions
     befores: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> recorded "before"
+    prometheus: Any = None  # promql.Client where the baseline's canary metrics are judged (docs/canary.md)
 
     def probe_options(self, throughput: bool) -> probe.ProbeOptions:
         o = self.options.probe

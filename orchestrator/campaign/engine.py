@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from .. import baseline as baseline_mod, inventory, runner
 from ..errors import OperationError
@@ -51,6 +51,7 @@ class Parts:
     observe: Observe = soak.observe
     clock: Clock = field(default_factory=Clock)
     playbook_time: runner.Seconds = runner.PLAYBOOK_TIME
+    prometheus: Any = None  # promql.Client: the soak judges the baseline's canary metrics with it (soak.py)
 
 
 class Engine:
@@ -64,7 +65,8 @@ class Engine:
         if missing:
             raise OperationError(f"campaign {self.cid}: host {missing[0]} is not in the inventory any more "
                                  f"(give the inventory the campaign was started with)")
-        self.ctx = steps.Context(journal, self.cid, campaign.target, fleet, base, self.options)
+        self.ctx = steps.Context(journal, self.cid, campaign.target, fleet, base, self.options,
+                                 prometheus=self.parts.prometheus)
         # Each host's unit of change: its multi-node NVLink domain, or itself (plans recorded before domains: itself)
         self.unit = {h["name"]: h.get("domain") or h["name"] for w in self.plan["waves"] for h in w["hosts"]}
 
@@ -166,7 +168,11 @@ class Engine:
                 continue
             wake = min(deadline, due) if hosts else deadline  # nothing to watch: only the clock
             self.clock.sleep(min(1.0, max(0.05, (wake - now_).total_seconds())))
-        if self.window_closed():
+        held = soak.held(self.journal, self.cid, gap) if watching else {}
+        if held:  # the canary metrics could not be judged and the baseline says hold: a person decides
+            self.journal.transition(self.cid, "soak_held", reason=f"the soak after wave {gap} is held: "
+                                    + first_host(sorted(held), {h: {"reason": r} for h, r in held.items()}))
+        elif self.window_closed():
             self.journal.transition(self.cid, "window_closed",
                                     reason=f"the maintenance window closed at {self.options.window_end} "
                                            f"before wave {c['wave']}")

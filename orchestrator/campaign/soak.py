@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import gate, probe, slurm
+from .. import audit, gate, probe, slurm
 from ..timefmt import parse, stamp
 from . import scheduler
 from .journal import Journal
@@ -141,6 +141,7 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
     # The end-of-soak gate measures with the engine probe_before used; a check runs the canary workload.
     collected = probe.collect(_probe_options(ctx, canary=not final), ctx.fleet.only(hosts), ctx.base, markers)
     jobs_failed, jobs_unread = slurm_jobs_failed(ctx, hosts) if ctx.options.hooks.slurm and not final else ({}, None)
+    judged = canary_metrics(ctx, hosts, final)
     out = {}
     for host in hosts:
         entry, ref = collected[host], refs[host]
@@ -173,10 +174,145 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
                     fails.append(gate.Problem("canary runs", line))
                 else:
                     notes.append(line)
+        metrics = judged[host]
+        if metrics.verdicts:
+            detail["canary_metrics"] = metrics.verdicts
+            fails += metrics.fails
+            notes += metrics.notes
+            if metrics.hold and not fails:
+                detail["hold"] = metrics.hold
+                notes.append(metrics.hold)
         detail["seen"] = [p.text for p in fails] + notes
         out[host] = (Observation("fail", ("end of the soak: " if final else "soak: ") + gate.one_line(fails), detail)
                      if fails else Observation("ok", None, detail))
     return out
+
+
+# ---- the canary metrics: the canary cohort against a control cohort, from Prometheus (docs/canary.md) ----------
+
+STEP_MIN_S, POINTS = 5.0, 600  # a range query's step: the window in POINTS steps, never finer than STEP_MIN_S
+
+
+@dataclass
+class Judged:
+    """What the canary metrics say of one watched host: failures, notes, the verdicts, and why it is held."""
+    fails: list[gate.Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    hold: str | None = None
+
+
+def _step_time(ctx: Context, host: str, step: str, key: str) -> float | None:
+    row = next((r for r in ctx.journal.steps(ctx.campaign, host) if r["step"] == step and r[key]), None)
+    return parse(row[key]).timestamp() if row else None
+
+
+def canary_metrics(ctx: Context, hosts: list[str], final: bool) -> dict[str, Judged]:
+    """The baseline's canary metrics of HOSTS (the watched ones: the canary cohort), per inventory group, judged
+    against the group's hosts this campaign has not changed yet (the control cohort) over the window since the
+    canary hosts came back, each host's level before its drain as its own reference (canary.judge_level); rates
+    per GPU-hour (judge_rate). A failing metric fails every canary host of the group; one that cannot be judged
+    (Prometheus unreachable or erring, no control host, no series, too few samples) is a note at a check and, at the
+    end of the soak (FINAL), what the baseline's canary.on_missing says: hold, fail or ignore."""
+    out = {h: Judged() for h in hosts}
+    rows = ctx.journal.hosts(ctx.campaign)
+    groups: dict[str, list[str]] = {}
+    for h in hosts:
+        groups.setdefault(audit.peer_group(ctx.fleet.host(h)), []).append(h)
+    for group, canary in groups.items():
+        conf = ctx.base.canary_for(list(ctx.fleet.host(canary[0]).groups))
+        if not conf.metrics:
+            continue
+        control = [r["host"] for r in rows if not r["changed"] and r["state"] == HostState.PRECHECK
+                   and audit.peer_group(ctx.fleet.host(r["host"])) == group]
+        for m in conf.metrics:
+            verdict = _judge(ctx, m, canary, control, conf.min_samples)
+            for h in canary:
+                j = out[h]
+                j.verdicts.append(verdict)
+                if verdict["verdict"] == "fail":
+                    j.fails.append(gate.Problem("canary metrics", verdict["reason"]))
+                elif verdict["verdict"] in ("no_verdict", "missing") and final:
+                    said = f"canary metric not judged at the end of the soak: {verdict['reason']}"
+                    if conf.on_missing == "fail":
+                        j.fails.append(gate.Problem("canary metrics", said))
+                    elif conf.on_missing == "hold":
+                        j.hold = j.hold or said + " (canary.on_missing: hold)"
+                    else:
+                        j.notes.append(said + " (canary.on_missing: ignore)")
+                elif verdict["verdict"] != "pass":
+                    j.notes.append(verdict["reason"])
+    return out
+
+
+def _judge(ctx: Context, m: Any, canary: list[str], control: list[str], min_samples: int | None) -> dict[str, Any]:
+    """One metric's verdict (canary.judge_*), or {"verdict": "missing", "reason"} when it cannot be asked."""
+    from .. import canary as judge, promql
+    now = datetime.now(timezone.utc).timestamp()
+    back = [t for h in canary if (t := _step_time(ctx, h, "undrain", "finished_at")) is not None]
+    drained = [t for h in canary if (t := _step_time(ctx, h, "drain", "started_at")) is not None]
+    if ctx.prometheus is None:
+        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: no Prometheus configured "
+                                                                 "(--prometheus-url or prometheus_url)"}
+    if not control:
+        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: no control host (every host of the "
+                                                                 "group is changed or in this wave)"}
+    if not back or not drained:
+        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: the canary hosts' drain and return "
+                                                                 "are not in the journal"}
+    start, end = max(back), now
+    length = max(end - start, STEP_MIN_S * 10)
+    step = max(STEP_MIN_S, length / POINTS)
+    fleet = [ctx.fleet.host(h) for h in canary + control]
+    query = promql.render(m.query, fleet)
+    try:
+        during = promql.by_host(ctx.prometheus.range(query, start, end, step, m.host_label), fleet)
+        before = promql.by_host(ctx.prometheus.range(query, min(drained) - length, min(drained), step,
+                                                     m.host_label), fleet)
+    except (promql.PrometheusError, ValueError) as e:
+        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: {e}"}
+    silent = [h for h in canary + control if not during.get(h)]
+    if any(h in silent for h in canary):
+        return {"name": m.name, "verdict": "missing",
+                "reason": f"{m.name}: no series for {', '.join(h for h in canary if h in silent)} since it came back"}
+    ctl = [h for h in control if h not in silent]
+    if not ctl:
+        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: no series for any control host"}
+    if m.kind == "rate":
+        hours = (end - start) / 3600
+        gpus = [g for h in canary if (g := (ctx.befores.get(h) or {}).get("gpus"))]
+        per_host = sorted(gpus)[len(gpus) // 2] if gpus else 1  # the group's hosts are one SKU
+        result = judge.judge_rate({h: increase(during[h]) for h in canary},
+                                  {h: ((ctx.befores.get(h) or {}).get("gpus") or per_host) * hours for h in canary},
+                                  {h: increase(during[h]) for h in ctl}, {h: per_host * hours for h in ctl},
+                                  m.good, m.max_change, name=m.name)
+    else:
+        kwargs = {"min_samples": min_samples} if min_samples else {}
+        result = judge.judge_level({h: during[h] for h in canary}, {h: during[h] for h in ctl}, m.good,
+                                   m.max_change, name=m.name, canary_before={h: before.get(h, []) for h in canary},
+                                   control_before={h: before.get(h, []) for h in ctl}, **kwargs)
+    return {"name": m.name, "kind": m.kind, "window": [stamp_of(start), stamp_of(end)],
+            "control_hosts": ctl, **result}
+
+
+def increase(points: list[tuple[float, float]]) -> float:
+    """A counter's increase over POINTS, resets included (a host that rebooted starts again from zero)."""
+    total, last = 0.0, None
+    for _, v in points:
+        if last is not None:
+            total += v - last if v >= last else v
+        last = v
+    return total
+
+
+def stamp_of(t: float) -> str:
+    return stamp(datetime.fromtimestamp(t, timezone.utc))
+
+
+def held(journal: Journal, cid: int, gap: int) -> dict[str, str]:
+    """Watched hosts whose end-of-soak gate after wave GAP holds the campaign for a person: host -> why."""
+    return {r["host"]: r["detail"]["hold"] for r in journal.soak_records(cid, gap=gap, kind="gate")
+            if r["detail"].get("hold")}
 
 
 def slurm_jobs_failed(ctx: Context, hosts: list[str]) -> tuple[dict[str, list[dict[str, Any]]], str | None]:

@@ -202,6 +202,9 @@ CAMPAIGN_TABLE = {
     (C.SOAKING, "soak_failed"):           C.ROLLING_BACK,
     (C.SOAKING, "soak_host_failed"):      C.SOAKING,
     (C.SOAKING, "window_closed"):         C.HALTED,
+    # the canary metrics could not be judged at the end of the soak and the baseline's canary.on_missing is hold:
+    # a person decides (campaign resume goes on with the next wave, rollback takes the changed hosts back)
+    (C.SOAKING, "soak_held"):             C.HALTED,
     (C.SOAKING, "abort_requested"):       C.ABORTED,
     (C.RUNNING, "window_closed"):         C.HALTED,
     (C.HALTED, "resumed"):                C.RUNNING,

@@ -122,10 +122,11 @@ def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window) 
         if interrupted:
             code, text = upgrade_mod.resume_interrupted(store, inventory_path, baseline, window,
                                                         campaign_view.live(terminal()), options.notifier(),
-                                                        argv=stored_argv())
+                                                        argv=stored_argv(), prometheus=options.prometheus_client())
         else:
             code, text = upgrade_mod.resume(store, campaign_id, inventory_path, baseline, window,
-                                            campaign_view.live(terminal()), options.notifier(), argv=stored_argv())
+                                            campaign_view.live(terminal()), options.notifier(), argv=stored_argv(),
+                                            prometheus=options.prometheus_client())
     click.echo(clean(text), nl=False)
     sys.exit(code)
 

@@ -131,10 +131,10 @@ def test_plan_checks_the_canary_metrics_and_refuses_a_query_that_does_not_parse_
     assert report["canary"]["metrics"] == [{"group": "ungrouped", "metric": "tensor_active", "kind": "level",
                                             "good": "higher", "max_change": 0.05, "checked": True,
                                             "without_series": []}]
-    assert report["canary"]["judged_by_soak"] is False
+    assert report["canary"]["judged_by_soak"] is True
     text = fleetctl("plan", "--to", "570.86.15", "-b", good, "--prometheus-url", prometheus, home=home).stdout
-    assert "canary metrics: tensor_active (group ungrouped, level, higher is good, 5% tolerated): series for every " \
-           "host; the soak does not judge them yet" in text
+    assert "canary metrics, judged by the soak against the control cohort: tensor_active (group ungrouped, level, " \
+           "higher is good, 5% tolerated): series for every host" in text
     recorded = len(runs(home))
     broken = canary_baseline(tmp_path / "broken.yml", TENSOR.replace(")", "", 1))
     proc = fleetctl("plan", "--to", "570.86.15", "-b", broken, "--prometheus-url", prometheus, home=home)

@@ -271,17 +271,18 @@ class Fleet:
 
 
 @contextmanager
-def fleetctl_lab(workdir: Path, specs: tuple[str, ...], slurm: bool = False):
+def fleetctl_lab(workdir: Path, specs: tuple[str, ...], slurm: bool = False, prometheus: bool = False):
     """`fleetctl lab up --spec ...` in WORKDIR (its own $LAB, history and SSH control dir); always torn down.
     SLURM: `--slurm`, and the handle's env carries what `fleetctl lab env` exports (SLURM_CONF), so srun, sbatch,
-    sinfo and scontrol run with it talk to the lab's cluster."""
+    sinfo and scontrol run with it talk to the lab's cluster. PROMETHEUS: `--prometheus` (the env carries
+    FLEETCTL_LAB_PROMETHEUS, the server's URL)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "SLURM_"))}
     env.update(FLEETCTL_LAB_DIR=str(workdir / "lab"), FLEETCTL_HOME=str(workdir / "home"), FLEETCTL_CONFIG=os.devnull,
                ANSIBLE_SSH_CONTROL_PATH_DIR=str(workdir / "cp"), ANSIBLE_LOCAL_TEMP=str(workdir / "tmp"))
     handle = Fleet(env, "", workdir)
     try:
         up = handle.fleetctl("lab", "up", *[a for s in specs for a in ("--spec", s)], *(["--slurm"] if slurm else []),
-                             timeout=900)
+                             *(["--prometheus"] if prometheus else []), timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr
         handle.inventory = handle.fleetctl("lab", "inventory").stdout.strip()
         handle.env.update(lab_env(handle.fleetctl("lab", "env").stdout))

@@ -679,3 +679,31 @@ def test_a_failed_loop_task_says_which_item_failed_and_why():
         {"item": "nvidia-imex.service", "failed": True, "msg": "Unable to start service nvidia-imex.service"}]}
     assert _message(res) == "nvidia-imex.service: Unable to start service nvidia-imex.service"
     assert _message({"msg": "boom"}) == "boom"
+
+
+def test_canary_metrics_not_judged_at_the_end_of_a_soak_hold_the_campaign_and_a_resume_goes_on(store):
+    """canary.on_missing: hold (soak.canary_metrics puts it in the gate's detail): halted for a person, the record
+    says why; `campaign resume` accepts it and the next wave runs."""
+    class Unjudged(Watch):
+        def __call__(self, ctx, hosts, final):
+            out = super().__call__(ctx, hosts, final)
+            if final:
+                for o in out.values():
+                    o.detail["hold"] = "canary metric not judged at the end of the soak: tensor_active: Prometheus " \
+                                       "http://p:9090: connection refused (canary.on_missing: hold)"
+            return out
+    journal, cid, engine = start(store, Script(), ["a"], ["b"], observe=Unjudged(), **SOAKING)
+    assert engine.run() == "halted"
+    c = journal.campaign(cid)
+    assert c["reason"].startswith("the soak after wave 1 is held: a: canary metric not judged") and \
+        "connection refused" in c["reason"]
+    assert states(journal, cid) == {"a": "done", "b": "precheck"}
+    engine_mod.accept_held(journal, cid)
+    assert engine.run() == "done"
+    assert states(journal, cid) == {"a": "done", "b": "done"}
+
+
+def test_a_counters_increase_counts_across_a_reset():
+    from orchestrator.campaign.soak import increase
+    assert increase([(0, 3.0), (60, 5.0), (120, 1.0), (180, 2.0)]) == 4.0  # 3->5 (+2), a reboot: 0->1 (+1), 1->2 (+1)
+    assert increase([(0, 7.0)]) == 0.0 and increase([]) == 0.0

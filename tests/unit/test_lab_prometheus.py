@@ -53,7 +53,7 @@ def load_driver(lab, name, version):
 
 
 class Scrapes:
-    """One host's exporter, scraped as Prometheus would: a minute apart (the noise forgets in ~10 s)."""
+    """One host's exporter, scraped as Prometheus would: a minute apart (the noise forgets in ~3 s)."""
 
     def __init__(self, lab, name="h100-01"):
         self.now = 0.0
