@@ -370,6 +370,7 @@ def soak_document(journal: Journal, c) -> dict[str, Any]:
         h["failed_canary_runs"] += not r["detail"].get("canary", {}).get("ok", True)
         h["last"] = {"at": r["at"], "gap": r["gap"], "kind": r["kind"], "status": r["status"], "reason": r["reason"],
                      "seen": r["detail"].get("seen", [])}
+    judged = next((r for r in reversed(records) if r["detail"].get("canary_metrics")), None)
     last = records[-1] if records else None
     soaking = c["state"] == CampaignState.SOAKING
     return {"soaking": soaking, "after_wave": c["wave"] - 1 if soaking else None,
@@ -377,7 +378,10 @@ def soak_document(journal: Journal, c) -> dict[str, Any]:
             "lengths_s": options.get("soak_s"), "interval_s": options.get("soak_interval_s"),
             "grace_s": options.get("soak_grace_s"), "canary": options.get("canary"),
             "canary_max_failures": options.get("canary_max_failures"),
-            "last_check_at": last["at"] if last else None, "hosts": hosts}
+            "last_check_at": last["at"] if last else None, "hosts": hosts,
+            # the latest verdict of each canary metric (docs/canary.md), as the soak recorded it
+            "canary_metrics": {"at": judged["at"], "gap": judged["gap"], "kind": judged["kind"],
+                               "metrics": judged["detail"]["canary_metrics"]} if judged else None}
 
 
 def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:

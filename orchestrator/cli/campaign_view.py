@@ -124,11 +124,38 @@ def show_table(doc: dict[str, Any], console: Console, verbose: bool = False) -> 
             console.print(Text(clean_line(f"soak {name}: {h['checks']} checks, {h['failed_canary_runs']} failed canary "
                                           f"runs; last {h['last']['kind']} {h['last']['status']} at "
                                           f"{h['last']['at'][11:19]}: {seen}"[:300])))
+    if s.get("canary_metrics"):
+        metrics_table(s["canary_metrics"], console)
     if c["reason"]:
         console.print(Text(clean_line(f"reason: {c['reason']}")))
     if verbose:
         gates_table(doc, console)
     console.print(Text(clean_line(f"exit {c['exit_code']}; event log: {doc['event_log']}")))
+
+
+VERDICT_STYLE = {"pass": "green", "fail": "bold red", "no_verdict": "yellow", "missing": "magenta"}
+
+
+def _figure(value: Any, percent: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.1%}" if percent else f"{value:.4g}"
+
+
+def metrics_table(judged: dict[str, Any], console: Console) -> None:
+    """The canary metrics' latest verdicts (the soak's, docs/canary.md): canary against control, one row a metric."""
+    t = Table(title=safe(f"canary metrics, {judged['kind']} after wave {judged['gap']} at {judged['at'][11:19]}",
+                         "table.title"), title_justify="left")
+    for col in ("Metric", "Canary", "Control", "Change", "95% CI", "p", "Verdict"):
+        t.add_column(col, overflow="fold")
+    for m in judged["metrics"]:
+        ci = m.get("ci")
+        t.add_row(safe(m["name"]), _figure(m.get("canary")), _figure(m.get("control")),
+                  _figure(m.get("change"), percent=True),
+                  f"{_figure(ci[0], True)} .. {_figure(ci[1], True)}" if ci else "-",
+                  f"{m['p_value']:.2g}" if m.get("p_value") is not None else "-",
+                  safe(m["verdict"], VERDICT_STYLE.get(m["verdict"], "cyan")))
+    console.print(t)
 
 
 def gates(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:

@@ -93,3 +93,30 @@ def test_a_wave_failing_on_several_hosts_names_the_first_and_counts_the_rest(sto
     assert journal.campaign(cid)["reason"].endswith("): b: verify fail (+2 more hosts)")
     assert {r["host"]: r["reason"] for r in journal.hosts(cid) if r["reason"]} == {
         h: "verify fail" for h in ("b", "c", "d")}  # each host's own reason on its row
+
+
+def test_campaign_show_lists_the_canary_metrics_latest_verdicts(store):  # noqa: F811
+    """What the soak recorded of the canary metrics (soak.canary_metrics): per metric the canary and control figures,
+    the change with its interval, p and the verdict, in the JSON and as a table."""
+    from tests.unit.test_campaign_engine import SOAKING, Watch
+    tensor = {"name": "tensor_active", "kind": "level", "verdict": "fail", "canary": 0.431, "control": 0.453,
+              "change": -0.086, "ci": [-0.095, -0.033], "p_value": 6.4e-05,
+              "reason": "tensor_active: canary 0.431 vs control 0.453 (-8.6%, 95% CI -9.5% .. -3.3%), p=6.4e-05: "
+                        "past the 3% tolerated"}
+    xid = {"name": "xid", "kind": "rate", "verdict": "no_verdict", "canary": None, "control": None, "change": None,
+           "ci": None, "p_value": None, "reason": "xid: no control host"}
+
+    class Judged(Watch):
+        def __call__(self, ctx, hosts, final):
+            out = super().__call__(ctx, hosts, final)
+            for o in out.values():
+                o.detail["canary_metrics"] = [tensor, xid]
+            return out
+    journal, cid, engine = start(store, Script(), ["a"], ["b"], observe=Judged(), **SOAKING)
+    assert engine.run() == "done"
+    doc = upgrade.document(store, cid)
+    assert doc["soak"]["canary_metrics"]["metrics"] == [tensor, xid] and doc["soak"]["canary_metrics"]["gap"] == 1
+    shown = printed(campaign_view.show_table, doc, width=160)
+    row = next(line for line in shown if "tensor_active" in line)
+    assert all(x in row for x in ("0.431", "0.453", "-8.6%", "-9.5% .. -3.3%", "6.4e-05", "fail")), row
+    assert any("xid" in line and "no_verdict" in line for line in shown)
