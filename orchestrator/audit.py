@@ -81,16 +81,11 @@ def evaluate_facts(host: inventory.Host, facts: Any, base: baseline_mod.Baseline
                       True, None)
 
 
-def peer_group(host: inventory.Host) -> str:
-    """The inventory group a host is compared with: its most specific one (inventory order: parents first)."""
-    return host.groups[-1] if host.groups else "all"
-
-
 def peer_sets(fleet: inventory.Fleet, facts: dict[str, Any], by: str) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Each host's peers as controls.PEERS_BY names them: {host: (the set's name, its members)}."""
     if by == "nvlink_domain":
         return {name: (d.name, d.members) for name, d in domains.group(fleet, facts).items()}
-    groups = {h.name: peer_group(h) for h in fleet.hosts}
+    groups = {h.name: h.group for h in fleet.hosts}
     return {name: (g, tuple(m.name for m in fleet.hosts if g in m.groups)) for name, g in groups.items()}
 
 
@@ -150,9 +145,11 @@ def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
             "noncompliant": len(drifted), "findings": counts, "fail_on": fail_on, "exit_code": exit_code}
 
 
-def run(opts: AuditOptions, store: Store, argv: list[str], notifier=None) -> dict[str, Any]:
+def run(opts: AuditOptions, store: Store, argv: list[str], notifier=None, deliver=None) -> dict[str, Any]:
     """Audit the fleet and record it. Input errors (InputError) are raised before anything is recorded.
-    NOTIFIER (notify.Notifier): told of findings before the run is sealed, what became of that in its summary."""
+    NOTIFIER (notify_events.RunNotes): told of findings before the run is sealed, what became of that in its
+    summary.
+    DELIVER(report): the command's output, before the run is sealed (runs.close)."""
     from . import runs
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
@@ -160,8 +157,6 @@ def run(opts: AuditOptions, store: Store, argv: list[str], notifier=None) -> dic
         hosts = collect(fleet, base, opts.forks, opts.preflight, store)
         summary = summarize(hosts, opts.fail_on)
         summary["duration_s"] = round(time.monotonic() - started, 3)
-        sent = notifier.after_run(run_, summary, hosts) if notifier else None
-        if sent:
-            summary["notifications"] = sent
-        store.finish_run(run_.id, summary["exit_code"], summary, hosts)
-    return {**runs.header(store, run_), "summary": summary, "hosts": hosts}  # schema-valid: tests/unit prove it
+        report = {**runs.header(store, run_), "summary": summary, "hosts": hosts}  # schema-valid: tests/unit prove it
+        return runs.close(report, lambda code, at: store.finish_run(run_.id, code, summary, hosts, at), deliver,
+                          (lambda: notifier.after_run(run_, summary, hosts)) if notifier else None)

@@ -231,7 +231,8 @@ def judge_level(canary: Series, control: Series, good: str, max_change: float, *
     higher | lower; MAX_CHANGE: the largest relative change tolerated in the bad direction (0.05). With
     CANARY_BEFORE and CONTROL_BEFORE (the same query over a window before the change), each host is calibrated
     against its own level then; a host without values in it is left out. Extra keys: block_s (seconds a block
-    spans), calibrated (whether the before window was used)."""
+    spans), calibrated (whether the before window was used), control_moved (with the window before: the control
+    cohort's own relative movement since then, control_moved())."""
     import numpy as np
     if good not in GOOD:
         raise ValueError(f"good must be one of {', '.join(GOOD)}, not {good!r}")
@@ -265,6 +266,8 @@ def judge_level(canary: Series, control: Series, good: str, max_change: float, *
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         figures.update(canary=_float(np.nanmedian(v_can)), control=_float(np.nanmedian(v_con)))
+    if calibrated:
+        figures["control_moved"] = control_moved({h: con[h] for h in con}, {h: con_b[h] for h in con})
     if len(x) < min_samples or len(y) < min_samples:
         minutes = f"{block * step / 60:g}-minute blocks" if step else f"blocks of {block}"
         return _result("no_verdict", f"{name}: {len(x)} sample(s) on the canary and {len(y)} on the control "
@@ -282,6 +285,24 @@ def judge_level(canary: Series, control: Series, good: str, max_change: float, *
             f"({change:+.1%}{interval}), p={_p_text(p)}")
     verdict, reason = _verdict(name, head, -change if good == "higher" else change, p, max_change, alpha)
     return _result(verdict, reason + note, **figures)
+
+
+def control_moved(now: Series, before: Series) -> float | None:
+    """How far the control cohort moved from the window before the change to NOW, every host alike (a drift the
+    fleet shares): the median over control hosts of each one's median now against its median before, less 1."""
+    import numpy as np
+    moved = []
+    for host, points in now.items():
+        was = _median(before.get(host, ()))
+        if was:
+            moved.append(_median(points) / was - 1)
+    return float(np.median(moved)) if moved else None
+
+
+def _median(points: Sequence[tuple[float, float]]) -> float | None:
+    import numpy as np
+    values = [v for _, v in points if v is not None and math.isfinite(v)]
+    return float(np.median(values)) if values else None
 
 
 def _float(v: Any) -> float | None:

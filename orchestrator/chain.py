@@ -15,8 +15,9 @@ import hashlib
 import json
 import socket
 import sqlite3
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from . import __version__
 
@@ -113,17 +114,33 @@ class Verdict:
         return f"history chain broken at {what}: {b['why']}"
 
 
+@contextmanager
+def snapshot(db: sqlite3.Connection) -> Iterator[None]:
+    """One read transaction for the block (or the caller's, if one is open): in WAL mode every statement in it sees
+    the history as it was at its first read, whatever other processes commit meanwhile, so a run sealed meanwhile
+    is seen whole (its row and its record) or not at all."""
+    if db.in_transaction:
+        yield
+        return
+    db.execute("BEGIN")
+    try:
+        yield
+    finally:
+        if db.in_transaction:  # SQLite may have ended it on an error
+            db.execute("ROLLBACK")
+
+
 def verify(db: sqlite3.Connection, expected_head: str | None = None) -> Verdict:
     """Walk the chain from the start, rebuilding every record from the tables; the first mismatch is named.
-    Rows that should have been sealed but are not in the chain (a deleted record) are named too."""
+    Rows that should have been sealed but are not in the chain (a deleted record) are named too. All of it is read
+    in one snapshot: runs that other processes seal meanwhile are never taken for records missing from the chain.
+    SQLite's own check of the file is the Store's (Store.damage)."""
+    with snapshot(db):
+        return _verify(db, expected_head)
+
+
+def _verify(db: sqlite3.Connection, expected_head: str | None) -> Verdict:
     prev, count = GENESIS, 0
-    try:  # a page of garbage: SQLite's own check names it before any record is read
-        check = [r[0] for r in db.execute("PRAGMA quick_check(5)").fetchall()]
-    except sqlite3.DatabaseError as e:
-        check = [str(e)]
-    if check != ["ok"]:
-        return Verdict(False, 0, GENESIS, {"seq": None, "kind": "database", "ref": "file",
-                                           "why": "the SQLite file is damaged: " + "; ".join(check)[:300]})
     rows = db.execute("SELECT * FROM chain ORDER BY seq").fetchall()
     for n, r in enumerate(rows, 1):
         seq, kind, ref = r[0], r[1], r[2]

@@ -27,6 +27,9 @@ from .errors import InputError, yaml_error
 from .settings import Setting
 
 ENV = "FLEETCTL_CONFIG"
+# `fleetctl systemd install`'s settings file (root's alone: the commands and URLs given to it, which may
+# carry a secret): its keys win over the config file's.
+UNIT_ENV = "FLEETCTL_UNIT_SETTINGS"
 SYSTEM_PATH = Path("/etc/fleetctl/config.yml")
 
 KEYS = tuple(s for s in settings.SETTINGS if s.file)
@@ -38,6 +41,8 @@ class Config:
     path: Path | None  # the file in use, None without one
     searched: tuple[str, ...]
     values: dict[str, Any] = field(default_factory=dict)  # file key -> value, paths resolved
+    unit_settings: Path | None = None  # $FLEETCTL_UNIT_SETTINGS: its keys are in VALUES, over the file's
+    unit_keys: frozenset[str] = frozenset()
 
 
 def candidates() -> tuple[list[Path], bool]:
@@ -54,10 +59,13 @@ def load() -> Config:
     searched = tuple(str(p) for p in paths)
     if named and not present(paths[0]):
         raise InputError(f"{inputs.shown(paths[0])}: config file not found (${ENV})")
-    for path in paths:
-        if present(path):
-            return Config(path, searched, read(path))
-    return Config(None, searched)
+    path = next((p for p in paths if present(p)), None)
+    values = read(path) if path else {}
+    if not os.environ.get(UNIT_ENV):
+        return Config(path, searched, values)
+    unit = Path(os.environ[UNIT_ENV])
+    overlay = read(unit)
+    return Config(path, searched, {**values, **overlay}, unit, frozenset(overlay))
 
 
 def present(path: Path) -> bool:
@@ -143,13 +151,25 @@ def program_only(command: Any) -> Any:
 
 
 def shown(key: Setting, value: Any) -> Any:
-    """A webhook's path (Slack's secret) and the arguments of the notify, drain, undrain and canary commands
-    (tokens) are never printed."""
+    """A webhook's path (Slack's secret), a Prometheus URL's user and path, and the arguments of the notify, drain,
+    undrain and canary commands (tokens) are never printed."""
     if key.name == "webhook" and value:
         return [redact.url(u) for u in value]
+    if key.name == "prometheus_url" and value:
+        return redact.url(value)
     if key.name in COMMAND_KEYS and value:
         return [program_only(v) for v in value] if isinstance(value, list) else program_only(value)
     return value
+
+
+def check_flags(given: dict[str, Any]) -> None:
+    """GIVEN (key -> a flag's value) as the file's values are checked: the first bad one, an InputError naming its
+    flag."""
+    check_durations(given, lambda key: key.flag)
+    error = schemas.first_error("config", given)
+    if error is not None:
+        flag = next((k.flag for k in KEYS if error.absolute_path and k.name == error.absolute_path[0]), "a flag")
+        raise InputError(f"{flag}: {error.message}")
 
 
 def effective(cfg: Config, flags: dict[str, Any]) -> dict[str, Any]:
@@ -157,17 +177,13 @@ def effective(cfg: Config, flags: dict[str, Any]) -> dict[str, Any]:
     and where it came from."""
     given = {k.name: list(flags[k.name]) if k.many else flags[k.name] for k in KEYS
              if flags.get(k.name) not in (None, ())}
-    check_durations(given, lambda key: key.flag)
-    error = schemas.first_error("config", given)
-    if error is not None:
-        flag = next((k.flag for k in KEYS if error.absolute_path and k.name == error.absolute_path[0]), "a flag")
-        raise InputError(f"{flag}: {error.message}")
+    check_flags(given)
     values = {}
     for key in KEYS:
         if key.name in given:
             value, source = list(given[key.name]) if key.many else given[key.name], "flag"
         elif key.name in cfg.values:
-            value, source = cfg.values[key.name], str(cfg.path)
+            value, source = cfg.values[key.name], str(cfg.unit_settings if key.name in cfg.unit_keys else cfg.path)
         else:
             value, source = [] if key.many else key.default, "default"
         values[key.name] = {"value": shown(key, value), "source": source, "flag": key.flag,

@@ -1,5 +1,7 @@
 """Errors meant for people: one line, then their exit_code (a usage or input error, or not carried out)."""
 
+from __future__ import annotations
+
 from .exitcodes import Exit
 
 
@@ -14,6 +16,17 @@ class OperationError(Exception):
     FINDINGS, which says a check failed)."""
 
     exit_code = Exit.UNAVAILABLE
+
+
+class OutputError(OperationError):
+    """The output (-o FILE, standard output) could not be written: a full disk, a closed pipe. One line,
+    Exit.OUTPUT; a run's record says so (runs.close)."""
+
+    exit_code = Exit.OUTPUT
+
+    @classmethod
+    def of_stdout(cls, e: OSError) -> OutputError:
+        return cls(f"cannot write the standard output: {e.strerror or type(e).__name__}")
 
 
 def yaml_error(path: object, e: Exception) -> InputError:

@@ -20,6 +20,7 @@ class Exit(enum.IntEnum):
     NEEDS_PERSON = 6
     UNAVAILABLE = 69  # EX_UNAVAILABLE
     INTERNAL = 70  # EX_SOFTWARE
+    OUTPUT = 73  # EX_CANTCREAT
     HISTORY = 74  # EX_IOERR
     INTERRUPTED = 130  # 128 + SIGINT
     TERMINATED = 143  # 128 + SIGTERM
@@ -46,13 +47,14 @@ MEANINGS = {
     Exit.UNAVAILABLE: "not carried out: Slurm, systemd or ansible-playbook failed, or another fleetctl holds the "
                       "campaign or a host",
     Exit.INTERNAL: "a fleetctl bug (FLEETCTL_DEBUG=1 shows the traceback)",
+    Exit.OUTPUT: "the output (-o FILE or standard output) could not be written: a full disk, a closed pipe",
     Exit.HISTORY: "the history cannot be read or written, is damaged or its chain is broken",
     Exit.INTERRUPTED: "interrupted (SIGINT)",
     Exit.TERMINATED: "stopped (SIGTERM)",
 }
 
 # Every command may exit with these.
-COMMON = (Exit.USAGE, Exit.INTERNAL, Exit.HISTORY, Exit.INTERRUPTED, Exit.TERMINATED)
+COMMON = (Exit.USAGE, Exit.INTERNAL, Exit.OUTPUT, Exit.HISTORY, Exit.INTERRUPTED, Exit.TERMINATED)
 _CAMPAIGN = (Exit.OK, Exit.FINDINGS, Exit.ROLLED_BACK, Exit.HALTED, Exit.NEEDS_PERSON, Exit.UNAVAILABLE)
 # command -> the codes it exits with besides COMMON
 BY_COMMAND: dict[str, tuple[Exit, ...]] = {

@@ -203,6 +203,21 @@ def _p_text(p: float) -> str:
     return f"{p:.3g}" if p >= 0.001 else f"{p:.1e}"
 
 
+def _figure(value: float | None, percent: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.1%}" if percent else f"{value:.4g}"
+
+
+def metric_figures(m: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """A canary metric's verdict (canary.py) as `campaign show` and the HTML report show it: canary, control, change,
+    its 95% interval and p, "-" for what it does not have."""
+    ci = m.get("ci")
+    return (_figure(m.get("canary")), _figure(m.get("control")), _figure(m.get("change"), percent=True),
+            f"{_figure(ci[0], True)} .. {_figure(ci[1], True)}" if ci else "-",
+            f"{m['p_value']:.2g}" if m.get("p_value") is not None else "-")
+
+
 def judge_series(label: str, metric: str, before_values: list[Any], after_values: list[Any],
                  higher_is_better: bool, unit: str, pol: GatePolicy) -> tuple[str, str | None, dict[str, Any]]:
     """One (GPU, metric) series -> (status, reason or None for a plain pass, figures)."""

@@ -1,8 +1,10 @@
-"""Reading what a user hands fleetctl (baseline, config file, inventory) in bounded time and memory.
+"""Reading what a user hands fleetctl (baseline, config file, inventory, and every other file a flag or config key
+names: headers, a CA, keys, signatures) in bounded time and memory.
 
-Every input file is read the same way: stat()ed first and refused unless it is a regular file (a FIFO, a device, a
-directory or a socket would block or never end), opened without blocking, and refused past its limit
-(MAX_DOCUMENT_BYTES for a baseline or a config file, MAX_BYTES for each file of an inventory). YAML is parsed with
+Every input file is read the same way (read_regular): stat()ed first and refused unless it is a regular file (a
+FIFO, a device, a directory or a socket would block or never end), opened without blocking, and refused past its
+limit (MAX_DOCUMENT_BYTES for a baseline or a config file, MAX_BYTES for each file of an inventory, the caller's
+for the others); a file a library opens itself is checked by the same rules first (check_regular). YAML is parsed with
 a guard on the parser's event stream: nesting deeper than MAX_DEPTH (the C composer would overflow the stack, the
 Python one the recursion limit) and aliases that expand to more than MAX_ALIAS_NODES nodes (the billion laughs)
 are refused while parsing, before anything is built. An inventory is checked whole before Ansible reads it (every
@@ -66,19 +68,15 @@ def is_devnull(st: os.stat_result) -> bool:
 def read_regular(path: str | Path, label: str, limit: int = MAX_BYTES, devnull_is_empty: bool = False) -> bytes:
     """The bytes of the regular file at PATH, at most LIMIT of them; anything else is one InputError line
     "PATH: cannot read LABEL: why". DEVNULL_IS_EMPTY: /dev/null reads as an empty file (FLEETCTL_CONFIG=/dev/null)."""
-    where = shown(path)
-
-    def refuse(why: str) -> InputError:
-        return InputError(f"{where}: cannot read {label}: {why}")
+    refuse = refusal(path, label)
 
     def check(st: os.stat_result) -> bool:
         """True for /dev/null where it stands for an empty file."""
         if devnull_is_empty and is_devnull(st):
             return True
-        if not stat.S_ISREG(st.st_mode):
-            raise refuse(f"{kind(st.st_mode)}, not a regular file")
-        if st.st_size > limit:
-            raise refuse(f"larger than {size(limit)}")
+        why = not_readable(st, limit)
+        if why:
+            raise refuse(why)
         return False
 
     try:
@@ -103,6 +101,31 @@ def read_regular(path: str | Path, label: str, limit: int = MAX_BYTES, devnull_i
         raise refuse(e.strerror or type(e).__name__) from None
     finally:
         os.close(fd)
+
+
+def check_regular(path: str | Path, label: str, limit: int = MAX_BYTES) -> None:
+    """What read_regular refuses, refused without reading: for a file a library opens itself (OpenSSL reads
+    $SSL_CERT_FILE), which would block on a FIFO or read a device for ever."""
+    try:
+        why = not_readable(os.stat(path), limit)
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+    except ValueError:
+        why = "a file name cannot hold a NUL character"
+    if why:
+        raise refusal(path, label)(why)
+
+
+def not_readable(st: os.stat_result, limit: int) -> str | None:
+    """Why a file of status ST is not read (not a regular file, larger than LIMIT), None if it is."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"{kind(st.st_mode)}, not a regular file"
+    return f"larger than {size(limit)}" if st.st_size > limit else None
+
+
+def refusal(path: object, label: str) -> Callable[[str], InputError]:
+    """The InputError "PATH: cannot read LABEL: why" for a reason WHY."""
+    return lambda why: InputError(f"{shown(path)}: cannot read {label}: {why}")
 
 
 # ---- YAML ----------------------------------------------------------------------------------------------------------

@@ -17,11 +17,23 @@ from .errors import InputError
 LOCALHOST = "localhost"
 
 
+def primary_group(groups: list[str] | tuple[str, ...]) -> str:
+    """The most specific inventory group (parents come first): the one whose baseline policy wins, the one a
+    host's peers (audit) and its control cohort (canary metrics) are drawn from."""
+    named = [g for g in groups if g != "all"]
+    return named[-1] if named else "all"
+
+
 @dataclass(frozen=True)
 class Host:
     name: str
     groups: tuple[str, ...]  # inventory order: parents before children
     vars: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def group(self) -> str:
+        """Its most specific group (primary_group): whose baseline policy wins, whom it is compared with."""
+        return primary_group(self.groups)
 
     @property
     def connection(self) -> str:

@@ -10,8 +10,9 @@ tries (urllib3's backoff: the second at once, the third 2 s later, or when the s
 `--webhook-headers FILE` and `$FLEETCTL_WEBHOOK_HEADERS` (`Name: value` lines, for tokens).
 
 A notification that fails is one line on stderr and a record in the history; it never stops or changes what
-fleetctl was doing, nor its exit code. Header values and webhook URL paths (Slack's secret) are never shown or
-recorded: a target is named by its program or its scheme://host:port.
+fleetctl was doing, nor its exit code. A signal while fleetctl waits for its deliveries stops the wait: each event
+not sent yet is such a failure, `interrupted by SIGTERM`, and the signal goes on. Header values and webhook URL
+paths (Slack's secret) are never shown or recorded: a target is named by its program or its scheme://host:port.
 
 Events are built by notify_events.py; each target gets them in order from its own thread (a dead webhook delays
 neither a campaign nor the other targets).
@@ -36,9 +37,9 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import inputs, redact
+from . import inputs, interrupts, redact
 from .errors import InputError
-from .sanitize import one_line
+from .sanitize import clean_data, one_line
 
 if TYPE_CHECKING:
     from .webhook import Webhook
@@ -138,15 +139,19 @@ def load_headers(path: str | None) -> list[tuple[str, str, str]]:
 
 
 def ssl_context(ca_file: str | None) -> ssl.SSLContext:
-    """The system's trust store (certificate and host name verified), plus CA_FILE's certificates."""
+    """The system's trust store (certificate and host name verified), plus CA_FILE's certificates. Both files are
+    held to inputs.py's rules first (OpenSSL would block on a FIFO, read /dev/zero for ever): CA_FILE is read
+    through it, $SSL_CERT_FILE (which OpenSSL opens itself) checked."""
+    if os.environ.get("SSL_CERT_FILE"):
+        inputs.check_regular(os.environ["SSL_CERT_FILE"], "$SSL_CERT_FILE")
     context = ssl.create_default_context()
     if ca_file:
+        pem = inputs.read_regular(ca_file, "the webhook CA").decode("ascii", "ignore")  # PEM is ASCII; not comments
         try:
-            context.load_verify_locations(cafile=ca_file)
-        except ssl.SSLError as e:  # (an OSError too)
-            raise InputError(f"{ca_file}: not a PEM CA certificate ({e.reason or type(e).__name__})") from None
-        except OSError as e:
-            raise InputError(f"{ca_file}: cannot read the webhook CA: {e.strerror}") from None
+            context.load_verify_locations(cadata=pem)
+        except (ssl.SSLError, ValueError) as e:  # ValueError: an empty file
+            raise InputError(f"{inputs.shown(ca_file)}: not a PEM CA certificate "
+                             f"({getattr(e, 'reason', None) or 'no certificate in it'})") from None
     return context
 
 
@@ -253,7 +258,10 @@ def cut(text: str, limit: int) -> str:
 
 def shape(payload: dict[str, Any], fmt: str) -> dict[str, Any]:
     """The body for FMT: json is the event itself; slack an incoming-webhook message (text + Block Kit blocks);
-    teams a message with one Adaptive Card (Teams workflows and incoming webhooks)."""
+    teams a message with one Adaptive Card (Teams workflows and incoming webhooks); their text from hosts
+    visible() (sanitize.py), as every output format shows it."""
+    if fmt in ("slack", "teams"):
+        payload = clean_data(payload)
     if fmt == "slack":
         blocks: list[dict[str, Any]] = [
             {"type": "header", "text": {"type": "plain_text", "text": cut(title(payload), 150), "emoji": True}},
@@ -339,10 +347,11 @@ class Dispatch:
         self.notifier = notifier
         self.failures: queue.SimpleQueue[Failure] = queue.SimpleQueue()
         self.queues: list[queue.SimpleQueue] = []
+        self.sending: list[dict[str, Any] | None] = [None] * len(notifier.targets)  # each target's event under way
         self.threads = []
         for i, target in enumerate(notifier.targets):
             q: queue.SimpleQueue = queue.SimpleQueue()
-            t = threading.Thread(target=self._work, args=(target, q), name=f"fleetctl-notify-{i}", daemon=True)
+            t = threading.Thread(target=self._work, args=(i, target, q), name=f"fleetctl-notify-{i}", daemon=True)
             self.queues.append(q)
             self.threads.append(t)
             t.start()
@@ -351,20 +360,38 @@ class Dispatch:
         for q in self.queues:
             q.put(payload)
 
-    def _work(self, target: Command | Webhook, q: queue.SimpleQueue) -> None:
+    def _work(self, i: int, target: Command | Webhook, q: queue.SimpleQueue) -> None:
         while True:
             payload = q.get()
             if payload is None:
                 return
+            self.sending[i] = payload
             try:
                 body = json.dumps(payload).encode()
                 reason = target.deliver(payload, body)
             except Exception as e:  # a bug: reported like any failure, never raised into the campaign
                 reason = f"internal error: {type(e).__name__}"
             if reason is not None:
-                failure = Failure(target.describe(), payload["event"], about(payload), self.notifier.scrub(reason))
-                warn(failure.line())
-                self.failures.put(failure)
+                self._fail(target, payload, reason)
+            self.sending[i] = None
+
+    def _fail(self, target: Command | Webhook, payload: dict[str, Any], reason: str) -> None:
+        failure = Failure(target.describe(), payload["event"], about(payload), self.notifier.scrub(reason))
+        warn(failure.line())
+        self.failures.put(failure)
+
+    def _interrupted(self, signal_name: str) -> None:
+        """Each event a target has not sent yet (the one under way, those waiting) a failure, `interrupted by
+        SIGNAL`; the targets' threads end with what they are sending."""
+        for i, (target, q) in enumerate(zip(self.notifier.targets, self.queues)):
+            left = [self.sending[i]]  # (not is_alive(): an interrupted join() marks a running thread stopped)
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    left.append(q.get_nowait())
+            q.put(None)
+            for payload in left:
+                if payload is not None:
+                    self._fail(target, payload, f"interrupted by {signal_name}")
 
     def take_failures(self) -> list[Failure]:
         out = []
@@ -375,12 +402,19 @@ class Dispatch:
                 return out
 
     def close(self, wait: bool = True) -> None:
-        """No more events; with WAIT, back when every target has sent (or failed) what it was given."""
+        """No more events; with WAIT, back when every target has sent (or failed) what it was given. A signal while
+        waiting stops the wait: what was not sent is a failure (_interrupted()), and the signal is raised on."""
         for q in self.queues:
             q.put(None)
-        if wait:
+        if not wait:
+            return
+        try:
             for t in self.threads:
                 t.join()
+        except (KeyboardInterrupt, interrupts.Interrupted) as e:
+            with interrupts.deferred():  # the failures noted whole; a second signal waits for them
+                self._interrupted(getattr(e, "name", "SIGINT"))
+            raise
 
 
 def encoder(fmt: str) -> Callable[[dict[str, Any], bytes], bytes]:

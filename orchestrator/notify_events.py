@@ -28,6 +28,8 @@ from .store import now
 
 HOSTS_LISTED = 50  # hosts named in one audit/probe event
 PROBLEMS_LISTED = 10  # problems named per host
+# What an event carries of each canary metric's verdict (notification.schema.json#/$defs/canary_metric)
+METRIC_KEYS = ("name", "verdict", "canary", "control", "change", "ci", "p_value", "reason")
 
 
 @dataclass(frozen=True)
@@ -126,9 +128,11 @@ class CampaignNotes:
 
     def finish(self) -> None:
         """The campaign stopped (done, rolled back, halted): every event sent or failed, failures recorded."""
-        self.dispatch.close(wait=True)
-        self.record(later=False)
-        self.journal.flush()
+        try:
+            self.dispatch.close(wait=True)
+        finally:  # also what a signal cut short
+            self.record(later=False)
+            self.journal.flush()
 
     def abandon(self) -> None:
         """fleetctl is being stopped (an interrupt, a crash): no waiting; what failed so far is recorded."""
@@ -156,9 +160,10 @@ class CampaignNotes:
         return json.loads(self.journal.campaign(self.cid)["plan"])
 
     def event(self, r: dict[str, Any], event: str, severity: str, summary: str, action: str | None,
-              host: str | None = None, reason: str | None = None, campaign: dict[str, Any] | None = None):
+              host: str | None = None, reason: str | None = None, campaign: dict[str, Any] | None = None,
+              **fields: Any):
         return envelope(event, severity, "campaign", summary, action, campaign=campaign or self.campaign(r),
-                        host=host, reason=reason, counts=self.journal.tally(self.cid))
+                        host=host, reason=reason, counts=self.journal.tally(self.cid), **fields)
 
     def head(self) -> str:
         return f"campaign {self.cid} to {self.journal.campaign(self.cid)['target']}"
@@ -221,14 +226,23 @@ class CampaignNotes:
                           "nothing yet: the campaign rolls the hosts back on its own (rolled_back follows)",
                           reason=r.get("reason"))
 
+    @staticmethod
+    def metrics(observation: dict[str, Any] | None) -> dict[str, Any]:
+        """The event's `canary_metrics` when the soak OBSERVATION (journal.latest_soak) judged them: METRIC_KEYS of
+        each verdict; else no field."""
+        verdicts = (observation or {}).get("detail", {}).get("canary_metrics")
+        return {"canary_metrics": [{k: m.get(k) for k in METRIC_KEYS} for m in verdicts]} if verdicts else {}
+
     def soak_failed(self, r):
         host, reason = r["host"], r.get("reason") or "a soak check failed"
         what = "the end-of-soak gate" if r.get("kind") == "gate" else "a soak check"
+        seen = self.journal.latest_soak(self.cid, host, r.get("gap"), r.get("kind"))  # the failed observation
         return self.event(r, "soak_failed", "critical",
                           f"{self.head()}: {host}, on the new driver, failed {what} after wave {r.get('gap')}: "
                           f"{reason}", f"no later wave starts; the campaign rolls {host} back (alone within its "
                           f"wave's failure budget, else with the others). What it saw: {self.show()}; take the host "
-                          f"out of service if its jobs fail meanwhile", host=host, reason=reason)
+                          f"out of service if its jobs fail meanwhile", host=host, reason=reason,
+                          **self.metrics(seen))
 
     def rolled_back(self, r):
         hosts = self.journal.hosts(self.cid)
@@ -245,11 +259,15 @@ class CampaignNotes:
 
     def halted(self, r):
         held = [h["host"] for h in self.journal.hosts(self.cid) if h["state"] == HostState.HELD]
+        # a held soak (soak_held): the end-of-soak gate of the first held host, which the reason names
+        gates = self.journal.soak_records(self.cid, gap=self.journal.campaign(self.cid)["wave"] - 1, kind="gate") \
+            if r["event"] == "soak_held" else []
+        seen = min((o for o in gates if o["detail"].get("hold")), key=lambda o: o["host"], default=None)
         return self.event(
             r, "halted", "critical", f"{self.head()} halted for a person: {r.get('reason')}",
             f"look at the held hosts ({names(held)}): {self.show()}; then accept them and go on: "
             f"fleetctl campaign resume {self.cid}; or roll the campaign back: fleetctl rollback {self.cid}",
-            reason=r.get("reason"))
+            reason=r.get("reason"), **self.metrics(seen))
 
     def window_closed(self, r):
         return self.event(
@@ -307,20 +325,28 @@ class RunNotes:
     def __init__(self, notifier: Notifier):
         self.notifier = notifier
 
-    def after_run(self, run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """audit / probe: the `findings` event when the run found something; what happened to it, for the run's
-        recorded summary (None when nothing was sent)."""
+    def after_run(self, run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> None:
+        """audit / probe: the `findings` event when the run found something; what happened to it in SUMMARY's
+        `notifications` (none when nothing was sent), also when a signal stops the wait (runs.close)."""
         try:
             payload = run_payload(run, summary, hosts)
         except Exception as e:  # a bug here never costs the run its result
             failure = Failure("fleetctl", "findings", f"{run.kind} run {run.id}",
                               f"internal error building the event: {type(e).__name__}")
             warn(failure.line())
-            return {"event": "findings", "targets": len(self.notifier.targets), "failed": [failure.record()]}
+            summary["notifications"] = self.outcome([failure])
+            return
         if payload is None:
-            return None
-        failures = self.notifier.send_now(payload)
-        return {"event": "findings", "targets": len(self.notifier.targets), "failed": [f.record() for f in failures]}
+            return
+        dispatch = self.notifier.dispatch()
+        dispatch.submit(payload)
+        try:
+            dispatch.close(wait=True)
+        finally:
+            summary["notifications"] = self.outcome(dispatch.take_failures())
+
+    def outcome(self, failed: list[Failure]) -> dict[str, Any]:
+        return {"event": "findings", "targets": len(self.notifier.targets), "failed": [f.record() for f in failed]}
 
 
 def run_payload(run: Any, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> dict[str, Any] | None:

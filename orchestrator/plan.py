@@ -44,6 +44,7 @@ from typing import Any, Mapping
 import copy
 
 from . import audit, baseline as baseline_mod, controls, domains, promql, runs, schemas, settings
+from .inventory import primary_group
 from .campaign import packages
 from .errors import InputError
 from .exitcodes import Exit
@@ -131,12 +132,6 @@ def wave_sizes(ramp: tuple[Step, ...], eligible: int) -> list[int]:
 
 
 # ---- ordering ------------------------------------------------------------------------------------
-
-def primary_group(groups: list[str] | tuple[str, ...]) -> str:
-    """The most specific inventory group (parents come first): the one whose baseline policy wins."""
-    named = [g for g in groups if g != "all"]
-    return named[-1] if named else "all"
-
 
 def natural_key(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
@@ -310,8 +305,10 @@ def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]], ba
         if verdict == "wave":
             change = "upgrade" if controls.version_tuple(target) > controls.version_tuple(detail) else "downgrade"
             domain = nvlink.get(e["name"])
+            gpus = controls.live_gpus(e["facts"])
             eligible.append({"name": e["name"], "groups": list(e["groups"]), "from_version": detail, "change": change,
-                             "domain": domain.name if domain is not None and domain.multi else None})
+                             "domain": domain.name if domain is not None and domain.multi else None,
+                             "gpus": len(gpus), "gpu_model": gpus[0].get("name") if gpus else None})
         else:
             (skipped if verdict == "skipped" else excluded).append(
                 {"name": e["name"], "groups": list(e["groups"]), "code": code, "reason": detail})
@@ -383,14 +380,21 @@ def canary_summary(report: dict[str, Any]) -> str | None:
     return "canary metrics, judged by the soak against the control cohort: " + "; ".join(said)
 
 
+def cohort(host: dict[str, Any]) -> str:
+    """The cohort a plan's host is judged within by the canary metrics: its group and GPU model ("gpu (NVIDIA
+    H100 80GB HBM3)"; the group alone where the model is unknown)."""
+    model = host.get("gpu_model")
+    return primary_group(host["groups"]) + (f" ({model})" if model else "")
+
+
 def control_cohorts(made: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
-    """Per wave, per group: the hosts the canary metrics compare that wave's hosts with (the group's hosts of later
-    waves, not changed yet while it soaks)."""
+    """Per wave, per cohort (its group and GPU model): the hosts the canary metrics compare that wave's hosts with
+    (the cohort's hosts of later waves, not changed yet while it soaks)."""
     out = {}
     for w in made["waves"]:
         later = [h for x in made["waves"] if x["index"] > w["index"] for h in x["hosts"]]
-        groups = dict.fromkeys(primary_group(h["groups"]) for h in w["hosts"])
-        out[str(w["index"])] = {g: [h["name"] for h in later if primary_group(h["groups"]) == g] for g in groups}
+        cohorts = dict.fromkeys(cohort(h) for h in w["hosts"])
+        out[str(w["index"])] = {c: [h["name"] for h in later if cohort(h) == c] for c in cohorts}
     return out
 
 
@@ -416,9 +420,10 @@ def target_groups(target: str, entries: list[dict[str, Any]], excluded: list[dic
     return list(out.values())
 
 
-def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None) -> dict[str, Any]:
+def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None, deliver=None) -> dict[str, Any]:
     """Collect facts as the audit does, build the plan, record it as a run of kind 'plan'. PROMETHEUS
-    (promql.Client or None): where the baseline's canary metrics are checked.
+    (promql.Client or None): where the baseline's canary metrics are checked. DELIVER(report): the command's
+    output, before the run is sealed (runs.close).
 
     Input errors (InputError) are raised before anything is recorded."""
     started = time.monotonic()
@@ -438,7 +443,7 @@ def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None
                    "duration_s": round(time.monotonic() - started, 3)}
         # The run's summary column carries the plan itself (what `upgrade` acts on); facts and findings go where
         # an audit's go.
-        store.finish_run(run_.id, summary["exit_code"], {**summary, "plan": plan}, hosts)
-    report = {**runs.header(store, run_), "summary": summary, **plan}
-    schemas.check("campaign-plan", report, "fleetctl's own plan (a bug: please report it)")
-    return report
+        report = {**runs.header(store, run_), "summary": summary, **plan}
+        schemas.check("campaign-plan", report, "fleetctl's own plan (a bug: please report it)")
+        return runs.close(report, lambda code, at: store.finish_run(run_.id, code, {**summary, "plan": plan}, hosts,
+                                                                    at), deliver)

@@ -79,7 +79,8 @@ def verdict(entry: dict[str, Any], reference: dict[str, Any] | None, policy: dic
     return {"status": v.status, "reasons": reasons}
 
 
-def run(opts: ProbeOptions, store: Store, argv: list[str], notifier=None) -> dict[str, Any]:
+def run(opts: ProbeOptions, store: Store, argv: list[str], notifier=None, deliver=None) -> dict[str, Any]:
+    """Probe the fleet and record it; DELIVER(report): the command's output, before the run is sealed."""
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "probe", argv, fleet, base, opts.limit) as run_:
@@ -103,10 +104,7 @@ def run(opts: ProbeOptions, store: Store, argv: list[str], notifier=None) -> dic
                    "healthy": len(hosts) - unreachable - unhealthy, "unhealthy": unhealthy,
                    "exit_code": Exit.UNREACHABLE if unreachable else (Exit.FINDINGS if unhealthy else Exit.OK),
                    "duration_s": round(time.monotonic() - started, 3)}
-        sent = notifier.after_run(run_, summary, hosts) if notifier else None  # notify_events.RunNotes: findings
-        if sent:
-            summary["notifications"] = sent
-        store.finish_probe(run_.id, summary["exit_code"], summary, hosts)
-    report = {**runs.header(store, run_), "summary": summary, "hosts": hosts}
-    schemas.check("probe-report", report, "fleetctl's own probe report (a bug: please report it)")
-    return report
+        report = {**runs.header(store, run_), "summary": summary, "hosts": hosts}
+        schemas.check("probe-report", report, "fleetctl's own probe report (a bug: please report it)")
+        return runs.close(report, lambda code, at: store.finish_probe(run_.id, code, summary, hosts, at), deliver,
+                          (lambda: notifier.after_run(run_, summary, hosts)) if notifier else None)  # RunNotes

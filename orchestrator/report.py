@@ -22,9 +22,10 @@ import jinja2
 
 from . import __version__, chain, schemas, timefmt
 from .errors import InputError
-from .sanitize import one_line
+from .sanitize import clean_data, one_line, visible
 from .campaign.journal import Journal
 from .campaign.transitions import CampaignState, HostState
+from .gate import metric_figures
 from .store import HistoryError, Store, now, operator
 
 CSV_FIELDS = ("host", "groups", "audit_run", "audited_at", "control", "severity", "status", "message",
@@ -118,7 +119,8 @@ def build(store: Store, since: str | None = None, until: str | None = None, limi
 
 
 def campaigns(store: Store, since_ts: str | None, until_ts: str | None) -> list[dict[str, Any]]:
-    """Who moved what from which version to which, in how many waves, and what was rolled back and why."""
+    """Who moved what from which version to which, in how many waves, what was rolled back and why, and the latest
+    judgement of its canary metrics."""
     journal = Journal(store, create=False)
     try:
         rows = journal.campaigns_between(since_ts, until_ts)
@@ -134,26 +136,28 @@ def campaigns(store: Store, since_ts: str | None, until_ts: str | None) -> list[
                     "waves": len(plan["waves"]), "reason": c["reason"],
                     "hosts": [{"name": h["host"], "state": h["state"], "reason": h["reason"]} for h in hosts],
                     "rolled_back": [h["host"] for h in hosts
-                                    if h["state"] in (HostState.ROLLED_BACK, HostState.ROLLBACK_FAILED)]})
+                                    if h["state"] in (HostState.ROLLED_BACK, HostState.ROLLBACK_FAILED)],
+                    "canary_metrics": journal.canary_metrics(c["id"])})
     return out
 
 
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may read as a formula (OWASP: CSV injection)
+FORMULA_START = ("=", "+", "-", "@")  # what a spreadsheet may read as a formula (OWASP: CSV injection)
 
 
 def cell(value: Any) -> Any:
-    """A CSV cell from a host, an inventory or a baseline, never a live formula: one starting with = + - @, a tab
-    or a carriage return gets a leading single quote (OWASP's guidance), the value otherwise kept."""
-    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+    """A CSV cell from a host, an inventory or a baseline: visible() (a tab, a carriage return or a newline shown
+    as \\t, \\r, \\n: one row a line), never a live formula: one starting with = + - @ gets a leading single quote
+    (OWASP's guidance)."""
+    if not isinstance(value, str):
+        return value
+    value = visible(value)
+    return "'" + value if value.startswith(FORMULA_START) else value
 
 
 def to_csv(report: dict[str, Any]) -> str:
     """One row per host x control, for spreadsheets (every text cell through cell())."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, CSV_FIELDS, lineterminator="\n")
-    # csv quotes a field holding "\n" but not a lone "\r", which a spreadsheet reads as a new row (whose first cell
-    # could be a formula): such a row is written with every field quoted.
-    quoted = csv.DictWriter(buf, CSV_FIELDS, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writeheader()
     for h in report["hosts"]:
         for f in h["findings"]:
@@ -161,8 +165,7 @@ def to_csv(report: dict[str, Any]) -> str:
                    "audited_at": h["audit"]["at"], "control": f["control"], "severity": f["severity"],
                    "status": f["status"], "message": f["message"], "baseline_digest": h["audit"]["baseline"]["digest"],
                    "evidence": json.dumps(f["evidence"], sort_keys=True)}
-            cells = {k: cell(v) for k, v in row.items()}
-            (quoted if any(isinstance(v, str) and "\r" in v for v in cells.values()) else writer).writerow(cells)
+            writer.writerow({k: cell(v) for k, v in row.items()})
     buf.write(f"# chain head {report['chain']['digest']} ({report['chain']['records']} records)\n")
     return buf.getvalue()
 
@@ -218,6 +221,8 @@ def to_html(report: dict[str, Any]) -> str:
     env = jinja2.Environment(loader=jinja2.PackageLoader("orchestrator", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]))
     env.filters["summary"] = lambda text: one_line(text or "", SUMMARY_CHARS)
+    env.filters["figures"] = metric_figures
+    report = clean_data(report)  # text from hosts and files visible(): autoescape leaves U+202E or a BEL raw
     return env.get_template("report.html.j2").render(r=report, charts=charts(report))
 
 

@@ -1,5 +1,6 @@
 """What every recorded command shares: load the fleet and the baseline, open a run in the history, close it as
-failed if anything goes wrong, and head its report with who ran what against which baseline."""
+failed if anything goes wrong, head its report with who ran what against which baseline, and deliver the report
+before the run is sealed (so the record holds the code the command exits with)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import sys
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from . import __version__, baseline as baseline_mod, domains, interrupts, inventory, runner
 from .errors import InputError, OperationError
 from .exitcodes import Exit
-from .store import Store
+from .store import Store, now
 
 
 @dataclass(frozen=True)
@@ -46,24 +47,54 @@ def recorded(store: Store, kind: str, argv: list[str], fleet: inventory.Fleet, b
     try:
         yield Run(run_id, run_uuid, kind, fleet, base, limit)
     except BaseException as e:
+        if store.run(run_id)["status"] != "running":  # sealed, its report then not delivered (close())
+            raise
         with interrupts.deferred():  # the record is written whole, a second signal waits for it
             if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):  # never findings: the run was stopped
-                code = e.exit_code if isinstance(e, interrupts.Interrupted) else Exit.INTERRUPTED
-                store.fail_run(run_id, f"interrupted by {getattr(e, 'name', 'SIGINT')}", code, status="interrupted")
+                store.fail_run(run_id, f"interrupted by {getattr(e, 'name', 'SIGINT')}", exit_code_of(e),
+                               status="interrupted")
             else:
-                code = e.exit_code if isinstance(e, (InputError, OperationError)) else Exit.INTERNAL
-                store.fail_run(run_id, f"{type(e).__name__}: {e}", code)
+                store.fail_run(run_id, f"{type(e).__name__}: {e}", exit_code_of(e))
         raise
 
 
+def close(report: dict[str, Any], seal: Callable[[int, str], None],
+          deliver: Callable[[dict[str, Any]], None] | None = None,
+          notify: Callable[[], None] | None = None) -> dict[str, Any]:
+    """REPORT (a run's, header() first) notified by NOTIFY (what became of it in the summary's `notifications`),
+    given to DELIVER (the command's output), then its run sealed by SEAL(exit code, finished_at) with the
+    finished_at the report states. Either failing (an output that cannot be written, a signal) keeps the results:
+    the run is sealed with the code the command then exits with, and why in its summary's `delivery`."""
+    at = report["run"]["finished_at"]
+    try:
+        if notify is not None:
+            notify()
+        if deliver is not None:
+            deliver(report)
+    except BaseException as e:
+        with interrupts.deferred():
+            report["summary"]["delivery"] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            seal(exit_code_of(e), at)
+        raise
+    seal(report["summary"]["exit_code"], at)
+    return report
+
+
+def exit_code_of(e: BaseException) -> int:
+    """The code fleetctl exits with when E ends a command (cli/main.py's)."""
+    if isinstance(e, (interrupts.Interrupted, InputError, OperationError)):
+        return e.exit_code
+    return Exit.INTERRUPTED if isinstance(e, KeyboardInterrupt) else Exit.INTERNAL
+
+
 def header(store: Store, run: Run) -> dict[str, Any]:
-    """schema_version, tool and run: the part every report shares."""
+    """schema_version, tool and run: the part every report shares. A run not sealed yet finishes now (close())."""
     row = store.run(run.id)
     return {
         "schema_version": 1,
         "tool": {"name": "fleetctl", "version": __version__},
         "run": {"id": run.id, "uuid": run.uuid, "kind": run.kind, "started_at": row["started_at"],
-                "finished_at": row["finished_at"], "operator": row["operator"], "control_node": row["control_node"],
+                "finished_at": row["finished_at"] or now(), "operator": row["operator"], "control_node": row["control_node"],
                 "inventory": run.fleet.source, "limit": run.limit,
                 "baseline": {"name": run.base.name, "path": str(run.base.path), "digest": run.base.digest}},
     }

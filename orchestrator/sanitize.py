@@ -1,31 +1,52 @@
-"""Text from hosts and files as a terminal may show it (no rich, no click: the services use it too)."""
+"""Text from hosts and files as every output format shows it (no rich, no click: the services use it too).
+
+One rule, visible(), for the terminal's tables and lines, CSV, HTML and the Slack and Teams notifications: a
+character a terminal, a spreadsheet or a browser could act on or hide is shown as its escape, never passed raw nor
+dropped. JSON keeps the data as it is (it escapes them itself).
+"""
 
 from __future__ import annotations
 
-import re
+from typing import Any
 
-# Text from hosts and files (host and group names, messages, reasons, versions, a baseline's name) is data: it goes
-# into rich as Text, never as markup ("[/red]" would crash the table, after the run was recorded), and without the
-# escape sequences and control characters a terminal would act on (a window title, colours, a cleared screen).
-ESCAPE_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[PX^_][^\x1b]*(?:\x1b\\)?"
-                             r"|[ -/]*[0-~])?")  # CSI, OSC, DCS/SOS/PM/APC, the short ones; a lone ESC
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0 but \n \t, DEL, C1, bidi
+
+def visible(value: object, keep: str = "") -> str:
+    """VALUE (from a host or a file) with every character that str.isprintable() refuses shown as Python writes
+    its escape (\\x07, \\r, \\x1b, \\u202e, \\U000e0041), but those in KEEP: the C0 and C1 control characters and
+    DEL (a terminal's escape sequences, BEL, BS, CR), format characters (right-to-left overrides and isolates,
+    zero-width spaces and joiners, U+061C, U+FEFF), line and paragraph separators, spaces other than ' ',
+    unassigned and private-use code points. Host and group names, messages, reasons, versions, a baseline's name."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def clean(value: object) -> str:
-    """VALUE (from a host or a file) as a terminal may show it: escape sequences and control characters (but a
-    newline and a tab) removed. JSON keeps the data as it is (it escapes them)."""
-    return CONTROL.sub("", ESCAPE_SEQUENCE.sub("", str(value)))
+    """visible(VALUE), a newline and a tab kept: a table cell, a report printed whole."""
+    return visible(value, keep="\n\t")
 
 
 def clean_line(value: object) -> str:
-    """clean(VALUE) on one line, every character kept in sight: a newline (which could forge a line of its own)
-    shown as \\n, a carriage return as \\r, a tab as a space. An error message, a table's caption."""
-    return clean(str(value).replace("\r", "\\r")).replace("\n", "\\n").replace("\t", " ")
+    """visible(VALUE) on one line: a newline (which could forge a line of its own) shown as \\n too. An error
+    message, a table's caption, a progress line."""
+    return visible(value)
 
 
 def one_line(text: object, limit: int | None = None) -> str:
-    """TEXT squeezed onto one line: every run of white space or unprintable characters one space, none at either
-    end; at most LIMIT characters, then "...". What a host, a server or a command said, inside a message."""
-    s = " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
+    """TEXT squeezed onto one line: every run of white space one space, none at either end, the rest visible(); at
+    most LIMIT characters, then "...". What a host, a server or a command said, inside a message."""
+    s = visible(" ".join(str(text).split()))
     return s[:limit] + "..." if limit is not None and len(s) > limit else s
+
+
+def clean_data(doc: Any) -> Any:
+    """DOC (dicts, lists, strings, numbers) with clean() applied to every string value in it: a document rendered
+    into a format that does not escape them itself (an HTML template)."""
+    if isinstance(doc, str):
+        return clean(doc)
+    if isinstance(doc, dict):
+        return {k: clean_data(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [clean_data(v) for v in doc]
+    return doc

@@ -12,12 +12,14 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from . import chain
+from . import chain, files, inputs
 from .errors import InputError
+
+MAX_EXPORT_BYTES = 256 * inputs.MiB  # a signed export read back to check it (real ones: a few MiB)
 
 
 def signed_bytes(path: Path, how: str) -> bytes:
-    data = path.read_bytes()
+    data = inputs.read_regular(path, "the signed export", MAX_EXPORT_BYTES)
     if how == "canonical-json":
         try:
             return chain.canonical(json.loads(data))
@@ -28,8 +30,8 @@ def signed_bytes(path: Path, how: str) -> bytes:
 
 def load_private(path: str) -> Ed25519PrivateKey:
     try:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as e:
+        key = serialization.load_pem_private_key(read_key(path, "the signing key"), password=None)
+    except (ValueError, TypeError) as e:
         raise InputError(f"{path}: not a readable unencrypted PEM private key ({e})") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise InputError(f"{path}: not an ed25519 key (openssl genpkey -algorithm ed25519)")
@@ -38,12 +40,17 @@ def load_private(path: str) -> Ed25519PrivateKey:
 
 def load_public(path: str) -> Ed25519PublicKey:
     try:
-        key = serialization.load_pem_public_key(Path(path).read_bytes())
-    except (OSError, ValueError) as e:
+        key = serialization.load_pem_public_key(read_key(path, "the public key"))
+    except ValueError as e:
         raise InputError(f"{path}: not a readable PEM public key ({e})") from None
     if not isinstance(key, Ed25519PublicKey):
         raise InputError(f"{path}: not an ed25519 public key")
     return key
+
+
+def read_key(path: str, label: str) -> bytes:
+    """The PEM key file at PATH, read as every input is (inputs.read_regular: a FIFO or a device is refused)."""
+    return inputs.read_regular(path, label, inputs.MAX_DOCUMENT_BYTES)
 
 
 def raw(public: Ed25519PublicKey) -> str:
@@ -55,15 +62,16 @@ def sign(path: Path, key_path: str, fmt: str, head: str) -> Path:
     how = "canonical-json" if fmt in ("json", "oscal") else "bytes"
     signature = key.sign(signed_bytes(path, how))
     out = Path(str(path) + ".sig")
-    out.write_text(json.dumps({"algorithm": "ed25519", "signed": how, "file": path.name, "chain_head": head,
-                               "public_key": raw(key.public_key()),
-                               "signature": base64.b64encode(signature).decode()}, indent=2) + "\n")
+    files.write_atomically(out, json.dumps({
+        "algorithm": "ed25519", "signed": how, "file": path.name, "chain_head": head,
+        "public_key": raw(key.public_key()), "signature": base64.b64encode(signature).decode()}, indent=2) + "\n")
     return out
 
 
 def verify(sig_path: str, file_path: str | None, key_path: str | None) -> tuple[bool, str]:
+    raw_sig = inputs.read_regular(sig_path, "the signature file", inputs.MAX_DOCUMENT_BYTES)
     try:
-        sig: dict[str, Any] = json.loads(Path(sig_path).read_text())
+        sig: dict[str, Any] = json.loads(raw_sig)
         public = Ed25519PublicKey.from_public_bytes(base64.b64decode(sig["public_key"]))
         signature = base64.b64decode(sig["signature"])
         how, head = str(sig["signed"]), str(sig["chain_head"])
@@ -76,6 +84,4 @@ def verify(sig_path: str, file_path: str | None, key_path: str | None) -> tuple[
         public.verify(signature, signed_bytes(target, how))
     except InvalidSignature:
         return False, f"{target}: signature does not match (the file changed since it was signed)"
-    except OSError as e:
-        raise InputError(f"{target}: cannot read: {e.strerror}") from None
     return True, f"{target}: signature valid (ed25519, chain head {head})"

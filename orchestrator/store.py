@@ -6,13 +6,16 @@ input later never loses what was already recorded.
 
 from __future__ import annotations
 
-import getpass
+import functools
 import json
 import os
+import pwd
 import socket
 import sqlite3
+import stat
 import urllib.parse
 import uuid
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +40,18 @@ def history_error(path: Path, e: BaseException) -> HistoryError:
     elif "full" in low or "i/o" in low or "too large" in low:
         why = f"it cannot be written ({text}): free space on its file system, then run the command again"
     elif "malformed" in low or "not a database" in low or "corrupt" in low:
-        why = f"it is damaged ({text}): `fleetctl report verify` says how; restore it from a backup"
+        return damaged(path, text)
     elif "locked" in low or "busy" in low:
         why = "another fleetctl holds it for longer than 30 s"
     else:
         why = text
     return HistoryError(f"{path}: the history: {why}")
+
+
+def damaged(path: Path, problem: str) -> HistoryError:
+    """The history is damaged: SQLite says so (PROBLEM)."""
+    return HistoryError(f"{path}: the history: it is damaged ({problem}): `fleetctl report verify` says how; "
+                        "restore it from a backup")
 
 
 def process_start(pid: int) -> float | None:
@@ -156,60 +165,128 @@ def home() -> Path:
     return Path(state) / "fleetctl"
 
 
+def files(history: Path) -> tuple[Path, Path, Path]:
+    """The history and the -wal and -shm files SQLite keeps beside it."""
+    return history, Path(f"{history}-wal"), Path(f"{history}-shm")
+
+
+NOT_REGULAR = {"d": "a directory", "p": "a FIFO", "s": "a socket", "c": "a character device", "b": "a block device"}
+
+
+def regular(history: Path) -> None:
+    """The history and its -wal and -shm, where they exist, are regular files: never a link that SQLite would
+    write through and fleetctl chmod through, nor a FIFO or a device. HistoryError naming what the path is."""
+    for path in files(history):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            what = f"a symbolic link to {os.readlink(path)}"
+        elif not stat.S_ISREG(st.st_mode):
+            what = NOT_REGULAR.get(stat.filemode(st.st_mode)[0], "not a regular file")
+        else:
+            continue
+        raise HistoryError(f"{path} is {what}; fleetctl keeps its history in a regular file")
+
+
 def private(history: Path) -> None:
     """The history and its directory are the operator's (its argv, hosts, findings): a directory fleetctl creates
     for it is 0700 (its parents as mkdir -p makes them; an existing one is left as it is: it may be shared on
     purpose), a history it creates is 0600 before SQLite opens it (the -wal and -shm files take its mode), and an
     existing history (or -wal, -shm) of this user's loses the bits that let other users read it (its group's are
-    left: a history shared with a group on purpose)."""
+    left: a history shared with a group on purpose). Each is changed through a descriptor opened without following
+    a link: a link put there after `regular` looked is never followed."""
     history.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        os.close(os.open(history, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.close(os.open(history, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         return
     except FileExistsError:
         pass
-    for path in (history, Path(f"{history}-wal"), Path(f"{history}-shm")):
+    for path in files(history):
         try:
-            st = os.stat(path)
-            if st.st_uid == os.geteuid() and st.st_mode & 0o007:
-                os.chmod(path, st.st_mode & 0o7770)
-        except OSError:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        except FileNotFoundError:
             continue
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o007:
+                os.fchmod(fd, st.st_mode & 0o7770)
+        finally:
+            os.close(fd)
 
 
 def now() -> str:
     return timefmt.now()
 
 
+LOGINUID = Path("/proc/self/loginuid")  # the audit login uid: who logged in, kept across su and sudo
+LOGINUID_UNSET = 2 ** 32 - 1  # a process no login started (a system service, a container)
+CLAIMS = ("SUDO_USER", "LOGNAME", "USER")  # what the environment says about who ran it: anyone may set them
+
+
+@functools.lru_cache(maxsize=None)
+def user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
 def operator() -> str:
-    """Who ran it: the login behind sudo when there is one."""
-    user = getpass.getuser()
-    sudo = os.environ.get("SUDO_USER")
-    return f"{sudo} (as {user})" if sudo and sudo != user else user
+    """Who ran it, as the kernel holds it: the real user, and the login uid where it is set and another user's
+    (`root (login uid 1000 alice)`: alice, through sudo or su). What the environment claims (CLAIMS) and neither
+    name already says is kept as a claim, shown as one: `root (login uid 1000 alice; claims SUDO_USER=mallory)`."""
+    uid = os.getuid()
+    user, notes = user_name(uid) or f"uid {uid}", []
+    try:
+        login = int(LOGINUID.read_text())
+    except (OSError, ValueError):
+        login = LOGINUID_UNSET
+    named = {user}
+    if login not in (LOGINUID_UNSET, uid):
+        name = user_name(login)
+        named.add(name)
+        notes.append(f"login uid {login} {name}" if name else f"login uid {login}")
+    claims = [f"{var}={value[:64] if value[:64].isprintable() else ascii(value[:64])}"
+              for var in CLAIMS if (value := os.environ.get(var)) and value not in named]
+    if claims:
+        notes.append("claims " + ", ".join(claims))
+    return f"{user} ({'; '.join(notes)})" if notes else user
 
 
 # Each host's latest finished run that audited it (audit, plan, a campaign's planning audit): `latest (host, run_id)`.
 LATEST_AUDITED = ("WITH latest AS (SELECT h.host, MAX(h.run_id) AS run_id FROM host_results h"
                   " JOIN runs r ON r.id = h.run_id WHERE r.status = 'done' GROUP BY h.host)")
 
+WHOLE: set[tuple[str, int]] = set()  # the histories (path, inode) quick_check found whole in this process
+
+
 class Store:
-    def __init__(self, path: Path | None = None, readonly: bool = False):
+    def __init__(self, path: Path | None = None, readonly: bool = False, check: bool = True):
         """READONLY (report, metrics, campaign show): an existing history is opened read-only and its bytes are
-        left as they are; it works on a read-only file or file system."""
+        left as they are; it works on a read-only file or file system. CHECK: a history SQLite finds damaged
+        (`damage`) is a HistoryError before anything reads or writes it (`report verify` looks for itself)."""
         self.path = path or home() / "history.sqlite3"
         self.readonly = readonly and self.path.exists()
+        try:
+            regular(self.path)
+        except OSError as e:
+            raise history_error(self.path, e) from None
         if self.readonly:
             self.db = self._open_readonly()
             self.db.row_factory = sqlite3.Row
+            self._check(check)
             return
         try:
             private(self.path)  # $FLEETCTL_HOME 0700 and the history 0600 when fleetctl creates them
             self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            self.db.execute("PRAGMA journal_mode=WAL")
         except (OSError, sqlite3.Error) as e:
             raise history_error(self.path, e) from None
         self.db.row_factory = sqlite3.Row
+        self._check(check)
         try:
+            self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.execute("PRAGMA foreign_keys=ON")
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
@@ -235,6 +312,29 @@ class Store:
             except sqlite3.Error as e:
                 last = e
         raise history_error(self.path, last) from None
+
+    def damage(self, thorough: bool = False) -> str | None:
+        """SQLite's own check of the whole file: its first problem (one line), or None. quick_check reads every page
+        once (its cost: docs/hardening.md); THOROUGH: integrity_check, which also matches every index to its table."""
+        try:
+            found = self.db.execute(f"PRAGMA {'integrity_check' if thorough else 'quick_check'}(1)").fetchone()[0]
+        except sqlite3.DatabaseError as e:  # a page SQLite cannot even walk: the error is the answer
+            found = str(e)
+        return None if found == "ok" else " ".join(found.removeprefix("*** in database main ***").split())[:300]
+
+    def _check(self, check: bool) -> None:
+        """Once a process for each history file (a campaign opens it at every step): HistoryError if damaged."""
+        if not check or (key := (str(self.path), os.stat(self.path).st_ino)) in WHOLE:
+            return
+        problem = self.damage()
+        if problem:
+            self.db.close()
+            raise damaged(self.path, problem)
+        WHOLE.add(key)
+
+    def snapshot(self) -> AbstractContextManager[None]:
+        """The history as of one moment for the block (chain.snapshot)."""
+        return chain.snapshot(self.db)
 
     def close(self) -> None:
         self.db.close()
@@ -263,12 +363,12 @@ class Store:
         return cur.lastrowid, run_uuid
 
     def finish_run(self, run_id: int, exit_code: int, summary: dict[str, Any],
-                   hosts: list[dict[str, Any]]) -> None:
-        """Every host's facts and findings, and the run's end, in one transaction."""
+                   hosts: list[dict[str, Any]], at: str | None = None) -> None:
+        """Every host's facts and findings, and the run's end (AT, default now), in one transaction."""
         with self.db:
             self.db.execute("BEGIN")
             self._insert_hosts(run_id, hosts)
-            self.seal_run(run_id, exit_code, summary, "done")
+            self.seal_run(run_id, exit_code, summary, "done", at)
 
     def close_run(self, run_id: int, exit_code: int, summary: dict[str, Any]) -> None:
         """The end of a run that records no hosts of its own (a campaign's: its hosts are in the journal)."""
@@ -288,15 +388,18 @@ class Store:
                 [(run_id, h["name"], f["control"], f["severity"], f["status"], f["message"],
                   json.dumps(f["evidence"], sort_keys=True), f["remediation"]) for f in h["findings"]])
 
-    def seal_run(self, run_id: int, exit_code: int | None, summary: dict[str, Any], status: str) -> None:
-        """Close the run and add it to the hash chain (inside the caller's transaction)."""
-        stamp = now()
+    def seal_run(self, run_id: int, exit_code: int | None, summary: dict[str, Any], status: str,
+                 at: str | None = None) -> None:
+        """Close the run (finished AT, default now) and add it to the hash chain (inside the caller's
+        transaction)."""
+        stamp = at or now()
         self.db.execute("UPDATE runs SET finished_at=?, status=?, exit_code=?, summary=? WHERE id=?",
                         (stamp, status, exit_code, json.dumps(summary, sort_keys=True), run_id))
         chain.append(self.db, "run", str(run_id), stamp, operator())
 
-    def finish_probe(self, run_id: int, exit_code: int, summary: dict[str, Any], hosts: list[dict[str, Any]]) -> None:
-        """Every host's probe result and health verdict, and the run's end, in one transaction."""
+    def finish_probe(self, run_id: int, exit_code: int, summary: dict[str, Any], hosts: list[dict[str, Any]],
+                     at: str | None = None) -> None:
+        """Every host's probe result and health verdict, and the run's end (AT, default now), in one transaction."""
         with self.db:
             self.db.execute("BEGIN")
             self.db.executemany(
@@ -305,7 +408,7 @@ class Store:
                 [(run_id, h["name"], int(h["reachable"]), h["error"],
                   json.dumps(h["probe"], sort_keys=True) if h["probe"] is not None else None,
                   h["health"]["status"], json.dumps(h["health"]["reasons"])) for h in hosts])
-            self.seal_run(run_id, exit_code, summary, "done")
+            self.seal_run(run_id, exit_code, summary, "done", at)
 
     def last_probe(self, host: str) -> dict[str, Any] | None:
         """HOST's most recent recorded probe result, whatever its verdict (the kernel-log marker), or None."""

@@ -14,22 +14,29 @@ Four units at most, each headed by MARKER so that uninstall (and a later install
 
 Every command line is checked by fleetctl's own click parser (and the upgrade's values by the functions the
 upgrade uses) before a unit is written, so a unit never holds a command fleetctl would reject: cli/systemd.py,
-with the command group. The units pin FLEETCTL_HOME (and FLEETCTL_CONFIG, when a config file is in use) to what the installing shell uses; webhooks and
---notify commands are never written into a unit (world-readable): the units read them from the config file, as
-they read --drain/--undrain templates whose arguments look like a secret (refused on the command line).
+with the command group. The units pin FLEETCTL_HOME (and FLEETCTL_CONFIG, when a config file is in use) to what the
+installing shell uses.
+
+A unit file is world-readable and `systemctl show` shows any user its command lines (so does `ps`, for as long as
+fleetctl runs), while a --drain template, a --notify command or a webhook URL may carry a password or a token: no
+such text is written into a unit or a command line. The settings given to `systemd install` whose values the history
+keeps only part of (redact.ARGV_RULES: commands, URLs) go into SETTINGS_FILE beside the units, mode 0600 (root's
+alone), in the config file's format; the units name it with $FLEETCTL_UNIT_SETTINGS, and fleetctl reads its keys
+over the config file's (config.load).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
+
+import yaml
 
 from . import __version__, store as store_mod
 from .errors import InputError, OperationError
@@ -43,22 +50,13 @@ SYSTEM_UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/li
 SYSTEMD_BOOTED = Path("/run/systemd/system")  # sd_booted(3): systemd is PID 1
 AUDIT, WINDOW = "fleetctl-audit", "fleetctl-window"
 UNIT_NAMES = (f"{AUDIT}.service", f"{AUDIT}.timer", f"{WINDOW}.service", f"{WINDOW}.timer")
+SETTINGS_FILE = "fleetctl-units.yml"
+FILE_NAMES = (*UNIT_NAMES, SETTINGS_FILE)  # what install writes (SETTINGS_FILE first) and uninstall removes (it last)
 MARKER = "# Written by `fleetctl systemd install`"
 AUDIT_RANDOM_DELAY = "5min"
 # `upgrade` options that `systemd install` sets itself (or that make no sense in a unit); every other option of
 # `fleetctl upgrade` is offered by `systemd install` too and written into ExecStart= when given.
 OWN_UPGRADE_PARAMS = {"target", "yes", "dry_run", "window", "inventory_path", "limit", "baseline"}
-# Not offered: a unit file is world-readable and `systemctl show` shows any user its command lines, while a
-# webhook URL is a bearer secret and a --notify command may carry a token (the history keeps neither whole). The
-# units read them from the config file (FLEETCTL_CONFIG is pinned: see environment()).
-SECRET_PARAMS = {"notify", "webhook"}
-# --drain/--undrain templates go into the window's ExecStart= too: one whose arguments look like a secret (a token,
-# a password, credentials in a URL, a long random word) is refused as --notify is; the config file's `drain:` and
-# `undrain:` keys hold such a template (the units read the file), and the history keeps only its program.
-HOOK_PARAMS = {"drain": "--drain", "undrain": "--undrain"}
-SECRET_NAME = re.compile(r"(?i)token|passw|secret|api[-_]?key|bearer|auth|credential|private[-_]?key|cookie")
-URL_CREDENTIALS = re.compile(r"://[^/@\s]+:[^/@\s]*@")
-RANDOM_WORD = re.compile(r"(?=.*[A-Za-z])(?=.*[0-9])[A-Za-z0-9+/_.=~-]{24,}")
 # Passed on from the installing shell when set (FLEETCTL_HOME is always pinned: see environment()).
 PASSED_ENV = ("FLEETCTL_WORKER",)
 CALENDAR_CHARS = re.compile(r"[A-Za-z0-9*:.,/~ _+-]+")  # a rough check where systemd-analyze is not installed
@@ -155,6 +153,7 @@ class WindowUnit:
 class Units:
     audit: AuditUnit | None
     window: WindowUnit | None
+    settings: dict[str, Any] = field(default_factory=dict)  # SETTINGS_FILE's keys
     environment: dict[str, str] = field(default_factory=dict)
 
 
@@ -211,6 +210,19 @@ def header(name: str) -> str:
 
 def env_lines(env: dict[str, str]) -> str:
     return "".join(f"Environment={quote_word(f'{k}={v}', expand_env=False)}\n" for k, v in sorted(env.items()))
+
+
+def settings_text(units: Units, masked: bool = False) -> str:
+    """SETTINGS_FILE (MASKED: as `fleetctl config show` shows it, for --print)."""
+    from . import config as config_mod
+
+    keys = {k.name: k for k in config_mod.KEYS}
+    values = {name: config_mod.shown(keys[name], v) if masked else v for name, v in units.settings.items()}
+    return (f"{MARKER} (fleetctl {__version__}); `fleetctl systemd uninstall` removes it.\n"
+            "# The commands and URLs given to it (they may carry a secret), root's alone (mode 0600): the units read "
+            "them\n# ($FLEETCTL_UNIT_SETTINGS) over the config file.\n"
+            + ("# --print: shown as `fleetctl config show` shows them; the file holds them whole.\n" if masked else "")
+            + (yaml.safe_dump(values, sort_keys=True, allow_unicode=True, width=1 << 16) if values else ""))
 
 
 def render(units: Units) -> dict[str, str]:
@@ -321,26 +333,10 @@ def absolute(path: str | None, flag: str, must_exist: bool = True) -> str | None
     return full
 
 
-def secret_in(template: str) -> str | None:
-    """What in a hook TEMPLATE's arguments looks like a secret (never the word itself), or None."""
-    try:
-        words = shlex.split(template)
-    except ValueError:
-        words = template.split()
-    for word in words[1:]:
-        if URL_CREDENTIALS.search(word):
-            return "credentials in a URL"
-        if SECRET_NAME.search(word):
-            return "a token, password or key"
-        if any(RANDOM_WORD.fullmatch(part) for part in re.split(r"[=:,@ ]", word) if not part.startswith(("/", "."))):
-            return "a long random-looking word"
-    return None
-
-
 def install(units: Units, unit_dir: str, print_only: bool) -> Iterator[str]:
     """Write the units (and enable the timers where systemd runs), the lines for the operator as it goes (the
     command line checks the units' command lines first)."""
-    texts = render(units)
+    texts = {SETTINGS_FILE: settings_text(units, masked=print_only), **render(units)}
     directory = Path(os.path.abspath(unit_dir))
     if print_only:
         for name, text in texts.items():
@@ -352,8 +348,11 @@ def install(units: Units, unit_dir: str, print_only: bool) -> Iterator[str]:
         raise InputError(f"{foreign[0]}: not written by fleetctl; move it away first (nothing was written)")
     for name, text in texts.items():
         try:
-            write_atomically(directory / name, text)
-            os.chmod(directory / name, 0o644)  # whatever the umask: systemd warns about world-writable units
+            if name == SETTINGS_FILE:
+                write_private(directory / name, text)
+            else:
+                write_atomically(directory / name, text)
+                os.chmod(directory / name, 0o644)  # whatever the umask: systemd warns about world-writable units
         except OSError as e:
             raise InputError(f"{directory / name}: cannot write: {e.strerror}") from None
         yield f"wrote {directory / name}"
@@ -369,10 +368,22 @@ def install(units: Units, unit_dir: str, print_only: bool) -> Iterator[str]:
                f"  systemctl enable --now {' '.join(timers)}")
 
 
+def write_private(path: Path, text: str) -> None:
+    """PATH (SETTINGS_FILE) written atomically, mode 0600 from its first byte: an old file is made 0600 before (its
+    mode is kept), a new one is made under umask 077."""
+    if path.is_file() and not path.is_symlink():
+        os.chmod(path, 0o600)
+    umask = os.umask(0o077)
+    try:
+        write_atomically(path, text)
+    finally:
+        os.umask(umask)
+
+
 def uninstall(unit_dir: str) -> Iterator[str]:
     """Disable and remove the units fleetctl wrote, the lines for the operator as it goes."""
     directory = unit_directory(unit_dir)
-    present = [n for n in UNIT_NAMES if (directory / n).exists() or (directory / n).is_symlink()]
+    present = [n for n in FILE_NAMES if (directory / n).exists() or (directory / n).is_symlink()]
     ours = [n for n in present if is_ours(directory / n)]
     for n in present:
         if n not in ours:

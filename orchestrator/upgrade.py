@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from . import audit, baseline as baseline_mod, domains, interrupts, inventory, notify, notify_events, plan, runs, settings
-from .campaign import hooks, packages, progress, scheduler, steps, transitions
+from .campaign import hooks, packages, progress, scheduler, soak, steps, transitions
 from .campaign.transitions import CampaignState, HostState
 from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
@@ -102,9 +102,9 @@ def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: C
     canary = plan.canary_summary(made)
     if canary is not None:
         lines.append(canary)
-        for wave, groups in (made.get("canary") or {}).get("control", {}).items():
-            lines += [f"  control cohort of wave {wave}, group {g}: {', '.join(hosts) or 'none'}"
-                      for g, hosts in groups.items()]
+        for wave, cohorts in (made.get("canary") or {}).get("control", {}).items():
+            lines += [f"  control cohort of wave {wave}, {c}: {', '.join(hosts) or 'none'}"
+                      for c, hosts in cohorts.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -137,6 +137,8 @@ def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod
             with view:
                 return engine.run()
     except interrupts.Interrupted as e:  # between two journal writes: the record is consistent, resume goes on
+        if journal.campaign(cid)["state"] not in transitions.CAMPAIGN_AT_WORK:
+            raise  # it had stopped: only its last notifications were cut short (notification_failed says which)
         with interrupts.deferred():
             journal.note(cid, "interrupted", signal=e.name, state=journal.campaign(cid)["state"])
         e.hint = f"campaign {cid} stopped between steps; go on with: fleetctl campaign resume {cid}"
@@ -203,12 +205,23 @@ def driven(store: Store, journal: Journal, run_: runs.Run, cid: int, fleet: inve
     """Drive the campaign, then close RUN_ with where the campaign stands and its exit code. Every command that
     drives a campaign (upgrade, resume, rollback) has a run of its own, kind campaign, its summary naming the
     campaign: the latest such run of a campaign says what `campaign show` says. A campaign stopped by a signal
-    leaves its run interrupted."""
-    drive(journal, cid, fleet, base, live, notifier, Parts(prometheus=prometheus) if prometheus else None)
+    leaves its run interrupted; a signal after it stopped (its last notifications under way) closes the run with
+    the signal's code, the campaign's own in its summary."""
+    stopped = None
+    try:
+        drive(journal, cid, fleet, base, live, notifier, Parts(prometheus=prometheus) if prometheus else None)
+    except interrupts.Interrupted as e:
+        if journal.campaign(cid)["state"] in transitions.CAMPAIGN_AT_WORK:
+            raise  # between two steps: runs.recorded marks the run interrupted
+        stopped = e
     code = exit_code(journal, cid)
-    store.close_run(run_.id, code, {**summary, "campaign": cid, "state": journal.campaign(cid)["state"],
-                                    "exit_code": code})
-    return code, summary_text(journal, cid)
+    closing = {**summary, "campaign": cid, "state": journal.campaign(cid)["state"], "exit_code": code}
+    if stopped is None:
+        store.close_run(run_.id, code, closing)
+        return code, summary_text(journal, cid)
+    with interrupts.deferred():  # the record written whole, a second signal waits for it
+        store.close_run(run_.id, stopped.exit_code, {**closing, "delivery": f"Interrupted: {stopped}"})
+    raise stopped
 
 
 def load_for(store: Store, journal: Journal, cid: int, inventory_path: str | None,
@@ -366,11 +379,10 @@ def soak_document(journal: Journal, c) -> dict[str, Any]:
         h["checks" if r["kind"] == "check" else "gates"] += 1
         if r["kind"] == "gate":  # the end-of-soak gate's verdicts in full (campaign show --verbose)
             h["gate_verdicts"].append({"gap": r["gap"], "at": r["at"], "status": r["status"],
-                                       **{k: r["detail"][k] for k in ("gate", "canary_gate") if k in r["detail"]}})
+                                       **{k: r["detail"][k] for k in soak.GATE_VERDICTS if k in r["detail"]}})
         h["failed_canary_runs"] += not r["detail"].get("canary", {}).get("ok", True)
         h["last"] = {"at": r["at"], "gap": r["gap"], "kind": r["kind"], "status": r["status"], "reason": r["reason"],
                      "seen": r["detail"].get("seen", [])}
-    judged = next((r for r in reversed(records) if r["detail"].get("canary_metrics")), None)
     last = records[-1] if records else None
     soaking = c["state"] == CampaignState.SOAKING
     return {"soaking": soaking, "after_wave": c["wave"] - 1 if soaking else None,
@@ -380,8 +392,7 @@ def soak_document(journal: Journal, c) -> dict[str, Any]:
             "canary_max_failures": options.get("canary_max_failures"),
             "last_check_at": last["at"] if last else None, "hosts": hosts,
             # the latest verdict of each canary metric (docs/canary.md), as the soak recorded it
-            "canary_metrics": {"at": judged["at"], "gap": judged["gap"], "kind": judged["kind"],
-                               "metrics": judged["detail"]["canary_metrics"]} if judged else None}
+            "canary_metrics": journal.canary_metrics(c["id"])}
 
 
 def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:

@@ -379,13 +379,31 @@ class Journal:
     def soak_records(self, cid: int, host: str | None = None, gap: int | None = None,
                      kind: str | None = None) -> list[dict[str, Any]]:
         """Soak observations, oldest first, each with its detail decoded."""
+        return self._soak(cid, host, gap, kind, " ORDER BY id")
+
+    def latest_soak(self, cid: int, host: str | None = None, gap: int | None = None, kind: str | None = None,
+                    judged: bool = False) -> dict[str, Any] | None:
+        """The latest soak observation (of HOST, after wave GAP, of KIND where given; JUDGED: of those that judged
+        the canary metrics), its detail decoded, or None."""
+        found = self._soak(cid, host, gap, kind, (" AND json_extract(detail, '$.canary_metrics') IS NOT NULL"
+                                                  if judged else "") + " ORDER BY id DESC LIMIT 1")
+        return found[0] if found else None
+
+    def canary_metrics(self, cid: int, gap: int | None = None, kind: str | None = None) -> dict[str, Any] | None:
+        """The latest judgement of the canary metrics (docs/canary.md) in campaign CID's soak (after wave GAP, of
+        KIND where given): {at, gap, kind, metrics: the verdicts as the soak recorded them}, or None."""
+        judged = self.latest_soak(cid, gap=gap, kind=kind, judged=True)
+        return {"at": judged["at"], "gap": judged["gap"], "kind": judged["kind"],
+                "metrics": judged["detail"]["canary_metrics"]} if judged else None
+
+    def _soak(self, cid: int, host: str | None, gap: int | None, kind: str | None, tail: str) -> list[dict[str, Any]]:
         query, args = "SELECT * FROM campaign_soak WHERE campaign_id=?", [cid]
         for column, value in (("host", host), ("gap", gap), ("kind", kind)):
             if value is not None:
                 query += f" AND {column}=?"
                 args.append(value)
         try:
-            rows = self.db.execute(query + " ORDER BY id", args).fetchall()
+            rows = self.db.execute(query + tail, args).fetchall()
         except sqlite3.OperationalError:  # a read-only history from before the watched soak
             return []
         return [dict(r, detail=json.loads(r["detail"])) for r in rows]

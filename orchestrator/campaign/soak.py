@@ -19,11 +19,12 @@ was down is still seen by the resumed soak. Markers, not clocks, decide what is 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import audit, gate, probe, slurm
+from .. import gate, plan, probe, slurm
 from ..timefmt import parse, stamp
 from . import scheduler
 from .journal import Journal
@@ -32,6 +33,8 @@ from .context import Context
 from .transitions import HostState
 
 GATE_STEPS = ("probe_again", "probe_after")  # the gate probe a changed host passed last, newest first
+GATE_VERDICTS = {"gate": "end-of-soak gate", "gate_less_drift": "end-of-soak gate less the fleet's drift",
+                 "canary_gate": "canary metrics"}  # an end-of-soak observation's verdicts (_final_throughput)
 
 
 @dataclass
@@ -155,7 +158,7 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
         detail: dict[str, Any] = {"marker": _marker_of(result, markers.get(host)), "boot_id": result["host"]["boot_id"],
                                   "gpus": result["health"]["gpu_count"]}
         if final:
-            fails += _final_throughput(ctx, host, result, detail, notes)
+            fails += _final_throughput(ctx, host, result, detail, notes, judged[host].verdicts)
         else:
             run = detail["canary"] = _canary_run(result)
             jobs = detail["failed_jobs"] = jobs_failed.get(host, [])
@@ -207,26 +210,36 @@ def _step_time(ctx: Context, host: str, step: str, key: str) -> float | None:
     return parse(row[key]).timestamp() if row else None
 
 
+def planned(ctx: Context) -> dict[str, dict[str, Any]]:
+    """The campaign plan's entry of each host in its waves (groups, GPUs, GPU model): host -> entry."""
+    made = json.loads(ctx.journal.campaign(ctx.campaign)["plan"])
+    return {h["name"]: h for w in made["waves"] for h in w["hosts"]}
+
+
 def canary_metrics(ctx: Context, hosts: list[str], final: bool) -> dict[str, Judged]:
-    """The baseline's canary metrics of HOSTS (the watched ones: the canary cohort), per inventory group, judged
-    against the group's hosts this campaign has not changed yet (the control cohort) over the window since the
-    canary hosts came back, each host's level before its drain as its own reference (canary.judge_level); rates
-    per GPU-hour (judge_rate). A failing metric fails every canary host of the group; one that cannot be judged
-    (Prometheus unreachable or erring, no control host, no series, too few samples) is a note at a check and, at the
-    end of the soak (FINAL), what the baseline's canary.on_missing says: hold, fail or ignore."""
+    """The baseline's canary metrics of HOSTS (the watched ones: the canary cohort), per cohort (group and GPU
+    model, plan.cohort), judged against the cohort's hosts this campaign has not changed yet (the control cohort)
+    over the window since the canary hosts came back, each host's level before its drain as its own reference
+    (canary.judge_level); rates per GPU-hour (judge_rate), each host's GPUs as the plan counted them. A failing
+    metric fails every canary host of the cohort; one that cannot be judged (Prometheus unreachable or erring, no
+    control host, no series, too few samples) is a note at a check and, at the end of the soak (FINAL), what the
+    baseline's canary.on_missing says: hold, fail or ignore."""
     out = {h: Judged() for h in hosts}
-    rows = ctx.journal.hosts(ctx.campaign)
-    groups: dict[str, list[str]] = {}
+    entries = planned(ctx)
+    cohort = {h: plan.cohort(e) for h, e in entries.items()}
+    cohorts: dict[str, list[str]] = {}
     for h in hosts:
-        groups.setdefault(audit.peer_group(ctx.fleet.host(h)), []).append(h)
-    for group, canary in groups.items():
+        cohorts.setdefault(cohort.get(h) or ctx.fleet.host(h).group, []).append(h)
+    untouched = [r["host"] for r in ctx.journal.hosts(ctx.campaign)
+                 if not r["changed"] and r["state"] == HostState.PRECHECK]
+    gpus = {h: e.get("gpus") or (ctx.befores.get(h) or {}).get("gpus") or 1 for h, e in entries.items()}
+    for name, canary in cohorts.items():
         conf = ctx.base.canary_for(list(ctx.fleet.host(canary[0]).groups))
         if not conf.metrics:
             continue
-        control = [r["host"] for r in rows if not r["changed"] and r["state"] == HostState.PRECHECK
-                   and audit.peer_group(ctx.fleet.host(r["host"])) == group]
+        control = [h for h in untouched if cohort.get(h) == name]
         for m in conf.metrics:
-            verdict = _judge(ctx, m, canary, control, conf.min_samples)
+            verdict = _judge(ctx, m, canary, control, conf.min_samples, gpus)
             for h in canary:
                 j = out[h]
                 j.verdicts.append(verdict)
@@ -245,21 +258,20 @@ def canary_metrics(ctx: Context, hosts: list[str], final: bool) -> dict[str, Jud
     return out
 
 
-def _judge(ctx: Context, m: Any, canary: list[str], control: list[str], min_samples: int | None) -> dict[str, Any]:
+def _judge(ctx: Context, m: Any, canary: list[str], control: list[str], min_samples: int | None,
+           gpus: dict[str, int]) -> dict[str, Any]:
     """One metric's verdict (canary.judge_*), or {"verdict": "missing", "reason"} when it cannot be asked."""
     from .. import canary as judge, promql
     now = datetime.now(timezone.utc).timestamp()
     back = [t for h in canary if (t := _step_time(ctx, h, "undrain", "finished_at")) is not None]
     drained = [t for h in canary if (t := _step_time(ctx, h, "drain", "started_at")) is not None]
+    said = {"name": m.name, "kind": m.kind, "good": m.good, "verdict": "missing"}
     if ctx.prometheus is None:
-        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: no Prometheus configured "
-                                                                 "(--prometheus-url or prometheus_url)"}
+        return {**said, "reason": f"{m.name}: no Prometheus configured (--prometheus-url or prometheus_url)"}
     if not control:
-        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: no control host (every host of the "
-                                                                 "group is changed or in this wave)"}
+        return {**said, "reason": f"{m.name}: no control host (every host of the cohort is changed or in this wave)"}
     if not back or not drained:
-        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: the canary hosts' drain and return "
-                                                                 "are not in the journal"}
+        return {**said, "reason": f"{m.name}: the canary hosts' drain and return are not in the journal"}
     start, end = max(back), now
     length = max(end - start, STEP_MIN_S * 10)
     step = max(STEP_MIN_S, length / POINTS)
@@ -270,29 +282,25 @@ def _judge(ctx: Context, m: Any, canary: list[str], control: list[str], min_samp
         before = promql.by_host(ctx.prometheus.range(query, min(drained) - length, min(drained), step,
                                                      m.host_label), fleet)
     except (promql.PrometheusError, ValueError) as e:
-        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: {e}"}
+        return {**said, "reason": f"{m.name}: {e}"}
     silent = [h for h in canary + control if not during.get(h)]
     if any(h in silent for h in canary):
-        return {"name": m.name, "verdict": "missing",
-                "reason": f"{m.name}: no series for {', '.join(h for h in canary if h in silent)} since it came back"}
+        return {**said, "reason": f"{m.name}: no series for {', '.join(h for h in canary if h in silent)} "
+                                  "since it came back"}
     ctl = [h for h in control if h not in silent]
     if not ctl:
-        return {"name": m.name, "verdict": "missing", "reason": f"{m.name}: no series for any control host"}
+        return {**said, "reason": f"{m.name}: no series for any control host"}
     if m.kind == "rate":
         hours = (end - start) / 3600
-        gpus = [g for h in canary if (g := (ctx.befores.get(h) or {}).get("gpus"))]
-        per_host = sorted(gpus)[len(gpus) // 2] if gpus else 1  # the group's hosts are one SKU
-        result = judge.judge_rate({h: increase(during[h]) for h in canary},
-                                  {h: ((ctx.befores.get(h) or {}).get("gpus") or per_host) * hours for h in canary},
-                                  {h: increase(during[h]) for h in ctl}, {h: per_host * hours for h in ctl},
+        result = judge.judge_rate({h: increase(during[h]) for h in canary}, {h: gpus[h] * hours for h in canary},
+                                  {h: increase(during[h]) for h in ctl}, {h: gpus[h] * hours for h in ctl},
                                   m.good, m.max_change, name=m.name)
     else:
         kwargs = {"min_samples": min_samples} if min_samples else {}
         result = judge.judge_level({h: during[h] for h in canary}, {h: during[h] for h in ctl}, m.good,
                                    m.max_change, name=m.name, canary_before={h: before.get(h, []) for h in canary},
                                    control_before={h: before.get(h, []) for h in ctl}, **kwargs)
-    return {"name": m.name, "kind": m.kind, "window": [stamp_of(start), stamp_of(end)],
-            "control_hosts": ctl, **result}
+    return {**said, "window": [stamp_of(start), stamp_of(end)], "control_hosts": ctl, **result}
 
 
 def increase(points: list[tuple[float, float]]) -> float:
@@ -333,15 +341,27 @@ def slurm_jobs_failed(ctx: Context, hosts: list[str]) -> tuple[dict[str, list[di
 
 
 def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: dict[str, Any],
-                      notes: list[str]) -> list[gate.Problem]:
+                      notes: list[str], metrics: list[dict[str, Any]]) -> list[gate.Problem]:
     """The end-of-soak gate's throughput: against probe_before (the existing gate), and the canary command's
-    metrics, its last run against its first. An inconclusive verdict is a note: the wave's own gate passed. The
-    verdicts in full go to DETAIL ("gate", "canary_gate"); what failed, one problem each."""
+    metrics, its last run against its first. An inconclusive verdict is a note: the wave's own gate passed. A
+    self-comparison that fails while the canary METRICS say the fleet drifted (fleet_drift) is judged again with
+    that drift taken out, and that verdict decides. The verdicts in full go to DETAIL ("gate", "gate_less_drift",
+    "canary_gate"); what failed, one problem each."""
     pol = gate.gate_policy(ctx.policy(host))
     before = (ctx.journal.step_detail(ctx.campaign, host, "probe_before") or {}).get("probe") or {}
     broken = {k: v for k, v in result.get("errors", {}).items() if k.startswith("throughput")}
     verdict = gate.judge_throughput(before.get("throughput"), result.get("throughput"), pol, broken)
     detail["gate"] = verdict.as_dict()
+    drift = fleet_drift(metrics) if verdict.status == "fail" else None
+    if drift:
+        self_line = verdict.summary()
+        verdict = gate.judge_throughput(before.get("throughput"), less_drift(result["throughput"], drift["moved"]),
+                                        pol, broken)
+        detail["gate_less_drift"] = {**drift, **verdict.as_dict()}
+        notes.append(f"throughput at the end of the soak against itself: {self_line}; but the control cohort moved "
+                     f"{drift['moved']:+.1%} ({drift['metric']}) over the same time and every canary metric passed: "
+                     f"less that fleet-wide drift, {verdict.status}" + (
+                         f": {verdict.summary()}" if verdict.status != "pass" else ""))
     fails = list(verdict.problems) if verdict.status == "fail" else []
     if verdict.status == "inconclusive":
         notes.append(f"throughput at the end of the soak, inconclusive: {verdict.summary()}")
@@ -353,3 +373,27 @@ def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: d
         if canary.status == "fail":
             fails += canary.problems
     return fails
+
+
+def fleet_drift(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A drift the whole fleet shares over the soak, as the canary metrics (their verdicts METRICS) saw it: when
+    every metric was judged and passed, and the control cohort of a level metric where higher is good moved down
+    (canary.control_moved); the least such movement: {"metric": its name, "moved": -0.08}. Else None: nothing
+    excuses a self-comparison that failed."""
+    if not metrics or any(m["verdict"] != "pass" for m in metrics):
+        return None
+    moves = [(m["control_moved"], m["name"]) for m in metrics
+             if m.get("kind") == "level" and m.get("good") == "higher" and m.get("control_moved") is not None]
+    if not moves or max(moves)[0] >= 0:
+        return None
+    moved, name = max(moves)
+    return {"metric": name, "moved": moved}
+
+
+def less_drift(throughput: dict[str, Any], moved: float) -> dict[str, Any]:
+    """A probe's throughput with the fleet's relative movement MOVED taken out of every sample: a higher-is-better
+    metric's values divided by 1 + MOVED, a lower-is-better one's multiplied."""
+    better_high = {name: spec.get("higher_is_better", True) for name, spec in throughput.get("metrics", {}).items()}
+    return {**throughput, "samples": [
+        {**x, "value": x["value"] / (1 + moved) if better_high.get(x["metric"], True) else x["value"] * (1 + moved)}
+        for x in throughput["samples"]]}

@@ -31,7 +31,7 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
     opts = audit_mod.AuditOptions(inventory=inventory_path, limit=limit, baseline=baseline, fail_on=fail_on,
                                   forks=forks, preflight=not no_preflight)
     writable(output)
-    with Store() as store:
-        report = audit_mod.run(opts, store, stored_argv(), run_notes())
-    write_report(report, fmt, output, lambda r, console: render.print_audit(r, console, show_all))
+    with Store() as store:  # the report written before the run is sealed: its record holds what fleetctl exits with
+        report = audit_mod.run(opts, store, stored_argv(), run_notes(), lambda r: write_report(
+            r, fmt, output, lambda r, console: render.print_audit(r, console, show_all)))
     sys.exit(report["summary"]["exit_code"])

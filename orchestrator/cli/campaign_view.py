@@ -13,8 +13,9 @@ from rich.text import Text
 
 from .. import timefmt, upgrade
 from ..campaign.progress import describe
+from ..campaign.soak import GATE_VERDICTS
 from ..campaign.transitions import CampaignState, HostState
-from ..gate import median_text, series_label
+from ..gate import median_text, metric_figures, series_label
 from ..sanitize import clean_line, one_line
 from ..store import Store
 from .render import STATUS_STYLE, safe
@@ -136,12 +137,6 @@ def show_table(doc: dict[str, Any], console: Console, verbose: bool = False) -> 
 VERDICT_STYLE = {"pass": "green", "fail": "bold red", "no_verdict": "yellow", "missing": "magenta"}
 
 
-def _figure(value: Any, percent: bool = False) -> str:
-    if value is None:
-        return "-"
-    return f"{value:+.1%}" if percent else f"{value:.4g}"
-
-
 def metrics_table(judged: dict[str, Any], console: Console) -> None:
     """The canary metrics' latest verdicts (the soak's, docs/canary.md): canary against control, one row a metric."""
     t = Table(title=safe(f"canary metrics, {judged['kind']} after wave {judged['gap']} at {judged['at'][11:19]}",
@@ -149,12 +144,7 @@ def metrics_table(judged: dict[str, Any], console: Console) -> None:
     for col in ("Metric", "Canary", "Control", "Change", "95% CI", "p", "Verdict"):
         t.add_column(col, overflow="fold")
     for m in judged["metrics"]:
-        ci = m.get("ci")
-        t.add_row(safe(m["name"]), _figure(m.get("canary")), _figure(m.get("control")),
-                  _figure(m.get("change"), percent=True),
-                  f"{_figure(ci[0], True)} .. {_figure(ci[1], True)}" if ci else "-",
-                  f"{m['p_value']:.2g}" if m.get("p_value") is not None else "-",
-                  safe(m["verdict"], VERDICT_STYLE.get(m["verdict"], "cyan")))
+        t.add_row(safe(m["name"]), *metric_figures(m), safe(m["verdict"], VERDICT_STYLE.get(m["verdict"], "cyan")))
     console.print(t)
 
 
@@ -166,7 +156,7 @@ def gates(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
                 if s["status"] in ("fail", "inconclusive") and (s["detail"] or {}).get("figures")]
     for name, h in doc["soak"]["hosts"].items():
         out += [(name, f"{what} after wave {g['gap']}", g[key]) for g in h.get("gate_verdicts", [])
-                for key, what in (("gate", "end-of-soak gate"), ("canary_gate", "canary metrics"))
+                for key, what in GATE_VERDICTS.items()
                 if (g.get(key) or {}).get("status", "pass") != "pass"]
     return out
 

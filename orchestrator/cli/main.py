@@ -7,14 +7,17 @@ check`, which Slurm runs on every node, imports neither Ansible nor rich nor the
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 import click
 
 from .. import __version__, interrupts, logs
-from ..errors import InputError, OperationError
+from ..errors import InputError, OperationError, OutputError
 from ..exitcodes import Exit, documented
 from . import plugins
 from ..sanitize import clean_line
@@ -64,25 +67,60 @@ def main() -> None:
     interrupts.install()
     try:
         cli.main(standalone_mode=False)
+    except SystemExit as e:  # a command's sys.exit(code)
+        finish(e.code)
     except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
+        finish(e.exit_code)
     except click.exceptions.Abort:
         click.echo("fleetctl: aborted", err=True)
-        sys.exit(Exit.INTERRUPTED)
+        finish(Exit.INTERRUPTED)
     except click.ClickException as e:  # usage errors: one line, exit 2
         click.echo(f"fleetctl: error: {clean_line(e.format_message())}", err=True)
-        sys.exit(Exit.USAGE)
+        finish(Exit.USAGE)
     except (InputError, OperationError) as e:
         click.echo(f"fleetctl: error: {clean_line(e)}", err=True)
-        sys.exit(e.exit_code)
+        finish(e.exit_code, said=isinstance(e, OutputError))
     except (KeyboardInterrupt, interrupts.Interrupted) as e:
         name = e.name if isinstance(e, interrupts.Interrupted) else "SIGINT"
         hint = getattr(e, "hint", None)
         click.echo(f"fleetctl: interrupted ({name})" + (f": {hint}" if hint else ""), err=True)
-        sys.exit(e.exit_code if isinstance(e, interrupts.Interrupted) else Exit.INTERRUPTED)
-    except Exception as e:  # a bug: one line for the operator, the traceback with FLEETCTL_DEBUG=1
-        if os.environ.get("FLEETCTL_DEBUG"):
-            raise
-        click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {clean_line(e)}", err=True)
-        sys.exit(Exit.INTERNAL)  # never confused with "a check failed" (1) by a script
+        finish(e.exit_code if isinstance(e, interrupts.Interrupted) else Exit.INTERRUPTED)
+    except OSError as e:
+        if e.errno not in OUTPUT_ERRNOS or e.filename is not None:
+            internal_error(e)
+        click.echo(f"fleetctl: error: {OutputError.of_stdout(e)}", err=True)  # a command's own echo to a full disk
+        finish(Exit.OUTPUT, said=True)
+    except Exception as e:
+        internal_error(e)
+    finish(Exit.OK)
 
+
+# What writing a full disk, a full device or a closed pipe fails with: the output's failure, not a bug.
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE)
+
+
+def internal_error(e: Exception) -> NoReturn:
+    """A bug: one line for the operator, the traceback with FLEETCTL_DEBUG=1."""
+    if os.environ.get("FLEETCTL_DEBUG"):
+        raise e
+    click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {clean_line(e)}", err=True)
+    finish(Exit.INTERNAL)  # never confused with "a check failed" (1) by a script
+
+
+def finish(code: int | str | None, said: bool = False) -> NoReturn:
+    """Exit with CODE once what is left of standard output is written. Where it cannot be, its one line (unless
+    SAID: the command's error was that already) and Exit.OUTPUT; the rest goes nowhere, so that Python's own flush
+    at exit does not fail again (and change the exit code)."""
+    try:
+        sys.stdout.flush()
+    except OSError as e:
+        if not said:
+            click.echo(f"fleetctl: error: {OutputError.of_stdout(e)}", err=True)
+            code = Exit.OUTPUT
+        said = True
+    if said:
+        with contextlib.suppress(OSError, ValueError):  # a test's stdout has no descriptor
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+    sys.exit(code)

@@ -3,6 +3,7 @@ command line as the history keeps it, an error as one line."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -13,8 +14,9 @@ import click
 from rich.console import Console
 
 from .. import redact
-from ..errors import InputError
+from ..errors import OutputError
 from ..files import write_atomically
+from ..inputs import shown
 from ..sanitize import clean
 from . import options
 
@@ -31,7 +33,8 @@ def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
         printer(report, Console(file=buffer, width=160, force_terminal=False))
         emit(buffer.getvalue(), output)
     else:
-        printer(report, terminal())
+        with to_stdout():
+            printer(report, terminal())
 
 
 def run_notes():
@@ -47,13 +50,24 @@ def stored_argv() -> list[str]:
 
 
 def emit(text: str, output: str | None) -> None:
+    """TEXT to OUTPUT (a file, written atomically) or stdout; either failing is an OutputError."""
     if output:
         try:
             write_atomically(Path(output), text)
         except OSError as e:
-            raise InputError(f"{output}: cannot write: {e.strerror}") from None
+            raise OutputError(f"{shown(output)}: cannot write: {e.strerror}") from None
     else:
-        click.echo(text, nl=False)
+        with to_stdout():
+            click.echo(text, nl=False)
+
+
+@contextlib.contextmanager
+def to_stdout():
+    """A block that writes standard output: its failing (a full disk, a closed pipe) is an OutputError."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputError.of_stdout(e) from None
 
 
 def terminal() -> Console:

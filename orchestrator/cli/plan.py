@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -12,7 +11,7 @@ from ..exitcodes import documented
 from ..files import writable
 from ..store import Store
 from . import options, render
-from .output import emit, stored_argv, terminal
+from .output import stored_argv, write_report
 
 
 @click.command()
@@ -38,11 +37,6 @@ def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_
                                 forks=forks, preflight=not no_preflight)
     writable(output)
     with Store() as store:
-        report = plan_mod.run(opts, store, stored_argv(), options.prometheus_client())
-    if fmt == "json":
-        emit(json.dumps(report, indent=2) + "\n", output)
-    elif output:
-        emit(render.plan_text(report), output)
-    else:
-        render.print_plan(report, terminal())
+        report = plan_mod.run(opts, store, stored_argv(), options.prometheus_client(),
+                              lambda r: write_report(r, fmt, output, render.print_plan))
     sys.exit(report["summary"]["exit_code"])

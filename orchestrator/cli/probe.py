@@ -44,6 +44,6 @@ def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, 
                                   engine=engine, command=canary, samples=samples, warmup_s=warmup_s, trial_s=trial_s,
                                   forks=forks, preflight=not no_preflight)
     with Store() as store:
-        report = probe_mod.run(opts, store, stored_argv(), run_notes())
-    write_report(report, fmt, output, render.print_probe)
+        report = probe_mod.run(opts, store, stored_argv(), run_notes(),
+                               lambda r: write_report(r, fmt, output, render.print_probe))
     sys.exit(report["summary"]["exit_code"])

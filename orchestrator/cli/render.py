@@ -3,7 +3,6 @@ summary."""
 
 from __future__ import annotations
 
-import io
 import statistics
 from typing import Any
 
@@ -16,7 +15,7 @@ from ..exitcodes import Exit
 from ..sanitize import clean, clean_line
 
 def safe(value: object, style: str = "") -> Text:
-    """VALUE for a rich table cell or title: Text (never parsed as markup), cleaned."""
+    """VALUE for a rich table cell or title: Text (never parsed as markup), clean() (hidden characters escaped)."""
     return Text(clean(value), style=style)
 
 
@@ -173,8 +172,3 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
     console.print(Group(*[p for p in parts if p is not None]))
 
 
-def plan_text(report: dict[str, Any], width: int = 160) -> str:
-    """The table as plain text (for -o FILE)."""
-    buf = io.StringIO()
-    print_plan(report, Console(file=buf, width=width, force_terminal=False))
-    return buf.getvalue()

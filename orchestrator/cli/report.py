@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import click
 
 from ..exitcodes import Exit, documented
 from ..files import writable
-from ..store import HistoryError, Store
+from ..store import Store
 from . import options
 from .output import emit
 
@@ -37,7 +38,7 @@ def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
     if sign_key:
         signing.load_private(sign_key)  # a bad key is an input error before anything is written
     writable(output)
-    with Store(readonly=True) as store:
+    with Store(readonly=True) as store, store.snapshot():  # the head it states is that of the runs it reports
         doc = report_mod.build(store, since, until, limit)
     render = {"json": lambda d: json.dumps(d, indent=2) + "\n", "csv": report_mod.to_csv, "html": report_mod.to_html,
               "oscal": lambda d: json.dumps(report_mod.to_oscal(d), indent=2) + "\n"}
@@ -53,25 +54,26 @@ def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
 @click.option("--key", metavar="PUBKEY", help="The signer's ed25519 public key (PEM) the signature must be from.")
 @documented("report verify")
 def report_verify(head, signature, signed_file, key) -> None:
-    """Check the history's hash chain and name the first broken record (or, with --signature, an export's
-    signature)."""
+    """Check the history's hash chain and name the first broken record, and SQLite's integrity check of the file
+    (or, with --signature, an export's signature). All of it reads the history as of one moment: runs other
+    fleetctl processes record meanwhile never make it look broken."""
     from .. import chain, signing
     if signature:
         ok, line = signing.verify(signature, signed_file, key)
         click.echo(line)
         sys.exit(Exit.OK if ok else Exit.FINDINGS)
-    try:
-        with Store(readonly=True) as store:
+    lingering = []
+    with Store(readonly=True, check=False) as store, store.snapshot():
+        damage = store.damage(thorough=True)
+        try:
             verdict = chain.verify(store.db, head)
+            line = verdict.line()
             lingering = [r["id"] for r in store.interrupted_runs()]
-    except HistoryError as e:
-        if "damaged" not in str(e):
-            raise
-        click.echo(f"history damaged: {e}")
-        sys.exit(Exit.FINDINGS)
-    click.echo(verdict.line())
+        except sqlite3.DatabaseError as e:  # damage SQLite found too
+            verdict, line = None, f"history chain unreadable ({e})"
+    click.echo(f"{line}; SQLite integrity_check: {damage or 'ok'}")
     if lingering:
         click.echo(f"note: run{'s' if len(lingering) > 1 else ''} {', '.join(map(str, lingering))} never finished: "
                    "the process that ran them is gone (a crash, kill -9, a history that could not be written); "
                    "unfinished runs are not in the chain, and the next recorded run closes them as interrupted")
-    sys.exit(Exit.OK if verdict.ok else Exit.FINDINGS)
+    sys.exit(Exit.HISTORY if damage or verdict is None else Exit.OK if verdict.ok else Exit.FINDINGS)

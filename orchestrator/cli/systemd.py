@@ -9,7 +9,7 @@ import os
 import click
 from click.core import ParameterSource
 
-from .. import plan as plan_mod, runs, settings, systemd
+from .. import config as config_mod, notify, plan as plan_mod, redact, runs, settings, systemd
 from ..campaign import hooks
 from ..errors import InputError
 from ..exitcodes import documented
@@ -42,16 +42,20 @@ def parse(root: click.Group, argv: list[str]) -> click.Context:
 
 def check_commands(root: click.Group, units: systemd.Units) -> None:
     """Every command line of UNITS as fleetctl will parse it (durations too), and the upgrade's values as the upgrade
-    reads them (target, ramp, drain templates): refused here rather than at 02:00 on a Saturday."""
+    reads them (target, ramp, drain templates, notifications): refused here rather than at 02:00 on a Saturday."""
     if units.audit:
         parse(root, units.audit.argv)
     if units.window:
         parse(root, units.window.resume_argv)
-        p = parse(root, units.window.upgrade_argv).params
+    # The upgrade's values (else the audit's), with the settings file's over them, as the units will read them.
+    p = {**parse(root, units.window.upgrade_argv if units.window else units.audit.argv).params, **units.settings}
+    if units.window:
         plan_mod.parse_target(p["target"])
         if p.get("waves") is not None:
             plan_mod.parse_ramp(p["waves"])
         hooks.resolve(p.get("drain_preset"), p.get("drain"), p.get("undrain"))
+    notify.build(p["notify"], p["webhook"], p["webhook_format"], p["webhook_headers"], p["webhook_ca"],
+                 p["notify_timeout"])
 
 
 # ---- the units' commands from this one's options ----------------------------------------------------------
@@ -84,12 +88,6 @@ def given_words(ctx: click.Context, params: dict, passthrough: list[click.Option
 def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list[click.Option]) -> systemd.Units:
     p = params
     given = given_words(ctx, p, passthrough)
-    for name, flag in systemd.HOOK_PARAMS.items():
-        why = systemd.secret_in(p[name]) if any(n == name for n, _ in given) and p.get(name) else None
-        if why:
-            raise click.UsageError(f"{flag}: its arguments look like they hold a secret ({why}); it is not written "
-                                   "into a unit (world-readable, and `systemctl show` shows it to any user): set "
-                                   f"`{name}:` in the config file, which the units read (fleetctl config show)")
     if p["audit_output"] is not None and p["audit_schedule"] is None:
         raise click.UsageError("--audit-output needs --audit-schedule")
     if p["window"] is None:
@@ -110,10 +108,17 @@ def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list
     common = ([] if inventory is None else ["-i", inventory]) + ([] if baseline is None else ["-b", baseline]) \
         + ([] if limit is None else ["-l", limit])
 
+    # What the history keeps only part of (redact.ARGV_RULES: commands, URLs) goes into the settings file, root's
+    # alone; the rest onto the command lines.
+    text = {k.param: k.name for k in config_mod.KEYS if k.flag in redact.ARGV_RULES}
+    in_file = {text[name]: list(p[name]) if isinstance(p[name], tuple) else p[name]
+               for name, _ in given if name in text}
+    config_mod.check_flags(in_file)  # as the units will read the file
+
     def extra(*command: str) -> list[str]:
         """The given options COMMAND takes (--forks: the audit's too; the notification flags: all three)."""
         takes = {q.name for q in command_for(root, list(command))[0].params}
-        return [w for name, words in given if name in takes for w in words]
+        return [w for name, words in given if name in takes and name not in text for w in words]
 
     audit = window = None
     if p["audit_schedule"] is not None:
@@ -137,14 +142,8 @@ def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list
         resume = [exe, "campaign", "resume", "--interrupted", "--window", soft, *extra("campaign", "resume")]
         upgrade = [exe, "upgrade", "--to", target, "--yes", "--window", soft, *common, *extra("upgrade")]
         window = systemd.WindowUnit(systemd.calendar(p["window"], "--window"), duration_s, target, resume, upgrade)
-    return systemd.Units(audit, window, systemd.environment())
-
-
-def refuse_secret(ctx: click.Context, param: click.Parameter, value) -> None:
-    if value:
-        raise click.UsageError(f"{param.opts[0]} is not written into a unit (world-readable, and `systemctl show` "
-                               f"shows it to any user): set `{param.name}:` in the config file, which the units "
-                               "read (fleetctl config show)")
+    unit_settings = os.path.join(os.path.abspath(p["unit_dir"]), systemd.SETTINGS_FILE)
+    return systemd.Units(audit, window, in_file, {**systemd.environment(), config_mod.UNIT_ENV: unit_settings})
 
 
 # ---- the command group ----------------------------------------------------------------------------------
@@ -152,7 +151,7 @@ def refuse_secret(ctx: click.Context, param: click.Parameter, value) -> None:
 def systemd_group(root: click.Group) -> click.Group:
     """`fleetctl systemd`; the options of ROOT's `upgrade` (bar OWN_UPGRADE_PARAMS) are offered by `install`."""
     passthrough = [p for p in root.get_command(None, "upgrade").params
-                   if isinstance(p, click.Option) and p.name not in systemd.OWN_UPGRADE_PARAMS | systemd.SECRET_PARAMS]
+                   if isinstance(p, click.Option) and p.name not in systemd.OWN_UPGRADE_PARAMS]
 
     @click.group("systemd")
     def group() -> None:
@@ -160,11 +159,9 @@ def systemd_group(root: click.Group) -> click.Group:
 
     @group.command("install", epilog=f"The options from {passthrough[0].opts[-1] if passthrough else '--waves'} "
                    "on are `fleetctl upgrade`'s: each given goes into every unit command that takes it (--forks and "
-                   "the notification options also into the audit's and the resume's). --notify and --webhook are "
-                   "not written into units (world-readable): the units read them from the config file. Nor is a "
-                   "--drain or --undrain template whose arguments look like a secret (a token, password or key, "
-                   "credentials in a URL, a long random word): it is refused; set `drain:`/`undrain:` in the config "
-                   "file instead.")
+                   "the notification options also into the audit's and the resume's). Text (commands, URLs: "
+                   f"--drain, --notify, --webhook...) is not written into the units (world-readable): it goes into "
+                   f"{systemd.SETTINGS_FILE} beside them, mode 0600, which the units read over the config file.")
     @click.option("--audit-schedule", metavar="CALENDAR",
                   help="Audit on this systemd calendar expression: daily, hourly, 'Mon..Fri 06:00'.")
     @click.option("--audit-output", metavar="FILE",
@@ -178,8 +175,6 @@ def systemd_group(root: click.Group) -> click.Group:
     @options.limit("Ansible host pattern for both units.")
     @options.unit_dir(systemd.DEFAULT_UNIT_DIR)
     @click.option("--print", "print_only", is_flag=True, help="Print the units instead of writing them.")
-    @click.option("--notify", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
-    @click.option("--webhook", multiple=True, hidden=True, expose_value=False, callback=refuse_secret)
     @click.pass_context
     @documented("systemd install")
     def install_cmd(ctx, **params) -> None:

@@ -70,17 +70,20 @@ def test_campaign_table_and_exit_codes():
 
 # ---- the journal and the engine with scripted steps -------------------------------------------------------
 
-def plan_of(*waves: list[str], fail_at: list[int] | None = None, domains: dict[str, str] | None = None) -> dict:
-    """A recorded plan of WAVES; DOMAINS: host -> its NVLink domain (the budget then counts domains)."""
+def plan_of(*waves: list[str], fail_at: list[int] | None = None, domains: dict[str, str] | None = None,
+            gpus: dict[str, tuple[int, str]] | None = None) -> dict:
+    """A recorded plan of WAVES; DOMAINS: host -> its NVLink domain (the budget then counts domains); GPUS: host ->
+    (its GPU count, their model) as planning found them (default 2, unknown model)."""
     fail_at = fail_at or [1] + [2] * (len(waves) - 1)
-    domains = domains or {}
+    domains, gpus = domains or {}, gpus or {}
     return {"target": "570.86.15", "ramp": ["1", "100%"], "group_order": ["all"], "skipped": [], "excluded": [],
             "waves": [{"index": i, "size": len(w), "cumulative": 0,
                        "budget": {"canary": i == 1, "fail_at": fail_at[i - 1], "budget_hosts": None,
                                   "budget_percent": None, "unit": "domain" if domains else "host",
                                   "rule": f"fails at {fail_at[i - 1]}"},
                        "hosts": [{"name": h, "groups": [], "from_version": "550.163.01", "change": "upgrade",
-                                  "domain": domains.get(h)} for h in w]}
+                                  "domain": domains.get(h), "gpus": gpus.get(h, (2, None))[0],
+                                  "gpu_model": gpus.get(h, (2, None))[1]} for h in w]}
                       for i, w in enumerate(waves, 1)]}
 
 
@@ -118,13 +121,14 @@ class Script:
         return run
 
 
-def start(store, script, *waves, fail_at=None, observe=None, domains=None, **options):
+def start(store, script, *waves, fail_at=None, observe=None, domains=None, gpus=None, **options):
     """A campaign over WAVES driven by an engine given SCRIPT as its steps (and OBSERVE as its soak checks)."""
     names = [h for w in waves for h in w]
     fleet = inventory.Fleet("test", tuple(inventory.Host(n, ("all",)) for n in names), frozenset({"all"}), {})
     journal = Journal(store)
     run_id, _ = store.begin_run("campaign", [], "test", None, None)
-    cid, locked = journal.create(run_id, plan_of(*waves, fail_at=fail_at, domains=domains), options_of(**options))
+    cid, locked = journal.create(run_id, plan_of(*waves, fail_at=fail_at, domains=domains, gpus=gpus),
+                                 options_of(**options))
     return journal, cid, Engine(journal, journal.handle(cid), fleet, baseline_mod.load(None), parts(script, observe))
 
 

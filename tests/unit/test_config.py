@@ -135,7 +135,8 @@ def test_the_file_gives_defaults_and_a_flag_wins(tmp_path):
 
 def test_config_show_says_where_each_value_came_from(tmp_path):
     path = write(tmp_path / "config.yml", "inventory: inv/hosts.ini\nforks: 12\nwebhook:\n"
-                 "  - https://hooks.slack.com/services/T00/B00/SECRETPATH\nwebhook_format: slack\n")
+                 "  - https://hooks.slack.com/services/T00/B00/SECRETPATH\nwebhook_format: slack\n"
+                 "prometheus_url: https://fleet:s3cret@prom.example:9090/api-SECRETPATH\n")
     home = tmp_path / "home"
     env = {notify.HEADERS_ENV: "Authorization: Bearer s3cr3t"}
     proc = run_cli("config", "show", "--format", "json", "--forks", "3", "--notify", "pager {event}", home=home,
@@ -150,6 +151,8 @@ def test_config_show_says_where_each_value_came_from(tmp_path):
     assert (v["notify"]["value"], v["notify"]["source"]) == (["pager [arguments not shown]"], "flag")  # tokens
     assert (v["webhook"]["value"], v["webhook"]["source"]) == (["https://hooks.slack.com/…"], str(path))
     assert (v["webhook_format"]["value"], v["webhook_format"]["source"]) == ("slack", str(path))
+    assert v["prometheus_url"]["value"] == "https://prom.example:9090/…"  # no user, password or path
+    assert "s3cret" not in proc.stdout and "SECRETPATH" not in proc.stdout
     assert (v["fail_on"]["value"], v["fail_on"]["source"]) == ("high", "default")
     assert (v["notify_timeout"]["value"], v["notify_timeout"]["source"]) == ("10s", "default")
     assert (v["baseline"]["value"], v["baseline"]["source"]) == (None, "default")

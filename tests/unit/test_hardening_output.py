@@ -20,9 +20,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from rich.console import Console
 
-from orchestrator import cli, files, notify, upgrade
+from orchestrator import cli, files, notify, systemd, upgrade
 from orchestrator.campaign import progress
 from orchestrator.cli import campaign_view, render
 from orchestrator.errors import InputError
@@ -198,7 +199,7 @@ def test_csv_export_neutralises_formulas_from_hosts_inventories_and_baselines(tm
         for value in row.values():
             assert not value.startswith(("=", "+", "-", "@", "\t", "\r")), (value, row)
     assert rows[0]["groups"] == "'" + FORMULAS[0] + " all"  # a single quote first, the value otherwise kept
-    assert sorted(r["message"] for r in rows) == sorted("'" + f for f in FORMULAS)
+    assert sorted(r["message"] for r in rows) == sorted(["'" + f for f in FORMULAS[:4]] + ["\\t=1+1", "\\r=1+1"])
     doc = json.loads(fleetctl("report", home=home).stdout)  # JSON keeps the data as it is
     assert doc["hosts"][0]["groups"][0] == FORMULAS[0]
 
@@ -287,13 +288,14 @@ def main(monkeypatch, capsys, *args):
     ("--drain", "drain-node --key=ghp_16C7e42F292c6912E7710c838347Ae178B4a {node}"),
     ("--drain", "curl https://ops:hunter2@sched.example/drain/{node}"),
 ])
-def test_systemd_install_refuses_a_drain_template_holding_a_secret(unit_env, monkeypatch, capsys, flag, template):
+def test_systemd_install_keeps_a_drain_template_out_of_the_units(unit_env, monkeypatch, capsys, flag, template):
     code, out, err = main(monkeypatch, capsys, *unit_env.install, flag, template)
-    assert code == 2 and out == "" and err.count("\n") == 1, err
-    assert err.startswith(f"fleetctl: error: {flag}: its arguments look like they hold a secret") and \
-        f"set `{flag[2:]}:` in the config file" in err
-    assert SECRET not in err and "ghp_" not in err and "hunter2" not in err
-    assert list(unit_env.units.iterdir()) == []
+    assert code == 0 and err == "", err
+    held = unit_env.units / systemd.SETTINGS_FILE  # root's alone: the units read it
+    units = [p.read_text() for p in unit_env.units.iterdir() if p != held]
+    for secret in (SECRET, "ghp_", "hunter2"):
+        assert secret not in out and units and not any(secret in text for text in units)
+    assert stat.S_IMODE(held.stat().st_mode) == 0o600 and yaml.safe_load(held.read_text())[flag[2:]] == template
 
 
 def test_systemd_units_read_a_secret_drain_template_from_the_config_file(unit_env, monkeypatch, capsys):

@@ -557,6 +557,35 @@ def test_a_soak_failure_is_a_critical_soak_failed_naming_the_host_and_what_was_s
     assert "new Xid 119" in failed["summary"] and "new Xid 119" in failed["reason"]
     assert "no later wave starts" in failed["action"] and f"fleetctl campaign show {cid}" in failed["action"]
     assert "the soak after wave 1 failed" in received[3]["summary"]
+    assert "canary_metrics" not in failed  # no canary metric in the baseline
+
+
+def test_a_soak_failed_or_held_on_canary_metrics_carries_each_metrics_verdict(store, receivers):
+    """soak_failed (a metric failed) and halted (one could not be judged at the end of the soak, canary.on_missing:
+    hold) carry the observation's verdicts with their figures; the summary stays one line."""
+    from tests.unit.test_report import TENSOR, XID, Judged
+
+    hook = receivers()
+    notifier = notify.build([], [hook.url()], "json", None, None, 5)
+    watch = Judged([TENSOR, XID], {("a", 1, "check"): TENSOR["reason"]})
+    journal, cid, engine = start(store, Script(), ["a"], ["b"], soak_s=[0.3], soak_interval_s=0.1, observe=watch)
+    assert drive(journal, cid, engine, notifier) == "rolled_back"
+    failed = next(valid(b) for b in hook.bodies() if b["event"] == "soak_failed")
+    tensor, xid = failed["canary_metrics"]
+    assert tensor == {k: TENSOR[k] for k in ("name", "verdict", "canary", "control", "change", "ci", "p_value",
+                                             "reason")}  # not the control hosts nor the window: campaign show has them
+    assert xid == {"name": "xid", "verdict": "missing", "canary": None, "control": None, "change": None, "ci": None,
+                   "p_value": None, "reason": XID["reason"]}
+    assert "\n" not in failed["summary"] and TENSOR["reason"] in failed["summary"]
+
+    hook = receivers()
+    notifier = notify.build([], [hook.url()], "json", None, None, 5)
+    watch = Judged([dict(TENSOR, verdict="no_verdict")], hold="canary metric not judged at the end of the soak")
+    journal, cid, engine = start(store, Script(), ["c"], ["d"], soak_s=[0.3], soak_interval_s=0.1, observe=watch)
+    assert drive(journal, cid, engine, notifier) == "halted"
+    halted = next(valid(b) for b in hook.bodies() if b["event"] == "halted")
+    assert [(m["name"], m["verdict"], m["change"]) for m in halted["canary_metrics"]] == [
+        ("tensor_active", "no_verdict", -0.086)]
 
 
 def test_the_events_are_declared_once_and_the_schema_and_the_listener_agree():

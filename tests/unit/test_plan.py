@@ -130,7 +130,7 @@ def test_round_robin_across_groups_canary_first(device_facts):
     assert p["waves"][-1]["cumulative"] == 13
     host = first["hosts"][0]
     assert host == {"name": "h100-1", "groups": ["gpu", "h100"], "from_version": "550.163.01", "change": "upgrade",
-                    "domain": None}
+                    "domain": None, "gpus": 1, "gpu_model": "NVIDIA H100 80GB HBM3"}  # the canary metrics' cohort
     assert p["skipped"] == [] and p["excluded"] == []
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 from orchestrator import schemas
 from orchestrator.exitcodes import Exit
 from tests.cli_helpers import fleetctl
+from tests.unit.test_campaign_engine import store  # noqa: F401  (fixture)
 from tests.unit.test_chain import history, pristine, tamper  # noqa: F401  (fixtures)
 
 
@@ -125,3 +127,52 @@ def test_signed_exports_verify_and_a_changed_byte_or_another_key_does_not(histor
         assert bad.returncode in (1, 2) and ("does not match" in bad.stdout or "not JSON" in bad.stderr), bad.stdout
     assert fleetctl("report", "--sign", str(tmp_path / "auditor.pem"), home=history).returncode == 2  # needs -o
     assert fleetctl("report", "-o", str(tmp_path / "x"), "--sign", str(keys["auditor"]), home=history).returncode == 2
+
+
+# ---- the canary metrics (docs/canary.md) ------------------------------------------------------------------
+
+TENSOR = {"name": "tensor_active", "kind": "level", "verdict": "fail", "canary": 0.431, "control": 0.453,
+          "change": -0.086, "ci": [-0.095, -0.033], "p_value": 6.4e-05, "samples": {"canary": 12, "control": 36},
+          "window": ["2026-03-01T10:00:00.000", "2026-03-01T12:00:00.000"], "control_hosts": ["b"],
+          "reason": "tensor_active: canary 0.431 vs control 0.453 (-8.6%, 95% CI -9.5% .. -3.3%), p=6.4e-05: "
+                    "past the 3% tolerated"}
+XID = {"name": "xid", "verdict": "missing", "reason": "xid: no series for any control host"}
+
+
+class Judged:
+    """soak.observe as test_campaign_engine.Watch (FAILURES: (host, gap, kind) -> reason), every observation
+    judging the canary metrics as VERDICTS; HOLD: what the end-of-soak gate holds the campaign for."""
+
+    def __init__(self, verdicts, failures=None, hold=None):
+        from tests.unit.test_campaign_engine import Watch
+        self.watch, self.verdicts, self.hold = Watch(failures), verdicts, hold
+
+    def __call__(self, ctx, hosts, final):
+        out = self.watch(ctx, hosts, final)
+        for o in out.values():
+            o.detail["canary_metrics"] = self.verdicts
+            if final and self.hold:
+                o.detail["hold"] = self.hold
+        return out
+
+
+def test_a_campaigns_canary_metric_verdicts_are_in_the_json_and_the_html_report(store):  # noqa: F811
+    """The soak failed the canary on a metric: the report carries each metric's latest verdict with its figures,
+    and the page shows them in a row each, the failing verdict in the failing colour."""
+    from orchestrator import report as report_mod
+    from tests.unit.test_campaign_engine import SOAKING, Script, start
+
+    watch = Judged([TENSOR, XID], {("a", 1, "check"): TENSOR["reason"]})
+    assert start(store, Script(), ["a"], ["b"], observe=watch, **SOAKING)[2].run() == "rolled_back"
+    assert start(store, Script(), ["c"])[2].run() == "done"  # no soak, no metrics
+    doc = report_mod.build(store)  # valid against the schema, or it raises
+    judged, plain = (c["canary_metrics"] for c in doc["campaigns"])
+    assert plain is None and (judged["gap"], judged["kind"]) == (1, "check") and judged["metrics"] == [TENSOR, XID]
+    html = report_mod.to_html(doc)
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"<tr><td>(\w+)</td>.*?</tr>", html, re.S)}
+    assert all(f"<td>{x}</td>" in rows["tensor_active"] for x in ("0.431", "0.453", "-8.6%", "-9.5% .. -3.3%",
+                                                                  "6.4e-05")), rows["tensor_active"]
+    assert '<td class="fail">fail</td>' in rows["tensor_active"]
+    assert '<td class="missing">missing</td>' in rows["xid"] and "no series for any control host" in rows["xid"]
+    assert html.count("<caption>Campaign") == 1
+    assert re.search(r"<caption>Campaign 1 to \S+: soak check\s+after wave 1", html)

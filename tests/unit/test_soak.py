@@ -7,12 +7,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from orchestrator import probe
 from orchestrator.campaign import soak, steps
+from orchestrator.timefmt import parse, stamp
 from tests.unit.test_campaign_engine import Script, start, store  # noqa: F401 (the fixture)
 
 REAL = json.loads((Path(__file__).parents[1] / "testdata/probe/h100-580.159.04-trial1.0-warmup20-n10.json").read_text())
@@ -33,13 +35,12 @@ class WithProbes(Script):
         return with_probe
 
 
-@pytest.fixture
-def soaking(store):
-    """A campaign soaking after its canary 'a' (wave 2: 'b'), stopped before its first check; its context."""
+def soaking_after(store, later: list[str], gpus=None):
+    """A campaign soaking after its canary 'a' (wave 2: LATER), stopped before its first check; its context."""
     def stop(ctx, hosts, final):
         raise KeyboardInterrupt("stop")
-    journal, cid, engine = start(store, WithProbes(), ["a"], ["b"], soak_s=[3600], soak_interval_s=60,
-                                 soak_grace_s=300, canary=None, canary_max_failures=0, observe=stop)
+    journal, cid, engine = start(store, WithProbes(), ["a"], later, soak_s=[3600], soak_interval_s=60,
+                                 soak_grace_s=300, canary=None, canary_max_failures=0, observe=stop, gpus=gpus)
     with pytest.raises(KeyboardInterrupt):
         engine.run()
     assert journal.campaign(cid)["state"] == "soaking" and soak.watched(journal, cid) == ["a"]
@@ -47,6 +48,11 @@ def soaking(store):
     ctx.befores = {r["host"]: json.loads(r["before"]) for r in journal.hosts(cid) if r["before"]}
     ctx.befores["a"]["gpus"] = REAL["health"]["gpu_count"]  # the precheck of the captured H100
     return ctx
+
+
+@pytest.fixture
+def soaking(store):
+    return soaking_after(store, ["b"])
 
 
 def answer(monkeypatch, result=None, reachable=True, error=None):
@@ -171,3 +177,118 @@ def test_a_soak_watches_only_changed_hosts_on_the_target(soaking):
     assert rows["a"]["changed"] and not rows["b"]["changed"]
     assert soak.watched(soaking.journal, soaking.campaign) == ["a"]
     assert steps.STEPS  # the real step table is back after the fixture
+
+
+# ---- the canary metrics: the canary cohort against the control cohort, from a Prometheus's answers ----------
+
+TENSOR = 'avg by (Hostname) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"{hosts}"})'
+XIDS = 'sum by (Hostname) (DCGM_EXP_XID_ERRORS_TOTAL{Hostname=~"{hosts}"})'
+
+
+class Prometheus:
+    """What a Prometheus answers the soak's range queries: every host's tensor activity (0.45, its own offset, 1%
+    noise) x DURING while the window asked starts after the canary came back (x 1 before), x CANARY on 'a'; or,
+    for the Xid query, a counter rising by XIDS[host] over the window. Records the queries."""
+
+    def __init__(self, during=1.0, canary=1.0, xids=None):
+        self.during, self.canary, self.xids, self.queries = during, canary, xids or {}, []
+
+    def range(self, query, start, end, step, host_label="Hostname"):
+        import random
+        self.queries.append((query, start, end))
+        rng, now = random.Random(len(self.queries)), start >= self.back
+        times = [start + k * step for k in range(int((end - start) / step) + 1)]
+        out = {}
+        for i, host in enumerate("abcd"):
+            if host not in query:
+                continue
+            if "XID" in query:
+                out[host] = [(t, self.xids.get(host, 0) * k / (len(times) - 1)) for k, t in enumerate(times)]
+            else:
+                level = 0.45 * (1 + 0.01 * i) * (self.during * (self.canary if host == "a" else 1) if now else 1)
+                out[host] = [(t, level * (1 + 0.01 * rng.gauss(0, 1))) for t in times]
+        return out
+
+
+def with_metrics(ctx, tmp_path, prometheus, *metrics):
+    from orchestrator import baseline
+    path = tmp_path / "canary.yml"
+    path.write_text("schema_version: 1\nname: t\ngroups:\n  all:\n    canary:\n      min_samples: 4\n"
+                    "      metrics:\n" + "".join(f"        - {m}\n" for m in metrics))
+    ctx.base = baseline.load(str(path))
+    ctx.prometheus = prometheus
+    for step in ("drain", "undrain"):  # the canary came back 20 minutes ago: a window of samples since
+        for key in ("started_at", "finished_at"):
+            [(was,)] = ctx.journal.db.execute(f"SELECT {key} FROM campaign_steps WHERE campaign_id=? AND host='a' "
+                                              "AND step=?", (ctx.campaign, step))
+            ctx.journal.db.execute(f"UPDATE campaign_steps SET {key}=? WHERE campaign_id=? AND host='a' AND step=?",
+                                   (stamp(parse(was) - timedelta(minutes=20)), ctx.campaign, step))
+    prometheus.back = soak._step_time(ctx, "a", "undrain", "finished_at")
+    return ctx
+
+
+def tensor(ctx, tmp_path, prometheus):
+    return with_metrics(ctx, tmp_path, prometheus, f"{{name: tensor_active, query: '{TENSOR}', host_label: Hostname, "
+                                                    "good: higher, max_change: 3%}")
+
+
+def slower(factor):
+    result = copy.deepcopy(REAL)
+    for s in result["throughput"]["samples"]:
+        s["value"] *= factor
+    return result
+
+
+def test_a_fleet_wide_drift_the_control_cohort_shows_excuses_the_end_of_soak_self_comparison(store, tmp_path,
+                                                                                              monkeypatch):
+    """Every host 8% slower during the soak, canary and control alike: the canary against itself fails, the canary
+    against the control passes and says the control moved 8%; less that drift the gate passes: no failure, and the
+    record has both verdicts."""
+    ctx = tensor(soaking_after(store, ["b", "c", "d"]), tmp_path, Prometheus(during=0.92))
+    o = observe(ctx, monkeypatch, slower(0.92), final=True)
+    assert o.status == "ok", (o.reason, o.detail.get("canary_metrics")[0]["reason"])
+    assert o.detail["gate"]["status"] == "fail"  # the self-comparison alone
+    assert o.detail["gate_less_drift"]["status"] == "pass" and o.detail["gate_less_drift"]["metric"] == "tensor_active"
+    assert o.detail["gate_less_drift"]["moved"] == pytest.approx(-0.08, abs=0.01)
+    [metric] = o.detail["canary_metrics"]
+    assert metric["verdict"] == "pass" and metric["control_hosts"] == ["b", "c", "d"]
+    said = next(n for n in o.detail["seen"] if n.startswith("throughput at the end of the soak against itself"))
+    assert "below 0.95x" in said and "control cohort moved -8" in said and said.endswith("drift, pass")
+
+
+def test_a_drift_excuses_no_more_than_itself_nor_a_canary_its_metrics_fail(store, tmp_path, monkeypatch):
+    """The fleet 8% slower and the canary 20% on its own probe: still a failure; the canary 6% below its controls on
+    top of the drift: the metric fails and nothing is excused."""
+    ctx = tensor(soaking_after(store, ["b", "c", "d"]), tmp_path, Prometheus(during=0.92))
+    o = observe(ctx, monkeypatch, slower(0.80), final=True)
+    assert o.status == "fail" and o.reason.startswith("end of the soak: throughput:")
+    assert o.detail["gate_less_drift"]["status"] == "fail"
+    ctx.prometheus.canary = 0.94
+    o = observe(ctx, monkeypatch, slower(0.92), final=True)
+    assert o.status == "fail" and o.reason.endswith("(+1 more: canary metrics)") and "gate_less_drift" not in o.detail
+    assert any(n.startswith("tensor_active: canary") and "past the 3% tolerated" in n for n in o.detail["seen"])
+
+
+def test_the_control_cohort_is_the_group_hosts_of_the_canarys_gpu_model_not_changed_yet(store, tmp_path,
+                                                                                         monkeypatch):
+    """'d' carries other GPUs: it is in no query and no cohort; the Xid rate counts each host's GPUs as the plan
+    found them (the canary's 8 against 2 + 2), and more Xids per GPU-hour on the canary fail it."""
+    models = {"a": (8, "NVIDIA H100 80GB HBM3"), "b": (2, "NVIDIA H100 80GB HBM3"), "c": (2, "NVIDIA H100 80GB HBM3"),
+              "d": (8, "NVIDIA H200")}
+    ctx = with_metrics(soaking_after(store, ["b", "c", "d"], gpus=models), tmp_path, Prometheus(xids={"a": 12}),
+                       f"{{name: xid, query: '{XIDS}', host_label: Hostname, good: lower, max_change: 50%, kind: rate}}")
+    o = observe(ctx, monkeypatch, copy.deepcopy(REAL), final=True)
+    [metric] = o.detail["canary_metrics"]
+    assert metric["control_hosts"] == ["b", "c"] and all('"d"' not in q and "|d)" not in q
+                                                          for q, _, _ in ctx.prometheus.queries)
+    assert metric["gpu_hours"]["canary"] == pytest.approx(2 * metric["gpu_hours"]["control"])
+    assert o.status == "fail" and o.reason.startswith("end of the soak: xid: canary") and metric["verdict"] == "fail"
+
+
+def test_a_plan_lists_a_control_cohort_per_group_and_gpu_model():
+    from orchestrator import plan
+    h = lambda name, model: {"name": name, "groups": ["all", "gpu"], "gpu_model": model}  # noqa: E731
+    made = {"waves": [{"index": 1, "hosts": [h("a", "H100")]},
+                      {"index": 2, "hosts": [h("b", "H100"), h("c", "H200"), h("d", None)]}]}
+    assert plan.control_cohorts(made) == {"1": {"gpu (H100)": ["b"]}, "2": {"gpu (H100)": [], "gpu (H200)": [],
+                                                                             "gpu": []}}

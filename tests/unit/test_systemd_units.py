@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, settings, systemd
+from orchestrator import cli, config, settings, systemd
 from orchestrator.cli import systemd as systemd_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def unit_names(directory: Path) -> set[str]:
 def test_every_unit_verifies_clean_and_holds_what_was_asked(env, monkeypatch, capsys):
     code, out, err = fleetctl(monkeypatch, capsys, *full_install(env))
     assert (code, err) == (0, ""), err
-    assert unit_names(env["units"]) == set(systemd.UNIT_NAMES)
+    assert unit_names(env["units"]) == set(systemd.FILE_NAMES)
     paths = [env["units"] / n for n in systemd.UNIT_NAMES]
     assert verify(paths) == ""  # not one warning
     for p in paths:
@@ -170,20 +170,23 @@ def test_every_unit_verifies_clean_and_holds_what_was_asked(env, monkeypatch, ca
     assert window["Restart"] == ["no"]
     # The history and the config file (defaults, notifications) the installing shell uses, whatever systemd's
     # $HOME: a space in a value is fine, systemd reads one word per setting.
-    assert sorted(window["Environment"]) == [f"FLEETCTL_CONFIG={env['config']}", f"FLEETCTL_HOME={env['home']}"]
+    settings_file = env["units"] / systemd.SETTINGS_FILE
+    assert sorted(window["Environment"]) == [f"FLEETCTL_CONFIG={env['config']}", f"FLEETCTL_HOME={env['home']}",
+                                             f"FLEETCTL_UNIT_SETTINGS={settings_file}"]
     # The resume runs before the upgrade: it is the only ExecStartPre=, the upgrade the only ExecStart=.
     (pre,), (main,) = window["ExecStartPre"], window["ExecStart"]
     resume, upgrade = argv_of(pre), argv_of(main)
     assert resume == [FLEETCTL, "campaign", "resume", "--interrupted", "--window", "3h"]
     assert upgrade[:7] == [FLEETCTL, "upgrade", "--to", "570.86.15", "--yes", "--window", "3h"]
-    assert upgrade[upgrade.index("--drain") + 1] == DRAIN  # through systemd's quoting, byte for byte
-    assert upgrade[upgrade.index("-i") + 1] == env["inventory"]
+    assert "--drain" not in upgrade and upgrade[upgrade.index("-i") + 1] == env["inventory"]
 
     # ... and fleetctl's own parser takes both as the operator meant them.
     params = systemd_cli.parse(cli.cli, upgrade).params
     assert (params["target"], params["yes"], params["dry_run"], params["window"]) == ("570.86.15", True, False, 10800)
-    assert (params["waves"], params["soak"], params["drain_preset"], params["drain"]) == \
-        ("1,50%,100%", (600,), "slurm", DRAIN)
+    assert (params["waves"], params["soak"], params["drain_preset"]) == ("1,50%,100%", (600,), "slurm")
+    # The drain template is in the settings file, byte for byte, as the units' fleetctl reads it over the config file.
+    monkeypatch.setenv("FLEETCTL_UNIT_SETTINGS", str(settings_file))
+    assert config.load().values["drain"] == DRAIN
     assert upgrade[upgrade.index("--soak") + 1] == "10m"
     assert (params["samples"], params["no_preflight"], params["baseline"]) == (7, True, env["baseline"])
     assert params["idle_timeout"] == 300  # 5m, not given: left to fleetctl's default, not written into the unit
@@ -222,7 +225,8 @@ def test_duration_margin_and_a_calendar_with_ranges(env, monkeypatch, capsys):
                             "--duration", "90m", "--margin", "30m", "--to", "570.86.15",
                             "--unit-dir", str(env["units"]))
     assert (code, err) == (0, "")
-    assert unit_names(env["units"]) == {"fleetctl-window.service", "fleetctl-window.timer"}  # no audit asked for
+    assert unit_names(env["units"]) == {"fleetctl-window.service", "fleetctl-window.timer",
+                                        systemd.SETTINGS_FILE}  # no audit asked for
     assert verify([env["units"] / "fleetctl-window.service", env["units"] / "fleetctl-window.timer"]) == ""
     service = dump(env["units"] / "fleetctl-window.service")
     assert service["RuntimeMaxSec"] == ["1h 30min"] == service["TimeoutStartSec"]  # the hard bound: all of it
@@ -269,11 +273,11 @@ def test_uninstall_removes_what_install_wrote_and_nothing_else(env, monkeypatch,
     (units / "fleetctl-window.service.d" / "alert.conf").write_text("[Unit]\nOnFailure=page.service\n")
     before = unit_names(units)
     assert fleetctl(monkeypatch, capsys, *full_install(env))[0] == 0
-    assert unit_names(units) == before | set(systemd.UNIT_NAMES)
+    assert unit_names(units) == before | set(systemd.FILE_NAMES)
     code, out, err = fleetctl(monkeypatch, capsys, "systemd", "uninstall", "--unit-dir", str(units))
     assert (code, err) == (0, "")
     assert unit_names(units) == before
-    assert out.count("removed ") == 4
+    assert out.count("removed ") == 5
     assert fleetctl(monkeypatch, capsys, "systemd", "uninstall", "--unit-dir", str(units))[1].startswith(
         "nothing to uninstall")
 
@@ -287,7 +291,7 @@ def test_a_foreign_unit_of_the_same_name_is_never_overwritten_nor_removed(env, m
     assert unit_names(units) == {"fleetctl-window.timer"}  # nothing written, not even the other units
     code, out, err = fleetctl(monkeypatch, capsys, *full_install(env)[:6], "--unit-dir", str(units))
     assert code == 0 and unit_names(units) == {"fleetctl-window.timer", "fleetctl-audit.service",
-                                               "fleetctl-audit.timer"}
+                                               "fleetctl-audit.timer", systemd.SETTINGS_FILE}
     code, out, _ = fleetctl(monkeypatch, capsys, "systemd", "uninstall", "--unit-dir", str(units))
     assert code == 0 and f"left alone (not written by fleetctl): {foreign}" in out
     assert unit_names(units) == {"fleetctl-window.timer"}
@@ -306,8 +310,9 @@ def test_print_writes_nothing(env, monkeypatch, capsys):
     code, out, err = fleetctl(monkeypatch, capsys, *full_install(env, "--print"))
     assert (code, err) == (0, "")
     assert unit_names(env["units"]) == set()
-    for name in systemd.UNIT_NAMES:
+    for name in systemd.FILE_NAMES:
         assert f"# {env['units'] / name}\n{systemd.MARKER}" in out
+    assert "drain: echo [arguments not shown]" in out and DRAIN not in out  # as `config show` shows it
     assert "systemctl" not in out.split("[Install]")[-1]  # no instructions, no systemctl run
 
 
@@ -453,15 +458,40 @@ def test_shared_options_go_to_every_command_that_takes_them(env, monkeypatch, ca
         systemd_cli.parse(cli.cli, argv)
 
 
-@pytest.mark.parametrize("flag, value", [("--webhook", "https://hooks.example.com/services/T0/B0/secret"),
-                                         ("--notify", "page --token s3cret")])
-def test_secrets_are_not_written_into_units(env, monkeypatch, capsys, flag, value):
-    """A unit file is world-readable and `systemctl show` shows command lines to any user: webhooks and
-    --notify commands belong in the config file the units read (FLEETCTL_CONFIG)."""
-    code, out, err = fleetctl(monkeypatch, capsys, *full_install(env, flag, value))
-    assert code == 2 and out == "" and err.count("\n") == 1 and value not in err
-    assert f"{flag} is not written into a unit" in err and "config file" in err
-    assert unit_names(env["units"]) == set()
+SECRETS = [("--drain", "curl -u admin:hunter2pass https://bmc/{host}"), ("--undrain", "sshpass -p hunter2 ssh {host} x"),
+           ("--canary", "mysql -phunter2 -e 'select 1'"), ("--notify", "page --token s3cret {event}"),
+           ("--webhook", "https://hooks.example.com/services/T0/B0/secret")]
+
+
+@needs_analyze
+def test_text_settings_go_into_a_root_only_file_never_into_a_unit(env, monkeypatch, capsys):
+    """A unit file is world-readable and `systemctl show` (and `ps`) show command lines to any user: the commands
+    and URLs given to `systemd install` are in a file of mode 0600 the units name, read over the config file."""
+    env_config = env["config"]
+    with open(env_config, "w") as fh:
+        fh.write("notify: [notify-send]\ndrain_preset: slurm\n")
+    given = [w for flag, value in SECRETS for w in (flag, value)]
+    code, out, err = fleetctl(monkeypatch, capsys, *full_install(env)[:-2], *given, "--unit-dir", str(env["units"]))
+    assert (code, err) == (0, ""), err
+    units = [env["units"] / n for n in systemd.UNIT_NAMES]
+    assert verify(units) == ""
+    for path in units:
+        assert not any(value in path.read_text() for _, value in SECRETS)
+        assert "hunter2" not in path.read_text() and "s3cret" not in path.read_text()
+    window = dump(env["units"] / "fleetctl-window.service")
+    for command in (*window["ExecStartPre"], *window["ExecStart"]):
+        assert not {"--drain", "--undrain", "--canary", "--notify", "--webhook"} & set(argv_of(command))
+    settings_file = env["units"] / systemd.SETTINGS_FILE
+    assert settings_file.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setenv("FLEETCTL_UNIT_SETTINGS", str(settings_file))  # as the units' fleetctl reads them
+    values = config.load().values
+    assert {k: values[k] for k in ("drain", "undrain", "canary")} == {k[2:]: v for k, v in SECRETS[:3]}
+    assert (values["notify"], values["webhook"], values["drain_preset"]) == ([SECRETS[3][1]], [SECRETS[4][1]], "slurm")
+    shown = fleetctl(monkeypatch, capsys, "config", "show")[1]
+    assert f"drain                curl [arguments not shown]  ({settings_file})" in shown and "hunter2" not in shown
+    # A later install with none of them leaves no stale secret behind.
+    assert fleetctl(monkeypatch, capsys, *full_install(env))[0] == 0
+    assert "hunter2" not in settings_file.read_text() and settings_file.stat().st_mode & 0o777 == 0o600
 
 
 def test_audit_only_takes_the_options_the_audit_has(env, monkeypatch, capsys):

@@ -1,0 +1,91 @@
+"""A damaged history (issue 36): a real history with a few runs and a campaign, one 4 KiB page of it overwritten with
+random bytes (the first page, one in the middle, the last). Every command that opens it says so in one line and
+exits 74, none writes into it, and `report verify` reports SQLite's integrity check beside the chain."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+
+import pytest
+
+from orchestrator.exitcodes import Exit
+from orchestrator.store import Store
+from tests.cli_helpers import fleetctl
+from tests.unit.test_campaign_engine import Script, start
+
+COMMANDS = [("audit",), ("plan", "--to", "580.65.06"), ("metrics",), ("report",), ("campaign", "list"),
+            ("campaign", "show", "1")]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """Audit runs (a few pages of findings each) and a finished campaign, written by the real Store and engine."""
+    home = tmp_path_factory.mktemp("history")
+    with Store(home / "history.sqlite3") as store:
+        for _ in range(6):
+            run_id, _ = store.begin_run("audit", [], "test", None, None)
+            store.finish_run(run_id, 0, {"exit_code": 0}, [
+                {"name": f"gpu-{h}", "reachable": True, "groups": [], "facts": {"driver": "x" * 3000},
+                 "findings": [{"control": f"c.{i}", "severity": "critical", "status": "pass", "message": "m" * 200,
+                               "evidence": {}, "remediation": None} for i in range(20)]} for h in range(4)])
+        _, _, engine = start(store, Script(), ["gpu-a"], ["gpu-b"])
+        assert engine.run() == "done"
+    with sqlite3.connect(home / "history.sqlite3") as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert db.execute("PRAGMA page_size").fetchone()[0] == 4096
+        assert db.execute("PRAGMA page_count").fetchone()[0] > 40
+    return (home / "history.sqlite3").read_bytes()
+
+
+def damage(home, pristine: bytes, where: str) -> str:
+    """Overwrite one page of a copy of PRISTINE in HOME; the damaged file's digest."""
+    pages = len(pristine) // 4096
+    page = {"first": 0, "middle": pages // 2, "last": pages - 1}[where]
+    data = bytearray(pristine)
+    data[page * 4096:(page + 1) * 4096] = os.urandom(4096)
+    (home / "history.sqlite3").write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def unchanged(home, before: str) -> bool:
+    """The file's bytes as they were (digest BEFORE), and nothing waiting in its write-ahead log to go into it."""
+    wal = home / "history.sqlite3-wal"
+    return (hashlib.sha256((home / "history.sqlite3").read_bytes()).hexdigest() == before
+            and (not wal.exists() or wal.stat().st_size == 0))
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_damaged_history_is_one_line_exit_74_and_never_written(tmp_path, pristine, where):
+    before = damage(tmp_path, pristine, where)
+    for args in COMMANDS:
+        proc = fleetctl(*args, home=tmp_path)
+        assert proc.returncode == Exit.HISTORY, (args, proc.returncode, proc.stdout[-300:], proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+            f"fleetctl: error: {tmp_path / 'history.sqlite3'}: the history: it is damaged ("), (args, proc.stderr)
+        assert unchanged(tmp_path, before), args
+
+
+@pytest.mark.parametrize("where", ["middle", "last"])
+def test_verify_reports_sqlites_integrity_check_and_the_chain(tmp_path, pristine, where):
+    before = damage(tmp_path, pristine, where)
+    proc = fleetctl("report", "verify", home=tmp_path)
+    assert proc.returncode == Exit.HISTORY and proc.stdout.count("\n") == 1, proc.stdout + proc.stderr
+    chain, sqlite = proc.stdout.strip().split("; SQLite integrity_check: ")
+    assert chain.startswith("history chain "), chain
+    assert sqlite != "ok" and "page" in sqlite.lower(), sqlite
+    assert unchanged(tmp_path, before)
+
+
+def test_verify_of_a_file_that_is_not_a_database_any_more(tmp_path, pristine):
+    damage(tmp_path, pristine, "first")
+    proc = fleetctl("report", "verify", home=tmp_path)
+    assert proc.returncode == Exit.HISTORY and proc.stderr.count("\n") == 1 and "damaged" in proc.stderr, proc.stderr
+
+
+def test_an_intact_history_verifies_by_both(tmp_path, pristine):
+    (tmp_path / "history.sqlite3").write_bytes(pristine)
+    proc = fleetctl("report", "verify", home=tmp_path)
+    assert proc.returncode == Exit.OK and proc.stdout.startswith("history chain intact: ")
+    assert proc.stdout.endswith("; SQLite integrity_check: ok\n"), proc.stdout
