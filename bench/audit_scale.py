@@ -9,6 +9,8 @@ interleaved, measures wall time and the controller's CPU seconds (user+sys of ev
   fleetctl    `fleetctl audit -l <N hosts>` (one module call per host, pipelining, no fact gathering)
   per-check   ansible-playbook bench/playbooks/task_per_check_audit.yml: gather_facts + one task per check
   +mitogen    `fleetctl audit` with mitogen's strategy, when `import ansible_mitogen` works (pip install mitogen)
+  +2nodes     `fleetctl audit` through two execution nodes (config execution_nodes): two local `ansible-runner
+              worker`s, each serving half the hosts
 Every run starts cold: a fresh SSH control directory, its masters killed afterwards. The lab's hosts share this
 machine's cores with the controller, so the figures include their sshd and Python time on the same CPUs.
 """
@@ -98,6 +100,17 @@ def mitogen_env() -> dict[str, str] | None:
     return {"ANSIBLE_STRATEGY_PLUGINS": str(strategy), "ANSIBLE_STRATEGY": "mitogen_linear"}
 
 
+def two_nodes(hosts: list[state.HostRecord], workdir: Path) -> dict[str, str]:
+    """The environment of a config file whose two execution nodes, local workers, each serve half of HOSTS."""
+    halves = [hosts[:len(hosts) // 2], hosts[len(hosts) // 2:]]
+    worker = f"{Path(sys.executable).parent / 'ansible-runner'} worker"
+    nodes = [{"name": f"node{i}", "worker": worker, "hosts": [h.name for h in half]}
+             for i, half in enumerate(halves, 1)]
+    config = workdir / f"two-nodes-{len(hosts)}.yml"
+    config.write_text(json.dumps({"execution_nodes": nodes}))
+    return {"FLEETCTL_CONFIG": str(config)}
+
+
 def check_audit(home: Path, n: int) -> None:
     report = json.loads((home / "last.json").read_text())
     reached = sum(1 for h in report["hosts"] if h["reachable"] and not h["error"])
@@ -135,6 +148,7 @@ def main() -> None:
                            "per-check": per_check(lab, hosts)}
                 if mitogen:
                     methods["fleetctl+mitogen"] = fleetctl_audit(lab, hosts, work / "home", mitogen)
+                methods["fleetctl+2nodes"] = fleetctl_audit(lab, hosts, work / "home", two_nodes(hosts, work))
                 for name in args.skip.split(","):
                     methods.pop(name, None)
                 for _ in range(args.reps):

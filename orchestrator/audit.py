@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import baseline as baseline_mod, controls, domains, inputs, inventory, schemas, settings
 from .exitcodes import Exit
-from .store import Store
 
 if TYPE_CHECKING:
     from . import runner
+    from .store import Store  # imported where used: `fleetctl check` imports this module and needs no history
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,11 +58,14 @@ def evaluate_host(host: inventory.Host, outcome: runner.HostOutcome, base: basel
 
 
 def outcome_facts(outcome: runner.HostOutcome) -> tuple[Any, str | None]:
-    """The facts a host's gpu_facts returned and what makes them untrustworthy (too large, too deep, not valid)."""
-    facts = outcome.results.get("fleetctl.gpu.gpu_facts", {}).get("facts")
-    problem = inputs.dropped_result(outcome.results, "fleetctl.gpu.gpu_facts") \
-        or schemas.host_result_problem("host-facts", facts)
-    return facts, problem
+    """The facts a host's gpu_facts returned (as a dictionary, or as one JSON text: playbooks/audit.yml asks for
+    that, docs/benchmarks.md) and what makes them untrustworthy (too large, too deep, not JSON, not valid)."""
+    result = outcome.results.get("fleetctl.gpu.gpu_facts", {})
+    problem = inputs.dropped_result(outcome.results, "fleetctl.gpu.gpu_facts")
+    facts = result.get("facts")
+    if "facts_json" in result and problem is None:
+        facts, problem = inputs.json_text(result["facts_json"])
+    return facts, problem or schemas.host_result_problem("host-facts", facts)
 
 
 def evaluate_facts(host: inventory.Host, facts: Any, base: baseline_mod.Baseline,
@@ -112,6 +115,7 @@ def references(fleet: inventory.Fleet, history: Store | None) -> dict[str, dict[
     names, compared = [h.name for h in fleet.hosts], controls.reference_controls()
     if history is not None:
         return history.passing_facts(names, compared)
+    from .store import Store
     with Store() as store:
         return store.passing_facts(names, compared)
 

@@ -120,14 +120,16 @@ def non_string_key(node: Any, where: str = "$") -> tuple[str | None, Any]:
     return None, None
 
 
-def load(path: str | Path | None) -> Baseline:
+def load(path: str | Path | None, cached: bool = False) -> Baseline:
+    """The baseline at PATH (the embedded one: None), or one InputError line. CACHED: a file whose bytes were found
+    valid against the schema before is not validated against it again (schemas.check; `fleetctl check`)."""
     if isinstance(path, str) and not path.strip():  # "$BASELINE" unset: not silently the embedded one
         raise InputError(f"--baseline {path!r}: empty (a variable that is not set?)")
     path = Path(path) if path is not None else DEFAULT_PATH
     raw = inputs.read_regular(path, "baseline", inputs.MAX_DOCUMENT_BYTES)  # a FIFO, /dev/zero...: one line
     try:
         doc = inputs.load_yaml(raw, path)  # YAML too deep or full of aliases: one line
-        schemas.check("baseline", doc, inputs.shown(path))
+        schemas.check("baseline", doc, inputs.shown(path), raw if cached else None)
     except yaml.YAMLError as e:
         raise yaml_error(inputs.shown(path), e) from None
     except RecursionError:

@@ -1,7 +1,10 @@
 """fleetctl check: the audit's controls evaluated on the node itself (issue 23), for Slurm's HealthCheckProgram, a
 job prolog or a cron job: no SSH, no Ansible, no history. The facts come from the gpu_facts module's own Collector
 run in this process (its code, its parameters: the role's defaults and the baseline's Xid overrides), and are judged
-by the audit's own evaluate_facts, so `check` and `audit` say the same thing of the same facts.
+by the audit's own evaluate_facts, so `check` and `audit` say the same thing of the same facts. Kept quick, as Slurm
+runs it on every node every few minutes: a baseline whose bytes were validated before is not validated again (the
+cache: schemas.valid_marker), and the facts, made by the collector's code in this very process, are not held to the
+schema again (the audit holds a remote host's answer to it; the unit tests hold the collector's).
 
 A node is to drain (Exit.FINDINGS, as the audit's at --fail-on critical) when a control of critical severity failed or
 could not be verified; its other exit codes: exitcodes.BY_COMMAND["check"].
@@ -150,13 +153,13 @@ def run(opts: CheckOptions) -> dict[str, Any]:
     started, started_at = time.monotonic(), timefmt.now()
     if opts.textfile is not None and not Path(opts.textfile).is_dir():
         raise InputError(f"--textfile {opts.textfile}: not a directory")
-    base = baseline_mod.load(opts.baseline)
+    base = baseline_mod.load(opts.baseline, cached=True)
     unknown = sorted(set(opts.groups) - set(base.groups))
     if unknown:
         raise InputError(f"--group {unknown[0]}: not a group of baseline {base.name}")
     host = inventory.Host(name=node_name(opts.node), groups=("all", *opts.groups))
     facts = collect_facts(base.policy_for(list(host.groups)))
-    entry = audit.evaluate_facts(host, facts, base)
+    entry = audit.evaluate_facts(host, facts, base, checked=True)
     failing = critical_failures(entry["findings"])
     report: dict[str, Any] = {
         "host": entry["name"], "groups": entry["groups"], "checked_at": started_at,

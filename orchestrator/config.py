@@ -159,6 +159,9 @@ def shown(key: Setting, value: Any) -> Any:
         return redact.url(value)
     if key.name in COMMAND_KEYS and value:
         return [program_only(v) for v in value] if isinstance(value, list) else program_only(value)
+    if key is settings.EXECUTION_NODES and value:  # one line a node
+        return [f"{n['name']} ({n['worker']}): {n['hosts'] if isinstance(n['hosts'], str) else ','.join(n['hosts'])}"
+                for n in value]
     return value
 
 

@@ -15,6 +15,7 @@ file. What a host returns is held to bounds of the same kind (`result_problem`).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
@@ -475,6 +476,22 @@ def result_problem(document: Any) -> str | None:
         if chars > MAX_RESULT_CHARS:
             return f"$: more than {MAX_RESULT_CHARS // MiB} MiB of text"
     return None
+
+
+def json_text(text: Any) -> tuple[Any, str | None]:
+    """A module's result sent as one JSON text -> (the value, None), or (None, the problem): not a string, more
+    than MAX_RESULT_CHARS, not JSON, or nested past what the decoder's recursion allows (result_problem bounds the
+    depth of what it gives)."""
+    if not isinstance(text, str):
+        return None, f"$: a {type(text).__name__} where a JSON text was expected"
+    if len(text) > MAX_RESULT_CHARS:
+        return None, f"$: more than {MAX_RESULT_CHARS // MiB} MiB of text"
+    try:
+        return json.loads(text), None
+    except RecursionError:
+        return None, "$: nested too deep to decode"
+    except ValueError as e:
+        return None, f"$: not JSON: {e}"
 
 
 def dropped_result(results: dict[str, Any], action: str) -> str | None:

@@ -28,7 +28,6 @@ import queue
 import re
 import shlex
 import signal
-import ssl
 import stat
 import subprocess
 import sys
@@ -42,6 +41,8 @@ from .errors import InputError
 from .sanitize import clean_data, one_line
 
 if TYPE_CHECKING:
+    import ssl  # imported where used: `fleetctl check` imports this module (through settings) and sends nothing
+
     from .webhook import Webhook
 
 FORMATS = ("json", "slack", "teams")
@@ -142,6 +143,7 @@ def ssl_context(ca_file: str | None) -> ssl.SSLContext:
     """The system's trust store (certificate and host name verified), plus CA_FILE's certificates. Both files are
     held to inputs.py's rules first (OpenSSL would block on a FIFO, read /dev/zero for ever): CA_FILE is read
     through it, $SSL_CERT_FILE (which OpenSSL opens itself) checked."""
+    import ssl
     if os.environ.get("SSL_CERT_FILE"):
         inputs.check_regular(os.environ["SSL_CERT_FILE"], "$SSL_CERT_FILE")
     context = ssl.create_default_context()

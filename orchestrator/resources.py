@@ -70,9 +70,11 @@ def module(name: str) -> ModuleType:
 
 @cache
 def role_defaults(name: str) -> dict[str, Any]:
-    """The defaults of the collection's role NAME (roles/NAME/defaults/main.yml)."""
+    """The defaults of the collection's role NAME (roles/NAME/defaults/main.yml), read by libyaml where PyYAML has
+    it (0.6 ms for gpu_facts' instead of 15: `fleetctl check` reads them on every run)."""
     import yaml
-    return yaml.safe_load((role_dir(name) / "defaults" / "main.yml").read_text())
+    return yaml.load((role_dir(name) / "defaults" / "main.yml").read_text(),
+                     Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def xid_catalog() -> list[dict[str, Any]]:

@@ -8,8 +8,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,9 @@ from typing import Any
 import ansible_runner
 import psutil
 
-from . import interrupts, preflight, resources, settings
+from . import execution_nodes, interrupts, preflight, resources, settings
 from .errors import InputError, OperationError
+from .execution_nodes import ExecutionNode
 from .inventory import Fleet
 from .sanitize import one_line
 
@@ -53,6 +56,7 @@ class Seconds:
 
 # Seconds spent inside ansible-playbook runs by this process: the campaign engine is given this counter.
 PLAYBOOK_TIME = Seconds()
+CANCEL_POLL_S = 0.5  # how soon a signal stops the parts of a playbook run
 
 
 @dataclass
@@ -86,10 +90,79 @@ def default_forks(host_count: int) -> int:
 
 def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str, Any] | None = None,
                  forks: int | None = None) -> dict[str, HostOutcome]:
+    """Every host's outcome of playbook NAME on HOSTS: the hosts of each execution node through its worker, the
+    others in-process (or through $FLEETCTL_WORKER), every part at once, each with its own forks. An execution node
+    that fails leaves its hosts unreachable, naming it (run_part); a signal stops every part."""
     outcomes = {h: HostOutcome(h) for h in hosts}
     if not hosts:
         return outcomes
+    by_name = {h.name: h for h in fleet.hosts}
+    parts = execution_nodes.split(by_name[h] for h in hosts)
+    started = time.monotonic()
+    # A signal stops ansible-playbook through ansible-runner (its cancel callback), and every worker from here (their
+    # event streams have no cancel of their own); it is raised when the parts return: no half-run's results are used.
+    playbook = PlaybookTree()
+    with interrupts.deferred(), playbook, ThreadPoolExecutor(len(parts), "fleetctl-part") as pool:
+        futures = [pool.submit(run_part, name, fleet, node, {h: outcomes[h] for h in part}, extravars, forks,
+                               playbook.cancel) for node, part in parts.items()]
+        running = set(futures)
+        try:
+            while running:
+                running = wait(running, timeout=CANCEL_POLL_S).not_done
+                playbook.cancel()
+        except BaseException:  # a second signal, raised at once: every part stopped before its thread is waited for
+            playbook.stop()
+            raise
+        for future in futures:
+            future.result()  # the part that runs without an execution node raises as a run without them does
+    PLAYBOOK_TIME.add(time.monotonic() - started)
+    for outcome in outcomes.values():
+        if outcome.status == "ok" and not outcome.results:
+            outcome.status, outcome.message = "failed", "the playbook returned no result for this host"
+    return outcomes
 
+
+def run_part(name: str, fleet: Fleet, node: ExecutionNode | None, outcomes: dict[str, HostOutcome],
+             extravars: dict[str, Any] | None, forks: int | None, cancel: Callable[[], bool]) -> None:
+    """Playbook NAME on the hosts of OUTCOMES (filled in here) through NODE; None: in-process, or $FLEETCTL_WORKER.
+    NODE failing to start, exiting early or dying makes its hosts unreachable with one line naming it; a host whose
+    failure had arrived keeps it, and one with only some results too is unreachable: only the end of the playbook
+    makes a host's results whole. Without a node, a failure is raised as it always was."""
+    hosts = list(outcomes)
+    worker = list(node.worker) if node else worker_command()
+    who = str(node) if node else f"FLEETCTL_WORKER {shlex.join(worker)}" if worker else None
+    job = dict(inventory=fleet.runner_inventory, limit=",".join(hosts), extravars=extravars or {},
+               forks=forks or default_forks(len(hosts)), quiet=True, settings={"suppress_ansible_output": True})
+    try:
+        with tempfile.TemporaryDirectory(prefix="fleetctl-runner-") as private:
+            if worker:
+                rc, why = run_on_worker(worker, private, name, job, collector(outcomes), cancel)
+            else:
+                env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=collections_path(), PATH=search_path())
+                result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
+                                            envvars=env, event_handler=collector(outcomes), cancel_callback=cancel,
+                                            **job)
+                rc, why = result.rc, None  # its output is read only when the run failed
+            if rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
+                if rc is None or rc < 0:  # SIGKILL (OOM killer, an operator), not a fleetctl bug
+                    signal = f" by signal {-rc}" if rc else ""
+                    raise OperationError(f"ansible-playbook {name} was killed{signal} before any host answered")
+                if why is None:
+                    tail = (result.stdout.read() if result.stdout else "")[-500:].strip().splitlines()
+                    why = tail[-1] if tail else "no output"
+                raise RuntimeError(f"ansible-playbook {name} exited {rc}: {why}")
+    except (OperationError, RuntimeError) as e:
+        if who is None:
+            raise
+        if node is None:
+            raise type(e)(f"{who}: {e}") from None
+        for outcome in outcomes.values():
+            if outcome.status == "ok":
+                outcome.status, outcome.message = "unreachable", one_line(f"{who}: {e}")
+
+
+def collector(outcomes: dict[str, HostOutcome]) -> Callable[[dict[str, Any]], bool]:
+    """ansible-runner's event handler: each event of a host of OUTCOMES recorded in its outcome."""
     def on_event(event: dict[str, Any]) -> bool:
         data = event.get("event_data") or {}
         host = data.get("host")
@@ -107,37 +180,7 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
             outcomes[host].status = "unreachable"
             outcomes[host].message = _message(res)
         return False  # nothing kept on disk: the outcome is all fleetctl needs
-
-    job = dict(inventory=fleet.runner_inventory, limit=",".join(hosts), extravars=extravars or {},
-               forks=forks or default_forks(len(hosts)), quiet=True, settings={"suppress_ansible_output": True})
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fleetctl-runner-") as private:
-        worker = worker_command()
-        # A signal stops ansible-playbook through ansible-runner (its cancel callback) and is raised when it
-        # returns: no half-run's results are ever used.
-        playbook = PlaybookTree()
-        with interrupts.deferred(), playbook:
-            if worker:
-                rc, why = run_on_worker(worker, private, name, job, on_event, playbook.cancel)
-            else:
-                env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=collections_path(), PATH=search_path())
-                result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
-                                            envvars=env, event_handler=on_event,
-                                            cancel_callback=playbook.cancel, **job)
-                rc, why = result.rc, None  # its output is read only when the run failed
-        if rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
-            if rc is None or rc < 0:  # SIGKILL (OOM killer, an operator), not a fleetctl bug
-                signal = f" by signal {-rc}" if rc else ""
-                raise OperationError(f"ansible-playbook {name} was killed{signal} before any host answered")
-            if why is None:
-                tail = (result.stdout.read() if result.stdout else "")[-500:].strip().splitlines()
-                why = tail[-1] if tail else "no output"
-            raise RuntimeError(f"ansible-playbook {name} exited {rc}: {why}")
-    PLAYBOOK_TIME.add(time.monotonic() - started)
-    for outcome in outcomes.values():
-        if outcome.status == "ok" and not outcome.results:
-            outcome.status, outcome.message = "failed", "the playbook returned no result for this host"
-    return outcomes
+    return on_event
 
 
 class PlaybookTree:
@@ -146,7 +189,8 @@ class PlaybookTree:
     ansible-runner's cancel kills ansible-playbook's process group, but each of Ansible's workers runs in a session
     of its own (and so does the ssh it starts): they would outlive the run, still driving hosts that fleetctl has
     stopped watching. The tree is walked while ansible-playbook still holds it together (its workers are its
-    children until it dies): everything this run started gets SIGTERM, and SIGKILL after a grace."""
+    children until it dies): everything this run started gets SIGTERM, and SIGKILL after a grace. One tree holds
+    every part of a run (each execution node's worker too), whichever part's ansible-runner asks first."""
 
     GRACE_S = 5.0
 
@@ -154,6 +198,7 @@ class PlaybookTree:
         self.ours = psutil.Process()
         self.before: set[int] = set()
         self.stopping: list[psutil.Process] = []
+        self.lock = threading.Lock()  # each part's ansible-runner, and run_playbook, call cancel()
 
     def __enter__(self) -> "PlaybookTree":
         self.before = {p.pid for p in self._tree()}
@@ -173,16 +218,21 @@ class PlaybookTree:
         """ansible-runner's cancel_callback: true once a signal was noted, after this run's processes were told to stop."""
         if not interrupts.requested():
             return False
-        if not self.stopping:
-            self.stopping = [p for p in self._tree() if p.pid not in self.before]
-            for p in self.stopping:
-                try:
-                    p.terminate()
-                except psutil.Error:
-                    pass
-            _, alive = psutil.wait_procs(self.stopping, timeout=self.GRACE_S)
-            self._kill(alive)
+        self.stop()
         return True
+
+    def stop(self) -> None:
+        """Everything this run started told to stop, killed after the grace (once, whoever asks)."""
+        with self.lock:
+            if not self.stopping:
+                self.stopping = [p for p in self._tree() if p.pid not in self.before]
+                for p in self.stopping:
+                    try:
+                        p.terminate()
+                    except psutil.Error:
+                        pass
+                _, alive = psutil.wait_procs(self.stopping, timeout=self.GRACE_S)
+                self._kill(alive)
 
     @staticmethod
     def _kill(procs: list[psutil.Process]) -> None:
@@ -209,7 +259,8 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
                   on_event: Callable[[dict[str, Any]], bool],
                   cancel: Callable[[], bool] = interrupts.requested) -> tuple[int, str]:
     """Transmit the job (the playbook and the collection travel in it), let WORKER run it, and process its event stream
-    here: the three phases of ansible-runner's remote execution (what Receptor execution nodes run)."""
+    here: the three phases of ansible-runner's remote execution (what Receptor execution nodes run). A worker that
+    cannot start or ends before the job did: an OperationError, what it said last."""
     project = Path(private) / "project"
     project.mkdir()
     shutil.copy(resources.playbook(name), project)
@@ -226,7 +277,7 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
             proc = subprocess.Popen(worker, stdin=stream, stdout=subprocess.PIPE, stderr=errors,
                                     env=dict(os.environ, PATH=search_path()))
         except OSError as e:
-            raise OperationError(f"FLEETCTL_WORKER {shlex.join(worker)}: {e.strerror}") from None
+            raise OperationError(e.strerror) from None
         with proc:
             try:
                 processed = ansible_runner.run(streamer="process", _input=proc.stdout, private_data_dir=private,
@@ -238,8 +289,7 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
         said = errors.read().decode(errors="replace").strip().splitlines()
     if processed.status in ("successful", "failed"):  # the job ran: the worker exits with ansible-playbook's rc
         return proc.returncode, processed.status
-    raise OperationError(f"FLEETCTL_WORKER {shlex.join(worker)} exited {proc.returncode}: "
-                         + (said[-1] if said else f"no result ({processed.status})"))
+    raise OperationError(f"exited {proc.returncode}: " + (said[-1] if said else f"no result ({processed.status})"))
 
 
 def _message(res: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ FORKS_CAP = 64  # hosts worked on at once by default, at most: more processes wo
 DURATION = r"[0-9]+(\.[0-9]+)?[smh]?"
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
 DURATION_EXAMPLES = "90, 90s, 5m or 2h"
-KINDS = ("text", "int", "choice", "duration", "durations")
+KINDS = ("text", "int", "choice", "duration", "durations", "objects")
 
 RUNS = (("audit",), ("probe",), ("plan",), ("upgrade",))
 NOTIFYING = (("audit",), ("probe",), ("upgrade",), ("campaign", "resume"), ("rollback",))
@@ -48,7 +48,7 @@ def duration_text(seconds: float) -> str:
 @dataclass(frozen=True, kw_only=True)
 class Setting:
     name: str  # the config file's key (where `file`), and the setting's name
-    flag: str
+    flag: str | None  # None: a key of the config file alone
     short: str | None = None  # a one-letter flag too: -i
     param: str = ""  # the commands' parameter (default: NAME)
     kind: str = "text"  # one of KINDS; durations: a comma list, one per gap between waves (the last repeated)
@@ -64,9 +64,11 @@ class Setting:
     file: bool = True  # a key of the config file
     path: bool = False  # a file: relative to the config file's directory, made absolute for a systemd unit
     many: bool = False  # repeatable (a list in the file)
+    item: dict[str, Any] | None = None  # objects: each object of the list (JSON Schema; the schema's $defs.NAME)
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS and (self.kind == "choice") == bool(self.choices), self.name
+        assert (self.kind == "objects") == bool(self.item) and (self.flag is not None or not self.commands), self.name
         if not self.param:
             object.__setattr__(self, "param", self.name)
 
@@ -118,8 +120,10 @@ class Setting:
 
     def schema(self) -> dict[str, Any]:
         """The config file's property (JSON Schema)."""
-        if self.kind == "choice":
-            one: dict[str, Any] = {"enum": list(self.choices)}
+        if self.kind == "objects":
+            one: dict[str, Any] = {"type": "array", "items": {"$ref": f"#/$defs/{self.name}"}}  # config_schema's
+        elif self.kind == "choice":
+            one = {"enum": list(self.choices)}
         elif self.kind == "int":
             one = {"type": "integer"}
         elif self.timed:
@@ -135,7 +139,7 @@ class Setting:
         if self.default is not None:
             out["default"] = self.default
         commands = ", ".join(" ".join(c) for c in self.commands)
-        return out | {"description": f"{self.flag} of {commands}: {self.help}"}
+        return out | {"description": f"{self.flag} of {commands}: {self.help}" if self.flag else self.help}
 
 
 INVENTORY = Setting(name="inventory", flag="--inventory", short="-i", param="inventory_path", metavar="INVENTORY",
@@ -219,6 +223,22 @@ WINDOW_MARGIN = Setting(name="margin", flag="--margin", kind="duration", metavar
                         help="No wave starts in the window's last DURATION: the campaign halts between waves for a "
                              "person (default 0: a wave still running when the window ends is stopped, and resumed "
                              "by the next window).")
+EXECUTION_NODE = {
+    "type": "object", "description": "An execution node: its hosts' playbooks run through its worker.",
+    "additionalProperties": False, "required": ["name", "worker", "hosts"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$", "description": "Named in its hosts' errors."},
+        "worker": {"type": "string", "minLength": 1,
+                   "description": "An ansible-runner worker command, split as $FLEETCTL_WORKER is: ssh exec01 "
+                                  "ansible-runner worker."},
+        "hosts": {"oneOf": [{"type": "string", "minLength": 1},
+                            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}],
+                  "description": "The hosts it serves: inventory groups, or shell patterns of host names."}}}
+EXECUTION_NODES = Setting(
+    name="execution_nodes", flag=None, kind="objects", item=EXECUTION_NODE,
+    help="Every playbook (audit, probe, plan, each campaign step) runs each node's hosts through its worker, all "
+         "nodes at once; a host goes to the first node that serves it; a host no node serves runs as without nodes "
+         "(in-process, or through $FLEETCTL_WORKER).")
 
 SETTINGS = tuple(v for v in tuple(globals().values()) if isinstance(v, Setting))
 
@@ -234,6 +254,7 @@ def config_schema() -> dict[str, Any]:
                        "relative to the file's directory. Generated from orchestrator/settings.py.",
         "type": "object",
         "additionalProperties": False,
+        "$defs": {s.name: s.item for s in SETTINGS if s.file and s.item},
         "properties": {s.name: s.schema() for s in SETTINGS if s.file},
     }
 

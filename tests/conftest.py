@@ -42,6 +42,7 @@ LAB_SCOPES = {
     "test_lab_health_checks": "lab-a",  # 10
     "test_lab_fabric_health": "lab-a",  # 9
     "test_lab_readme_tour": "lab-a",    # 60
+    "test_lab_execution_nodes": "lab-a",  # ~90 (estimated: not yet measured)
     "test_lab_upgrade": "lab-b",        # 806
     "test_lab_canary_metrics": "lab-b",  # 160
     "test_lab_interconnect": "lab-b",   # 157

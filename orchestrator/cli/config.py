@@ -7,7 +7,7 @@ import json
 
 import click
 
-from .. import config as config_mod
+from .. import config as config_mod, execution_nodes, inputs, settings
 from ..config import KEYS
 from ..settings import Setting
 from ..exitcodes import documented
@@ -23,6 +23,8 @@ def apply(ctx: click.Context) -> None:
         return
     cfg = config_mod.load()
     ctx.meta[META] = cfg
+    nodes = cfg.values.get(settings.EXECUTION_NODES.name, [])  # no flag: the runner takes them (a bad one: exit 2)
+    execution_nodes.use(execution_nodes.parse(nodes, inputs.shown(cfg.path)) if nodes else ())
     if cfg.values:
         ctx.default_map = config_mod.merge(ctx.default_map or {}, config_mod.default_map(cfg.values))
 
@@ -38,7 +40,7 @@ def config_group() -> None:
 
 
 def show_options(f):
-    for key in reversed(KEYS):
+    for key in reversed([k for k in KEYS if k.flag]):
         f = click.option(key.flag, key.name, multiple=key.many, type=option_type(key), metavar="VALUE",
                          help=f"As a command would get {key.flag}.")(f)
     return f

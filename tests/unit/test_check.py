@@ -1,7 +1,8 @@
 """`fleetctl check` and orchestrator/slurm.py without a cluster: the parser on real `sinfo --json` captures of a
 Slurm 22.05 node (tests/testdata/slurm, README there), the drain/resume decisions on those states, check agreeing
-with the audit on the same facts, exit codes, reasons and the textfile. The Slurm commands the CLI tests meet are
-fakes on PATH (sinfo prints a capture, scontrol records its arguments); the real cluster is the lab tests' part."""
+with the audit on the same facts, exit codes, reasons, the textfile and the cache of baselines validated before. The
+Slurm commands the CLI tests meet are fakes on PATH (sinfo prints a capture, scontrol records its arguments); the real
+cluster is the lab tests' part."""
 
 from __future__ import annotations
 
@@ -15,15 +16,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import audit, baseline, check, inventory, slurm
+from orchestrator import audit, baseline, check, inventory, schemas, slurm
 from orchestrator.controls import CONTROLS
-from orchestrator.errors import SlurmError
+from orchestrator.errors import InputError, SlurmError
 from orchestrator.exitcodes import Exit
 from orchestrator.runner import HostOutcome
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURES = REPO / "tests" / "testdata" / "slurm"
 STATES = sorted(p.name.removesuffix(".sinfo.json") for p in CAPTURES.glob("*.sinfo.json"))
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """Each test its own empty cache (XDG_CACHE_HOME, inherited by the fleetctl it runs)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
 def captured(name: str) -> slurm.Node:
@@ -144,6 +151,7 @@ def test_check_says_what_the_audit_says_of_the_same_facts(monkeypatch):
     host = inventory.Host("n1", ("all",))
     entry = audit.evaluate_host(host, HostOutcome("n1", results={"fleetctl.gpu.gpu_facts": {"facts": facts}}), base)
     assert report["findings"] == entry["findings"] and report["facts"] == facts
+    assert schemas.first_error("host-facts", facts) is None  # what check does not validate again, the audit does
     audit_says = audit.summarize([entry], "critical")["exit_code"]
     assert report["summary"]["exit_code"] == audit_says
     if not facts["gpus"] and facts["driver"]["state"] == "not_installed":  # this machine: no driver, no GPU
@@ -255,13 +263,52 @@ def test_bad_input_is_one_line_and_exit_2(args, said):
     assert said is None or result.stderr == said
 
 
-def test_check_imports_no_ansible_rich_or_numpy():
-    probe = ("import runpy, sys\nsys.argv = ['fleetctl', 'check']\ntry:\n runpy.run_module('orchestrator.cli', "
-             "run_name='__main__')\nexcept SystemExit:\n pass\nprint(sorted(m for m in ('ansible', 'ansible_runner',"
-             " 'rich', 'numpy', 'paramiko', 'psutil', 'urllib3') if m in sys.modules), file=sys.stderr)")
+def imported_by_check(*args: str) -> set[str]:
+    """The top-level modules a fresh interpreter has imported once `fleetctl check ARGS` ran in it."""
+    probe = ("import json, runpy, sys\nsys.argv = ['fleetctl', 'check', *sys.argv[1:]]\ntry:\n"
+             " runpy.run_module('orchestrator.cli', run_name='__main__')\nexcept SystemExit:\n pass\n"
+             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
-    assert result.stderr.strip().splitlines()[-1] == "[]"
+    result = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, timeout=60)
+    return set(json.loads(result.stderr.strip().splitlines()[-1]))
+
+
+def test_check_imports_no_ansible_rich_or_numpy():
+    assert not imported_by_check() & {"ansible", "ansible_runner", "rich", "numpy", "paramiko", "psutil", "urllib3"}
+
+
+def test_a_baseline_validated_before_is_not_validated_again(healthy_baseline):
+    """The first check validates the baseline (jsonschema-rs says yes: jsonschema is not even imported) and
+    remembers its bytes; the next ones validate nothing. The file edited is validated again: a bad edit is refused in
+    the same one line as by any other command (jsonschema's)."""
+    first = imported_by_check("-b", str(healthy_baseline))
+    assert "jsonschema_rs" in first and "jsonschema" not in first
+    assert not {"jsonschema", "jsonschema_rs"} & imported_by_check("-b", str(healthy_baseline))
+    assert fleetctl("-b", str(healthy_baseline)).returncode == 0
+    doc = yaml.safe_load(healthy_baseline.read_text())
+    doc["groups"]["all"]["severity"]["driver.installed"] = "urgent"
+    healthy_baseline.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InputError) as refused:
+        baseline.load(healthy_baseline)
+    result = fleetctl("-b", str(healthy_baseline))
+    assert (result.returncode, result.stderr) == (Exit.USAGE, f"fleetctl: error: {refused.value}\n")
+    assert "$.groups.all.severity.driver.installed" in result.stderr
+
+
+def test_checks_at_once_share_the_cache_and_one_that_cannot_write_it_still_checks(tmp_path, monkeypatch):
+    """Four checks started together, with an empty cache: the same verdict each, no error, one entry left. A cache
+    directory that cannot be made (its parent is a file: even root cannot) is no error: the baseline is validated
+    each time."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "check"], env=env, cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    verdicts = {(p.wait(timeout=60), p.stderr.read()) for p in procs}
+    assert len(verdicts) == 1 and verdicts <= {(Exit.OK, ""), (Exit.FINDINGS, "")}
+    assert len(list((schemas.cache_dir() / "valid").iterdir())) == 1
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    assert {(r.returncode, r.stderr) for r in (fleetctl(), fleetctl())} == verdicts
+    assert "jsonschema_rs" in imported_by_check()  # validated: no cache to find
 
 
 def test_the_real_h100_capture_is_judged_today_as_it_was_on_the_machine(testdata):

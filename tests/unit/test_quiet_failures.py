@@ -16,9 +16,10 @@ import pytest
 from tests.cli_helpers import fleetctl
 
 
-@pytest.fixture
-def silent_listener():
-    """A TCP port on loopback that accepts connections and never says a word."""
+@pytest.fixture(params=[b"", b"220 mail.example ESMTP\r\n"], ids=["silent", "not-ssh"])
+def silent_listener(request):
+    """A TCP port on loopback that accepts connections and never says a word, or never an SSH one (the pre-flight
+    judges the first itself; paramiko reads what the second says, and logs its traceback)."""
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("127.0.0.1", 0))
@@ -30,6 +31,7 @@ def silent_listener():
         while not stop.is_set():
             try:
                 held.append(server.accept()[0])
+                held[-1].sendall(request.param)
             except OSError:
                 continue
     thread = threading.Thread(target=accept, daemon=True)
@@ -56,6 +58,7 @@ def test_a_host_that_never_sends_a_banner_is_one_clean_line_not_a_traceback(sile
     assert f"no SSH banner from 127.0.0.1:{silent_listener} within 5 s" in host["error"], host["error"]
 
 
+@pytest.mark.parametrize("silent_listener", [b"220 mail.example ESMTP\r\n"], ids=["not-ssh"], indirect=True)
 def test_debug_mode_still_shows_what_paramiko_saw(silent_listener, tmp_path, monkeypatch):
     monkeypatch.setenv("FLEETCTL_DEBUG", "1")
     inventory = tmp_path / "hosts.ini"

@@ -50,7 +50,7 @@ def test_a_broken_worker_is_one_line_and_the_run_is_recorded_as_failed(tmp_path)
     assert proc.returncode == Exit.UNAVAILABLE == 69 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "fleetctl: error: FLEETCTL_WORKER "
-        f"{sys.executable} -c 'import sys; sys.exit(\"no route to exec01\")' exited 1: no route to exec01"]
+        f"{sys.executable} -c 'import sys; sys.exit(\"no route to exec01\")': exited 1: no route to exec01"]
     assert [(r["status"], r["exit_code"]) for r in runs(tmp_path / "home")] == [("failed", Exit.UNAVAILABLE)]
 
 

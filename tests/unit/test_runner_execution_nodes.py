@@ -1,0 +1,73 @@
+"""The config file's execution nodes (issue 37): which node serves which host, and a bad declaration refused in one
+line before anything runs. Playbooks through them: tests/integration/test_execution_nodes.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator import execution_nodes, inventory
+from tests.cli_helpers import REPO, runs
+
+NODES = [{"name": "rack1", "worker": "ssh exec01 ansible-runner worker", "hosts": "rack1"},
+         {"name": "gpu", "worker": "ssh exec02 ansible-runner worker", "hosts": ["gpu-0*", "rack3"]}]
+
+
+@pytest.fixture
+def fleet(tmp_path) -> inventory.Fleet:
+    path = tmp_path / "hosts.ini"
+    path.write_text("[rack1]\ngpu-01\ncpu-01\n[rack2]\ngpu-02\ncpu-02\n[rack3:children]\nrack4\n[rack4]\nold-01\n")
+    return inventory.load(str(path))
+
+
+def test_a_host_goes_to_the_first_node_that_serves_it_by_group_or_name(fleet):
+    nodes = execution_nodes.parse(NODES, "config.yml")
+    assert [str(n) for n in nodes] == ["execution node rack1 (ssh exec01 ansible-runner worker)",
+                                       "execution node gpu (ssh exec02 ansible-runner worker)"]
+    execution_nodes.use(nodes)
+    try:
+        parts = execution_nodes.split(fleet.hosts)
+    finally:
+        execution_nodes.use(())
+    assert {(n.name if n else None): hosts for n, hosts in parts.items()} == {
+        "rack1": ["gpu-01", "cpu-01"],  # gpu-01 is the second node's too: the first wins
+        "gpu": ["gpu-02", "old-01"],  # old-01 by its parent group
+        None: ["cpu-02"]}  # in-process, or $FLEETCTL_WORKER
+    assert execution_nodes.split(fleet.hosts) == {None: [h.name for h in fleet.hosts]}
+
+
+def audit(tmp_path, config: str) -> subprocess.CompletedProcess:
+    (tmp_path / "config.yml").write_text(config)
+    env = dict(os.environ, FLEETCTL_HOME=str(tmp_path / "home"), FLEETCTL_CONFIG=str(tmp_path / "config.yml"))
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "audit"], capture_output=True, text=True,
+                          env=env, timeout=60, cwd=REPO)
+
+
+@pytest.mark.parametrize("config,said", [
+    ("execution_nodes:\n- {name: a, worker: w, hosts: x}\n- {name: a, worker: v, hosts: y}\n",
+     "$.execution_nodes[1]: execution node a is named twice"),
+    ("execution_nodes:\n- {name: a, worker: \"ssh 'exec01\", hosts: x}\n",
+     "$.execution_nodes[0].worker: No closing quotation"),
+    ("execution_nodes:\n- {name: a, worker: ' ', hosts: x}\n", "$.execution_nodes[0].worker: no command"),
+    ("execution_nodes:\n- {name: a, hosts: x}\n", "$.execution_nodes[0]: 'worker' is a required property"),
+    ("execution_nodes:\n- {name: rack 1, worker: w, hosts: x}\n",
+     "$.execution_nodes[0].name: a string that fails the schema's 'pattern' rule"),
+])
+def test_a_bad_execution_node_is_one_line_before_anything_runs(tmp_path, config, said):
+    proc = audit(tmp_path, config)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"fleetctl: error: {tmp_path / 'config.yml'}: {said}")
+    assert len(proc.stderr.splitlines()) == 1 and runs(tmp_path / "home") == []
+
+
+def test_config_show_names_each_node(tmp_path):
+    (tmp_path / "config.yml").write_text("execution_nodes:\n" + "".join(
+        f"- {{name: {n['name']}, worker: {n['worker']}, hosts: {n['hosts']}}}\n".replace("'", "") for n in NODES))
+    env = dict(os.environ, FLEETCTL_CONFIG=str(tmp_path / "config.yml"))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "config", "show"], capture_output=True,
+                          text=True, env=env, timeout=60, cwd=REPO)
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("execution_nodes"))
+    assert line.split(None, 1)[1] == ("rack1 (ssh exec01 ansible-runner worker): rack1, "
+                                      f"gpu (ssh exec02 ansible-runner worker): gpu-0*,rack3  ({tmp_path}/config.yml)")
