@@ -41,13 +41,15 @@ def lab(tmp_path_factory):
     with fleetctl_lab(workdir, (f"4xh100-sxm/2@{FROM}",), prometheus=True) as handle:
         handle.baseline = str(workdir / "b.yml")
         handle.bad_baseline = str(workdir / "bad.yml")
-        for path, query in ((handle.baseline, TENSOR), (handle.bad_baseline, TENSOR.replace("avg by", "avg bye"))):
+        handle.drift_baseline = str(workdir / "drift.yml")  # the docs' 5% tolerance: a drift test judges no small change
+        for path, query, tolerated in ((handle.baseline, TENSOR, "3%"), (handle.drift_baseline, TENSOR, "5%"),
+                                       (handle.bad_baseline, TENSOR.replace("avg by", "avg bye"), "3%")):
             with open(path, "w") as f:
                 f.write("schema_version: 1\nname: canary-metrics\ngroups:\n  all:\n"
                         "    driver: {branches: ['550', '570']}\n"
                         "    canary:\n      min_samples: 4\n      metrics:\n"
                         f"        - {{name: tensor_active, query: '{query}', host_label: Hostname, good: higher, "
-                        "max_change: 3%}\n"
+                        f"max_change: {tolerated}}}\n"
                         f"        - {{name: xid, query: '{XIDS}', host_label: Hostname, good: lower, "
                         "max_change: 50%, kind: rate}\n")
         handle.prometheus = handle.env["FLEETCTL_LAB_PROMETHEUS"]
@@ -76,10 +78,11 @@ def upgrade(lab, to: str, soak: str, baseline: str | None = None) -> list[str]:
             "-b", baseline or lab.baseline, *PROBE, "--soak", soak, "--prometheus-url", lab.prometheus]
 
 
-def during_the_soak(lab, to: str, soak: str, act) -> tuple[subprocess.CompletedProcess, int]:
+def during_the_soak(lab, to: str, soak: str, act, baseline: str | None = None) -> tuple[subprocess.CompletedProcess,
+                                                                                         int]:
     """A campaign to TO whose canary soaks for SOAK; ACT() once its wave has passed (the soak has begun)."""
     cid = next_campaign(lab)
-    proc = subprocess.Popen(upgrade(lab, to, soak), env=lab.env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(upgrade(lab, to, soak, baseline), env=lab.env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lab, cid, proc, lambda e: e["event"] == "wave_passed")
@@ -166,7 +169,8 @@ def test_a_fleet_wide_drift_during_the_soak_is_no_regression(lab):
     """Every host 8% slower once the canary soaks (`lab drift 0.92`): against itself the canary fails its
     end-of-soak gate; against its controls, which moved as much, it passes, and that decides: exit 0."""
     try:
-        proc, cid = during_the_soak(lab, LATER, "90s", lambda: lab.fleetctl("lab", "drift", "0.92"))
+        proc, cid = during_the_soak(lab, LATER, "120s", lambda: lab.fleetctl("lab", "drift", "0.92"),
+                                    lab.drift_baseline)
     finally:
         lab.fleetctl("lab", "drift", "--restore")
     doc = show(lab, cid)
