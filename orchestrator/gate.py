@@ -20,9 +20,7 @@ those ties (exact_p_with_ties); without ties it is scipy's exact p.
 
 from __future__ import annotations
 
-import importlib
 import math
-import threading
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -173,13 +171,6 @@ def exact_p_with_ties(x: np.ndarray, y: np.ndarray) -> float:
             nxt[j:, j * r:] += math.comb(t, j) * ways[:m + 1 - j, :width - j * r]
         ways = nxt
     return float(ways[m, observed:].sum() / ways[m].sum())
-
-
-def preload() -> None:
-    """Import scipy.stats (0.7 s) in a thread of its own: a campaign's gates find it imported, the import done while
-    fleetctl waits for its first playbooks (a campaign's own time: docs/benchmarks.md)."""
-    threading.Thread(target=importlib.import_module, args=("scipy.stats",), name="fleetctl-preload",
-                     daemon=True).start()
 
 
 def one_sided_p(x: np.ndarray, y: np.ndarray) -> tuple[float, str]:
