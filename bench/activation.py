@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import ssh_masters  # bench/ssh_masters.py, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 FLEETCTL = [sys.executable, "-m", "orchestrator.cli"]
 VERSIONS = ("550.163.01", "570.86.15")
@@ -65,7 +67,7 @@ def main() -> None:
                       f"of {args.hosts} hosts")
         finally:
             fleetctl("lab", "down")
-            subprocess.run(["pkill", "-f", f"{tmp}/cp"], check=False)
+            ssh_masters.close(f"{tmp}/cp")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,14 @@ interleaved, measures wall time and the controller's CPU seconds (user+sys of ev
   floor       one `ssh host python3 -c pass` per host, all in parallel (a cold SSH connection and a Python start)
   fleetctl    `fleetctl audit -l <N hosts>` (one module call per host, pipelining, no fact gathering)
   per-check   ansible-playbook bench/playbooks/task_per_check_audit.yml: gather_facts + one task per check
+  ping        ansible-playbook bench/playbooks/ping.yml: one `ansible.builtin.ping` per host, fleetctl's settings
+              (pipelining, multiplexing): the least any Ansible module costs, the floor of a module-based audit
+  raw         ansible-playbook bench/playbooks/raw.yml: one `ansible.builtin.raw: true` per host: ansible-playbook's
+              own cost per host, no module and no Python on the host
   +mitogen    `fleetctl audit` with mitogen's strategy, when `import ansible_mitogen` works (pip install mitogen)
   +2nodes     `fleetctl audit` through two execution nodes (config execution_nodes): two local `ansible-runner
               worker`s, each serving half the hosts
-Every run starts cold: a fresh SSH control directory, its masters killed afterwards. The lab's hosts share this
+Every run starts cold: a fresh SSH control directory, its masters told to exit afterwards. The lab's hosts share this
 machine's cores with the controller, so the figures include their sshd and Python time on the same CPUs.
 """
 
@@ -33,11 +37,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "lab"))  # the lab distribution (lab/fleetctl_lab), also when not installed
 
+import ssh_masters  # noqa: E402 - bench/ssh_masters.py, beside this script
 from fleetctl_lab import state  # noqa: E402
 from orchestrator.runner import ANSIBLE_ENV  # noqa: E402
 
 FLEETCTL = [sys.executable, "-m", "orchestrator.cli"]
 PER_CHECK_PLAYBOOK = REPO / "bench" / "playbooks" / "task_per_check_audit.yml"
+PING_PLAYBOOK = REPO / "bench" / "playbooks" / "ping.yml"
+RAW_PLAYBOOK = REPO / "bench" / "playbooks" / "raw.yml"
 
 
 def cpu_of_children() -> float:
@@ -56,7 +63,7 @@ def measured(start, workdir: Path) -> tuple[float, float]:
         if p.returncode not in (0, 1, 3):  # 3: a host unreachable, named by check_audit
             raise SystemExit(f"{p.args[:4]}... exited {p.returncode}: {p.stderr.read()[-400:] if p.stderr else ''}")
     wall, cpu = time.perf_counter() - t0, cpu_of_children() - cpu0
-    subprocess.run(["pkill", "-f", str(control)], check=False)
+    ssh_masters.close(control)
     shutil.rmtree(control, ignore_errors=True)
     return wall, cpu
 
@@ -80,12 +87,12 @@ def fleetctl_audit(lab: state.Lab, hosts: list[state.HostRecord], home: Path, ex
     return start
 
 
-def per_check(lab: state.Lab, hosts: list[state.HostRecord]):
+def playbook(lab: state.Lab, hosts: list[state.HostRecord], path: Path):
     def start(env):
         env = dict(env, **{k: v for k, v in ANSIBLE_ENV.items() if k != "ANSIBLE_GATHERING"})
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         return [subprocess.Popen(["ansible-playbook", "-i", str(lab.inventory), "-l",
-                                  ",".join(h.name for h in hosts), "-f", str(len(hosts)), str(PER_CHECK_PLAYBOOK)],
+                                  ",".join(h.name for h in hosts), "-f", str(len(hosts)), str(path)],
                                  env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True)]
     return start
@@ -145,7 +152,9 @@ def main() -> None:
                 hosts = lab.hosts[:n]
                 methods = {"floor": floor(lab, hosts),
                            "fleetctl": fleetctl_audit(lab, hosts, work / "home", {}),
-                           "per-check": per_check(lab, hosts)}
+                           "raw": playbook(lab, hosts, RAW_PLAYBOOK),
+                           "ping": playbook(lab, hosts, PING_PLAYBOOK),
+                           "per-check": playbook(lab, hosts, PER_CHECK_PLAYBOOK)}
                 if mitogen:
                     methods["fleetctl+mitogen"] = fleetctl_audit(lab, hosts, work / "home", mitogen)
                 methods["fleetctl+2nodes"] = fleetctl_audit(lab, hosts, work / "home", two_nodes(hosts, work))

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import ssh_masters  # bench/ssh_masters.py, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 FLEETCTL = [sys.executable, "-m", "orchestrator.cli"]
 VERSIONS = ("550.163.01", "570.86.15")
@@ -85,7 +87,7 @@ def main() -> None:
             report(args, rows)
         finally:
             subprocess.run(FLEETCTL + ["lab", "down"], env=env, cwd=REPO, capture_output=True)
-            subprocess.run(["pkill", "-f", f"{tmp}/cp"], check=False)
+            ssh_masters.close(f"{tmp}/cp")
 
 
 def report(args, rows) -> None:

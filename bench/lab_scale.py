@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import ssh_masters  # bench/ssh_masters.py, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -76,7 +78,7 @@ def main() -> None:
         finally:
             wall, _, proc = timed(fleetctl + ["lab", "down"], env)
             print(f"lab down: {wall:.1f} s wall (exit {proc.returncode})")
-            subprocess.run(["pkill", "-f", f"{tmp}/cp"], check=False)
+            ssh_masters.close(f"{tmp}/cp")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ It stops at the key exchange (no login) and answers in a fraction of Ansible's c
 changed host keys are reported clearly and kept out of the playbook run. Every host is connected at once, with
 non-blocking sockets in one asyncio loop, and has TIMEOUT to accept the connection and send its first bytes (sshd's
 `SSH-2.0-...` line); one that does is handed, on that same connection, to paramiko in a pool of KEY_CHECKS threads,
-which checks the host key it offers. Open sockets are capped at half of RLIMIT_NOFILE (its soft limit raised to the
+which checks the host key it offers. A host whose key this process has already found right is judged by its banner
+alone in later pre-flights (a campaign's next step): ssh checks its key again anyway. Open sockets are capped at half of RLIMIT_NOFILE (its soft limit raised to the
 hard one for the while): thousands of hosts that accept TCP and never speak cost one TIMEOUT, not one per 64 hosts.
 """
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 _SSH_ARG_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args")
 KEY_CHECKS = 64  # paramiko key exchanges at once (each runs a transport thread of its own besides)
+_keys_found_right: set[tuple[str, int, tuple[Path, ...]]] = set()  # (address, port, known_hosts files)
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,14 @@ async def _check(host: Host, timeout: float, sockets: asyncio.Semaphore, pool: T
             if isinstance(e, TimeoutError):
                 return _no_banner(host, timeout)
             raise
-        return await loop.run_in_executor(pool, _key_check, host, sock, timeout, known_hosts)
+        checked = (host.address, host.port, tuple(known_hosts_files(host)))
+        if checked in _keys_found_right:
+            sock.close()
+            return Verdict(host.name, True)
+        verdict = await loop.run_in_executor(pool, _key_check, host, sock, timeout, known_hosts)
+        if verdict.ok:
+            _keys_found_right.add(checked)
+        return verdict
 
 
 @contextmanager

@@ -57,6 +57,24 @@ class Seconds:
 # Seconds spent inside ansible-playbook runs by this process: the campaign engine is given this counter.
 PLAYBOOK_TIME = Seconds()
 CANCEL_POLL_S = 0.5  # how soon a signal stops the parts of a playbook run
+_meanwhile: list[Callable[[], object]] = []
+
+
+def meanwhile(work: Callable[[], object]) -> None:
+    """WORK done once by this thread while the next playbook runs (a campaign's import of scipy.stats: 0.7 s it would
+    otherwise spend between two playbooks). It starts only when every part's playbook has sent an event, so after
+    ansible-runner's fork: a fork while this thread holds an import lock could leave the child stuck before its exec.
+    Its failure is ignored: whatever needs it later fails there, as it would have."""
+    _meanwhile.append(work)
+
+
+def _do_meanwhile() -> None:
+    while _meanwhile:
+        work = _meanwhile.pop(0)
+        try:
+            work()
+        except Exception:  # noqa: BLE001 - a warm-up: the code that needs it raises for itself
+            pass
 
 
 @dataclass
@@ -102,13 +120,16 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
     # A signal stops ansible-playbook through ansible-runner (its cancel callback), and every worker from here (their
     # event streams have no cancel of their own); it is raised when the parts return: no half-run's results are used.
     playbook = PlaybookTree()
+    heard = {node: threading.Event() for node in parts}  # set by the part's first event: its fork is behind it
     with interrupts.deferred(), playbook, ThreadPoolExecutor(len(parts), "fleetctl-part") as pool:
-        futures = [pool.submit(run_part, name, fleet, node, {h: outcomes[h] for h in part}, extravars, forks,
-                               playbook.cancel) for node, part in parts.items()]
+        futures = {pool.submit(run_part, name, fleet, node, {h: outcomes[h] for h in part}, extravars, forks,
+                               playbook.cancel, heard[node].set): node for node, part in parts.items()}
         running = set(futures)
         try:
             while running:
-                running = wait(running, timeout=CANCEL_POLL_S).not_done
+                if _meanwhile and all(f.done() or heard[node].is_set() for f, node in futures.items()):
+                    _do_meanwhile()
+                running = wait(running, timeout=0.05 if _meanwhile else CANCEL_POLL_S).not_done
                 playbook.cancel()
         except BaseException:  # a second signal, raised at once: every part stopped before its thread is waited for
             playbook.stop()
@@ -123,11 +144,13 @@ def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str,
 
 
 def run_part(name: str, fleet: Fleet, node: ExecutionNode | None, outcomes: dict[str, HostOutcome],
-             extravars: dict[str, Any] | None, forks: int | None, cancel: Callable[[], bool]) -> None:
+             extravars: dict[str, Any] | None, forks: int | None, cancel: Callable[[], bool],
+             heard: Callable[[], None] = lambda: None) -> None:
     """Playbook NAME on the hosts of OUTCOMES (filled in here) through NODE; None: in-process, or $FLEETCTL_WORKER.
     NODE failing to start, exiting early or dying makes its hosts unreachable with one line naming it; a host whose
     failure had arrived keeps it, and one with only some results too is unreachable: only the end of the playbook
-    makes a host's results whole. Without a node, a failure is raised as it always was."""
+    makes a host's results whole. Without a node, a failure is raised as it always was. HEARD is called at each
+    event."""
     hosts = list(outcomes)
     worker = list(node.worker) if node else worker_command()
     who = str(node) if node else f"FLEETCTL_WORKER {shlex.join(worker)}" if worker else None
@@ -136,12 +159,12 @@ def run_part(name: str, fleet: Fleet, node: ExecutionNode | None, outcomes: dict
     try:
         with tempfile.TemporaryDirectory(prefix="fleetctl-runner-") as private:
             if worker:
-                rc, why = run_on_worker(worker, private, name, job, collector(outcomes), cancel)
+                rc, why = run_on_worker(worker, private, name, job, collector(outcomes, heard), cancel)
             else:
                 env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=collections_path(), PATH=search_path())
                 result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
-                                            envvars=env, event_handler=collector(outcomes), cancel_callback=cancel,
-                                            **job)
+                                            envvars=env, event_handler=collector(outcomes, heard),
+                                            cancel_callback=cancel, **job)
                 rc, why = result.rc, None  # its output is read only when the run failed
             if rc not in (0, 2, 4) and all(o.status == "ok" and not o.results for o in outcomes.values()):
                 if rc is None or rc < 0:  # SIGKILL (OOM killer, an operator), not a fleetctl bug
@@ -161,9 +184,11 @@ def run_part(name: str, fleet: Fleet, node: ExecutionNode | None, outcomes: dict
                 outcome.status, outcome.message = "unreachable", one_line(f"{who}: {e}")
 
 
-def collector(outcomes: dict[str, HostOutcome]) -> Callable[[dict[str, Any]], bool]:
-    """ansible-runner's event handler: each event of a host of OUTCOMES recorded in its outcome."""
+def collector(outcomes: dict[str, HostOutcome], heard: Callable[[], None] = lambda: None
+              ) -> Callable[[dict[str, Any]], bool]:
+    """ansible-runner's event handler: each event of a host of OUTCOMES recorded in its outcome; HEARD called at each."""
     def on_event(event: dict[str, Any]) -> bool:
+        heard()
         data = event.get("event_data") or {}
         host = data.get("host")
         if host not in outcomes:
@@ -190,9 +215,15 @@ class PlaybookTree:
     of its own (and so does the ssh it starts): they would outlive the run, still driving hosts that fleetctl has
     stopped watching. The tree is walked while ansible-playbook still holds it together (its workers are its
     children until it dies): everything this run started gets SIGTERM, and SIGKILL after a grace. One tree holds
-    every part of a run (each execution node's worker too), whichever part's ansible-runner asks first."""
+    every part of a run (each execution node's worker too), whichever part's ansible-runner asks first.
+
+    A local worker that dies (kill -9) hands its ansible-playbook to init, out of the tree: what it started is found by
+    the MARK in its environment instead (stop_marked). Making fleetctl a child subreaper would not tell them apart: it
+    would adopt every part's ssh ControlPersist masters too (they daemonize), those of parts still running included,
+    and have to reap each when it exits, minutes after the run."""
 
     GRACE_S = 5.0
+    MARK = "FLEETCTL_WORKER_MARK"  # in a local worker's environment, and so in that of everything it starts
 
     def __init__(self) -> None:
         self.ours = psutil.Process()
@@ -209,8 +240,12 @@ class PlaybookTree:
             self._kill(self.stopping)
 
     def _tree(self) -> list[psutil.Process]:
+        return self._descendants(self.ours)
+
+    @staticmethod
+    def _descendants(proc: psutil.Process) -> list[psutil.Process]:
         try:
-            return self.ours.children(recursive=True)
+            return proc.children(recursive=True)
         except psutil.Error:
             return []
 
@@ -226,13 +261,29 @@ class PlaybookTree:
         with self.lock:
             if not self.stopping:
                 self.stopping = [p for p in self._tree() if p.pid not in self.before]
-                for p in self.stopping:
-                    try:
-                        p.terminate()
-                    except psutil.Error:
-                        pass
-                _, alive = psutil.wait_procs(self.stopping, timeout=self.GRACE_S)
-                self._kill(alive)
+                self._end(self.stopping)
+
+    @classmethod
+    def stop_marked(cls, mark: str) -> None:
+        """Every process of this machine whose environment holds MARK, and its children (whose environment may have
+        been reset: become), stopped and waited for as stop() does: what a worker that died had started. A second
+        look finds what forked while the first were told to stop."""
+        for _ in range(2):
+            marked = [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get(cls.MARK) == mark]
+            found = {c.pid: c for p in marked for c in (p, *cls._descendants(p))}
+            if not found:
+                return
+            cls._end(list(found.values()))
+
+    @classmethod
+    def _end(cls, procs: list[psutil.Process]) -> None:
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=cls.GRACE_S)
+        cls._kill(alive)
 
     @staticmethod
     def _kill(procs: list[psutil.Process]) -> None:
@@ -260,7 +311,8 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
                   cancel: Callable[[], bool] = interrupts.requested) -> tuple[int, str]:
     """Transmit the job (the playbook and the collection travel in it), let WORKER run it, and process its event stream
     here: the three phases of ansible-runner's remote execution (what Receptor execution nodes run). A worker that
-    cannot start or ends before the job did: an OperationError, what it said last."""
+    cannot start or ends before the job did: an OperationError, what it said last, once what it had started on this
+    machine is stopped (PlaybookTree.stop_marked; over ssh, its playbook is on the node, not here)."""
     project = Path(private) / "project"
     project.mkdir()
     shutil.copy(resources.playbook(name), project)
@@ -272,10 +324,11 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
                            playbook=resources.playbook(name).name, envvars=dict(ANSIBLE_ENV),
                            cancel_callback=cancel, **job)
         stream.seek(0)
+        mark = os.urandom(8).hex()
         try:
             # A local worker finds ansible-playbook as fleetctl does; over ssh, the execution node's own PATH rules.
             proc = subprocess.Popen(worker, stdin=stream, stdout=subprocess.PIPE, stderr=errors,
-                                    env=dict(os.environ, PATH=search_path()))
+                                    env=dict(os.environ, PATH=search_path(), **{PlaybookTree.MARK: mark}))
         except OSError as e:
             raise OperationError(e.strerror) from None
         with proc:
@@ -289,6 +342,7 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
         said = errors.read().decode(errors="replace").strip().splitlines()
     if processed.status in ("successful", "failed"):  # the job ran: the worker exits with ansible-playbook's rc
         return proc.returncode, processed.status
+    PlaybookTree.stop_marked(mark)
     raise OperationError(f"exited {proc.returncode}: " + (said[-1] if said else f"no result ({processed.status})"))
 
 

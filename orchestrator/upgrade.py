@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from . import audit, baseline as baseline_mod, domains, interrupts, inventory, notify, notify_events, plan, runs, settings
+from . import (audit, baseline as baseline_mod, domains, gate, interrupts, inventory, notify, notify_events, plan,
+               runner, runs, settings)
 from .campaign import hooks, packages, progress, scheduler, soak, steps, transitions
 from .campaign.transitions import CampaignState, HostState
 from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
@@ -127,6 +128,7 @@ def listener_for(journal: Journal, cid: int, live: Live | None, notes=None):
 def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod.Baseline,
           live: Live | None, notifier: notify.Notifier | None = None, parts: Parts | None = None) -> str:
     engine = Engine(journal, journal.handle(cid), fleet, base, parts)
+    runner.meanwhile(gate.warm)
     notes = notify_events.CampaignNotes(notifier, journal, cid) if notifier else None
     listener, view = listener_for(journal, cid, live, notes)
     journal.listener = listener

@@ -6,6 +6,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,6 +16,15 @@ def fleetctl(*args, home, timeout=180):
     env = dict(os.environ, FLEETCTL_HOME=str(home), COLUMNS="200", FLEETCTL_CONFIG=os.devnull)  # no user's config
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout, cwd=REPO)
+
+
+def interrupt(proc: subprocess.Popen, sig: int, timeout: float) -> tuple[str, str, float]:
+    """Sends SIG to PROC and waits up to TIMEOUT seconds for it to end: its stdout, its stderr, and the seconds from
+    the signal to the end."""
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=timeout)
+    return out, err, time.monotonic() - sent
 
 
 def runs(home):

@@ -1,8 +1,9 @@
 """Several execution nodes at once (issue 37): the config file's execution_nodes each run their hosts' playbooks
 through an ansible-runner worker, every node at once. Here each worker is a real `ansible-runner worker` on this
 machine and the hosts are inventory names of this machine (ansible_connection=local): the findings are an in-process
-audit's; a worker killed mid-run leaves its hosts unreachable, naming it, while the other node's hosts complete; a
-signal stops every part, leaving nothing behind."""
+audit's; a worker killed mid-run leaves its hosts unreachable, naming it, while the other node's hosts complete, and
+nothing it started (its ansible-playbook is reparented when it dies) outlives fleetctl's return; a signal stops every
+part, leaving nothing behind."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from orchestrator import execution_nodes, inventory, runner
 from tests.cli_helpers import REPO, runs, tagged
 
 RUNNER = Path(sys.executable).parent / "ansible-runner"
@@ -89,11 +93,9 @@ def wait_for(path: Path, proc: subprocess.Popen, within: float = 90) -> None:
         time.sleep(0.1)
 
 
-def nothing_left(tmp_path: Path, within: float = 60) -> list[str]:
-    deadline = time.monotonic() + within
-    while (left := tagged(f"{tmp_path.name}-{os.getpid()}")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
+def left_running(tmp_path: Path) -> list[str]:
+    """The command lines of what the audit of env(tmp_path) started that still runs, wherever it was reparented."""
+    return tagged(f"{tmp_path.name}-{os.getpid()}")
 
 
 def test_an_audit_through_two_execution_nodes_finds_what_an_in_process_one_finds(tmp_path):
@@ -124,8 +126,9 @@ def test_a_worker_killed_mid_run_leaves_its_hosts_unreachable_and_the_other_node
         wait_for(tmp_path / "started-b1", proc)  # rack2's playbook is on its hosts
         os.kill(int((tmp_path / "n2.pid").read_text()), signal.SIGKILL)
         rc, report, err = finished(proc)
+        left = left_running(tmp_path)  # the killed worker's ansible-playbook too: fleetctl stopped it
     finally:
-        (tmp_path / "release").touch()  # what the killed worker left running ends (the execution node's own)
+        (tmp_path / "release").touch()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert rc == 3, err  # unreachable hosts, not a failed run
@@ -135,7 +138,41 @@ def test_a_worker_killed_mid_run_leaves_its_hosts_unreachable_and_the_other_node
                       "b2": f"execution node rack2 ({rack2}): exited -9: no result (error)"}
     assert report["summary"]["unreachable"] == 2 and findings(report)["a1"]["driver.installed"] == "fail"
     assert [(r["kind"], r["status"], r["exit_code"]) for r in runs(tmp_path / "home")] == [("audit", "done", 3)]
-    assert nothing_left(tmp_path) == []
+    assert left == []
+
+
+def test_what_a_killed_local_worker_started_is_stopped_before_fleetctl_returns(tmp_path, monkeypatch):
+    """Its ansible-playbook, Ansible's workers and the hosts' commands (reparented when it died) are gone, and none is
+    left a zombie of fleetctl's, when run_playbook returns; the other node's hosts and the in-process one complete."""
+    monkeypatch.delenv("FLEETCTL_WORKER", raising=False)
+    fleet = inventory.load(str(lab(tmp_path, slow=("b1", "b2"))))
+    execution_nodes.use(execution_nodes.parse([{"name": "rack1", "worker": worker(tmp_path, "n1"), "hosts": "rack1"},
+                                               {"name": "rack2", "worker": worker(tmp_path, "n2"), "hosts": "rack2"}],
+                                              "config.yml"))
+    started: dict[psutil.Process, str] = {}  # what rack2's worker had started, with its command line
+
+    def kill_rack2() -> None:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "started-b1").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rack2 = psutil.Process(int((tmp_path / "n2.pid").read_text()))
+        started.update((p, " ".join(p.cmdline())) for p in rack2.children(recursive=True))
+        rack2.kill()
+
+    killer = threading.Thread(target=kill_rack2)
+    killer.start()
+    try:
+        outcomes = runner.run_playbook("audit.yml", fleet, [h.name for h in fleet.hosts])
+        left = [command for p, command in started.items() if p.is_running()]
+        zombies = [c.pid for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
+    finally:
+        killer.join()
+        execution_nodes.use(())
+        (tmp_path / "release").touch()
+    assert any("ansible-playbook" in command for command in started.values()), started
+    assert (left, zombies) == ([], [])
+    assert {h: o.status for h, o in outcomes.items()} == {"a1": "ok", "a2": "ok", "b1": "unreachable",
+                                                          "b2": "unreachable", "c1": "ok"}
 
 
 def test_a_worker_that_cannot_start_leaves_its_hosts_unreachable(tmp_path):
@@ -169,4 +206,4 @@ def test_a_signal_stops_every_part(tmp_path, signals):
     name = signal.Signals(signals[-1]).name
     assert (rc, err, report) == (128 + signals[-1], f"fleetctl: interrupted ({name})\n", {}) and took < 30, took
     assert [(r["kind"], r["status"]) for r in runs(tmp_path / "home")] == [("audit", "interrupted")]
-    assert nothing_left(tmp_path, within=0) == []  # not a worker, its ansible-playbook, nor a host's Python
+    assert left_running(tmp_path) == []  # not a worker, its ansible-playbook, nor a host's Python

@@ -10,6 +10,7 @@ import sqlite3
 import sys
 import time
 
+from tests.cli_helpers import interrupt
 from tests.integration.test_signals import start
 from tests.webhook_receiver import Receiver
 
@@ -25,10 +26,7 @@ def test_sigterm_during_the_notification_keeps_the_findings(tmp_path):
         while not hook.requests:  # the audit is over, its `findings` event on its way
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-        took = time.monotonic() - sent
+        out, err, took = interrupt(proc, signal.SIGTERM, timeout=30)
     finally:
         hook.close()
         if proc.poll() is None:

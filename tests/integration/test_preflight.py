@@ -3,9 +3,11 @@ while a real sshd among them still has its host key checked (the test's own sshd
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -72,3 +74,49 @@ def test_under_a_low_open_files_limit_hosts_wait_for_a_socket_instead_of_failing
                               cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['no SSH banner']", proc.stdout  # never "cannot connect: Too many open files"
+
+
+def forwarder(target_port: int) -> socket.socket:
+    """A port of 127.0.0.1 forwarding to TARGET_PORT while its listener is open: closed, connections are refused."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", target_port))
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+def test_a_key_found_right_is_not_checked_again_but_the_host_still_is(sshd, tmp_path, monkeypatch):
+    """A campaign's later steps: the key exchange once per process and host; a host that went away is still found."""
+    exchanges = []
+    key_check = preflight._key_check
+    monkeypatch.setattr(preflight, "_key_check", lambda h, *a: exchanges.append(h.name) or key_check(h, *a))
+    listener = forwarder(sshd.port)
+    port = listener.getsockname()[1]
+    known = tmp_path / "known_hosts"
+    known.write_text(sshd.known_hosts_entry.replace(f"]:{sshd.port} ", f"]:{port} "))
+    impostor = tmp_path / "impostor_known_hosts"
+    impostor.write_text(f"[127.0.0.1]:{port} {keygen(tmp_path / 'impostor', 'impostor')}\n")
+
+    assert preflight.check_all([host("gpu-a", port, known)])["gpu-a"].ok
+    assert preflight.check_all([host("gpu-a", port, known)])["gpu-a"].ok
+    assert exchanges == ["gpu-a"]
+    # Another known_hosts file is another check.
+    assert "HOST KEY CHANGED" in preflight.check_all([host("gpu-a", port, impostor)])["gpu-a"].reason
+    listener.shutdown(socket.SHUT_RDWR)  # wakes its accept(): the port is closed
+    listener.close()
+    gone = preflight.check_all([host("gpu-a", port, known)], timeout=2.0)["gpu-a"]
+    assert not gone.ok and gone.reason.startswith(f"cannot connect to 127.0.0.1:{port}"), gone

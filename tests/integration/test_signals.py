@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import interrupts
-from tests.cli_helpers import REPO, tagged
+from tests.cli_helpers import REPO, interrupt, tagged
 from tests.unit.test_quiet_failures import silent_listener  # noqa: F401 (the fixture)
 
 LISTEN_S = 120
@@ -119,10 +119,7 @@ def test_an_interrupt_during_the_playbook_is_one_line_and_an_interrupted_run(tmp
     try:
         wait_until_playbook_runs(proc)
         time.sleep(1)
-        sent = time.monotonic()
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
+        out, err, took = interrupt(proc, sig, timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -151,10 +148,7 @@ def test_sigterm_while_a_webhook_drips_its_answer_ends_the_command_at_once(tmp_p
         while playbook_running(proc.pid):
             time.sleep(0.2)  # the playbook is over: the delivery is under way
         time.sleep(2)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
+        out, err, took = interrupt(proc, signal.SIGTERM, timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
