@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # numpy is imported where samples are judged (0.2 s), not on 
 ALPHA = 0.01  # one-sided
 CONFIDENCE = 0.95  # of the intervals shown
 MIN_SAMPLES = 10  # blocks per cohort before a level verdict
+MOVED_POINTS = 5  # a control host's latest points, at the least, that say how far the fleet moved (control_moved)
 DIRECT_DIFFERENCES = 1_000_000  # up to this many canary-minus-control differences are made (8 MB), beyond: counted
 MAX_PHI = 0.99  # an autocorrelation estimated above this is taken as this (blocks of 398 samples)
 GOOD = ("higher", "lower")
@@ -288,21 +289,28 @@ def judge_level(canary: Series, control: Series, good: str, max_change: float, *
 
 
 def control_moved(now: Series, before: Series) -> float | None:
-    """How far the control cohort moved from the window before the change to NOW, every host alike (a drift the
-    fleet shares): the median over control hosts of each one's median now against its median before, less 1."""
+    """How far the control cohort moved between the two probes a soak's self-comparison holds against each other
+    (every host alike: a drift the fleet shares): each control host's latest points NOW (the end of the soak)
+    against its latest points BEFORE (the window that ends as the canary is drained, just after its probe_before),
+    less 1; the median over hosts. The latest points are the last quarter of a window, MOVED_POINTS at least: its
+    earlier points may hold the time before a drift began, or a previous change's reboots. A host with fewer points
+    in either window is left out; none left: None."""
     import numpy as np
     moved = []
     for host, points in now.items():
-        was = _median(before.get(host, ()))
-        if was:
-            moved.append(_median(points) / was - 1)
+        end, was = _latest_median(points), _latest_median(before.get(host, ()))
+        if end is not None and was:
+            moved.append(end / was - 1)
     return float(np.median(moved)) if moved else None
 
 
-def _median(points: Sequence[tuple[float, float]]) -> float | None:
+def _latest_median(points: Sequence[tuple[float, float]]) -> float | None:
+    """The median of the last quarter (MOVED_POINTS at least) of POINTS' finite values by time; too few: None."""
     import numpy as np
-    values = [v for _, v in points if v is not None and math.isfinite(v)]
-    return float(np.median(values)) if values else None
+    values = [v for _, v in sorted(points, key=lambda p: p[0]) if v is not None and math.isfinite(v)]
+    if len(values) < MOVED_POINTS:
+        return None
+    return float(np.median(values[-max(MOVED_POINTS, len(values) // 4):]))
 
 
 def _float(v: Any) -> float | None:

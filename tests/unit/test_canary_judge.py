@@ -121,6 +121,21 @@ def test_a_drift_every_host_shares_is_no_failure_though_the_canary_against_itsel
     assert p < canary.ALPHA and shift / np.median(before) < -0.06
 
 
+def test_the_fleets_movement_is_read_where_the_two_probes_were():
+    """The window before the change opens on a previous change's hosts running 10% faster for most of it; the probe
+    before the change saw them back at their level (the window's end), and at the end of the soak the fleet ran 8%
+    slower: the control cohort moved -8%, where the two windows' medians would say -16%."""
+    minutes = np.arange(40, dtype=float)
+    rng = np.random.default_rng(3)
+    before = minutes_series(rng, 6, minutes, prefix="control", offsets=0, sd=0.005,
+                            shared=np.where(minutes < 25, 1.10, 1.0))
+    now = minutes_series(rng, 6, minutes + 40, prefix="control", offsets=0, sd=0.005,
+                         shared=np.where(minutes < 5, 1.0, 0.92))
+    assert canary.control_moved(now, before) == pytest.approx(-0.08, abs=0.01)
+    few = {h: pts[-canary.MOVED_POINTS + 1:] for h, pts in now.items()}
+    assert canary.control_moved(few, before) is None  # too few points to say
+
+
 def test_the_window_before_removes_a_canary_hosts_own_level():
     """A canary host 6% below the control hosts all along, not changed by the upgrade: against the control alone it
     looks like a regression; against its own level before the change (and the control's) it is none, and a real
