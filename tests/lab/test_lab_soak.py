@@ -72,8 +72,10 @@ def soak_records(doc: dict, host: str) -> dict:
 
 
 def test_a_clean_soak_with_a_passing_canary_command_goes_on(lab):
+    """12 s of soak, a check every 2 s: two checks at least, with room for a check of several seconds under CI's load
+    (a 6 s soak once held only one)."""
     started, cid = time.monotonic(), next_campaign(lab)
-    proc = subprocess.run(upgrade(lab, TO, "h100-01,h100-02", "--waves", "1,100%", "--soak", "6s",
+    proc = subprocess.run(upgrade(lab, TO, "h100-01,h100-02", "--waves", "1,100%", "--soak", "12s",
                                   "--soak-interval", "2", "--canary", CANARY),
                           capture_output=True, text=True, env=lab.env, cwd=REPO_ROOT, timeout=900,
                           stdin=subprocess.DEVNULL)
