@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,7 +154,8 @@ def test_faults_during_a_later_soak_roll_back_those_hosts_within_the_budget(lab)
     assert doc["campaign"]["state"] == "done"
     assert by["h100-04"]["state"] == "rollback_failed" and "1 of 2 GPUs answer NVML" in by["h100-04"]["reason"]
     assert by["h100-05"]["state"] == "rolled_back" and "end of the soak: throughput: " in by["h100-05"]["reason"]
-    assert "series below 0.95x their median before; worst GPU " in by["h100-05"]["reason"]
+    # Every series slower alike: the worst is a GPU's or the host's (allreduce), as the noise falls.
+    assert re.search(r"series below 0\.95x their median before; worst (GPU \d+|host) ", by["h100-05"]["reason"])
     assert by["h100-06"]["state"] == "rolled_back" and "canary run failed" in by["h100-06"]["reason"]
     assert "exited 1" in by["h100-06"]["reason"]
     failed = {e["host"]: (e["kind"], e["reason"]) for e in events(lab, cid) if e["event"] == "soak_check_failed"}
