@@ -85,11 +85,17 @@ def evaluate_facts(host: inventory.Host, facts: Any, base: baseline_mod.Baseline
 
 
 def peer_sets(fleet: inventory.Fleet, facts: dict[str, Any], by: str) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Each host's peers as controls.PEERS_BY names them: {host: (the set's name, its members)}."""
+    """Each host's peers as controls.PEERS_BY names them: {host: (the set's name, its members)}, one members tuple
+    per set, shared by the hosts it is the set of (memory linear in the fleet: 60,000 hosts of one group are not
+    60,000 tuples of 60,000)."""
     if by == "nvlink_domain":
         return {name: (d.name, d.members) for name, d in domains.group(fleet, facts).items()}
-    groups = {h.name: h.group for h in fleet.hosts}
-    return {name: (g, tuple(m.name for m in fleet.hosts if g in m.groups)) for name, g in groups.items()}
+    members: dict[str, list[str]] = {}
+    for h in fleet.hosts:
+        for g in h.groups:
+            members.setdefault(g, []).append(h.name)
+    sets = {g: tuple(names) for g, names in members.items()}
+    return {h.name: (h.group, sets.get(h.group, ())) for h in fleet.hosts}
 
 
 def peers(fleet: inventory.Fleet, facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -100,12 +106,13 @@ def peers(fleet: inventory.Fleet, facts: dict[str, Any]) -> dict[str, dict[str, 
     out: dict[str, dict[str, Any]] = {h.name: {} for h in fleet.hosts}
     hosts = {h.name: h for h in fleet.hosts}
     for by in dict.fromkeys(c.peers_by for c in checks):
-        answers: dict[tuple[str, ...], dict[str, Any]] = {}
-        for name, (label, members) in peer_sets(fleet, facts, by).items():
-            if members not in answers:
+        sets = peer_sets(fleet, facts, by)
+        answers: dict[int, dict[str, Any]] = {}  # by the set's shared members tuple (peer_sets), alive meanwhile
+        for name, (label, members) in sets.items():
+            if id(members) not in answers:
                 view = {hosts[m]: facts.get(m) for m in members}
-                answers[members] = {c.id: (label, c.peers(view)) for c in checks if c.peers_by == by}
-            out[name].update(answers[members])
+                answers[id(members)] = {c.id: (label, c.peers(view)) for c in checks if c.peers_by == by}
+            out[name].update(answers[id(members)])
     return out
 
 
@@ -129,6 +136,13 @@ def collect(fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | No
     from . import runner  # here: `fleetctl check` imports this module and never Ansible
     outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
                                    forks, preflight)
+    return evaluate_outcomes(fleet, base, outcomes, history)
+
+
+def evaluate_outcomes(fleet: inventory.Fleet, base: baseline_mod.Baseline, outcomes: dict[str, runner.HostOutcome],
+                      history: Store | None = None) -> list[dict[str, Any]]:
+    """Every host's entry from the outcomes of a playbook run that called gpu_facts (audit.yml, the soak's
+    soak.yml): its findings, with its last passing audit from HISTORY and its peers' view (collect)."""
     refs = references(fleet, history)
     found = {name: outcome_facts(o) for name, o in outcomes.items() if o.status not in ("unreachable", "failed")}
     group_view = peers(fleet, {name: facts for name, (facts, problem) in found.items() if problem is None})
@@ -142,7 +156,7 @@ def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
         for f in h["findings"]:
             counts[f["status"]] += 1
     unreachable = [h["name"] for h in hosts if not h["reachable"]]
-    drifted = [h["name"] for h in hosts if h["reachable"] and any(blocking(f, fail_on) for f in h["findings"])]
+    drifted = {h["name"] for h in hosts if h["reachable"] and any(blocking(f, fail_on) for f in h["findings"])}
     exit_code = Exit.UNREACHABLE if unreachable else Exit.FINDINGS if drifted else Exit.OK
     return {"hosts": len(hosts), "reachable": len(hosts) - len(unreachable), "unreachable": len(unreachable),
             "compliant": sum(1 for h in hosts if h["reachable"] and h["name"] not in drifted),
@@ -162,5 +176,6 @@ def run(opts: AuditOptions, store: Store, argv: list[str], notifier=None, delive
         summary = summarize(hosts, opts.fail_on)
         summary["duration_s"] = round(time.monotonic() - started, 3)
         report = {**runs.header(store, run_), "summary": summary, "hosts": hosts}  # schema-valid: tests/unit prove it
-        return runs.close(report, lambda code, at: store.finish_run(run_.id, code, summary, hosts, at), deliver,
+        return runs.close(report, lambda code, at, status: store.finish_run(run_.id, code, summary, hosts, at,
+                                                                            status), deliver,
                           (lambda: notifier.after_run(run_, summary, hosts)) if notifier else None)

@@ -1,6 +1,7 @@
 """The config file's execution nodes (settings.EXECUTION_NODES): each runs the playbooks of the hosts it serves through
 its ansible-runner worker command, all of them at once (runner.run_playbook). The CLI reads them once per command,
-with the rest of the config file (cli/config.py), and hands them over here (use)."""
+with the rest of the config file (cli/config.py), and hands them over here (use), with how long a worker may be silent
+(settings.WORKER_SILENCE)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import settings
 from .errors import InputError
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ class ExecutionNode:
 
 
 _nodes: tuple[ExecutionNode, ...] = ()
+_silence: float = settings.WORKER_SILENCE.value
 
 
 def parse(entries: list[dict[str, Any]], where: str) -> tuple[ExecutionNode, ...]:
@@ -50,10 +53,16 @@ def parse(entries: list[dict[str, Any]], where: str) -> tuple[ExecutionNode, ...
     return tuple(nodes)
 
 
-def use(nodes: tuple[ExecutionNode, ...]) -> None:
-    """The nodes every playbook of this process runs through (none: in-process, or $FLEETCTL_WORKER)."""
-    global _nodes
-    _nodes = nodes
+def use(nodes: tuple[ExecutionNode, ...], silence: float = settings.WORKER_SILENCE.value) -> None:
+    """The nodes every playbook of this process runs through (none: in-process, or $FLEETCTL_WORKER), and the
+    seconds a worker may send nothing before it is stopped (settings.WORKER_SILENCE)."""
+    global _nodes, _silence
+    _nodes, _silence = nodes, silence
+
+
+def silence() -> float:
+    """The seconds a worker may send nothing, not even a keepalive (runner.WorkerStream)."""
+    return _silence
 
 
 def split(hosts: Iterable[Host]) -> dict[ExecutionNode | None, list[str]]:

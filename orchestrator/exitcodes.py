@@ -47,7 +47,8 @@ MEANINGS = {
     Exit.UNAVAILABLE: "not carried out: Slurm, systemd or ansible-playbook failed, or another fleetctl holds the "
                       "campaign or a host",
     Exit.INTERNAL: "a fleetctl bug (FLEETCTL_DEBUG=1 shows the traceback)",
-    Exit.OUTPUT: "the output (-o FILE or standard output) could not be written: a full disk, a closed pipe",
+    Exit.OUTPUT: "the output (-o FILE or standard output) could not be written: a full disk, a closed pipe or standard "
+                 "output",
     Exit.HISTORY: "the history cannot be read or written, is damaged or its chain is broken",
     Exit.INTERRUPTED: "interrupted (SIGINT)",
     Exit.TERMINATED: "stopped (SIGTERM)",

@@ -32,6 +32,7 @@ from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, Mappin
 from yaml.resolver import Resolver
 
 from .errors import InputError
+from .sanitize import MAX_SHOWN, shortened
 
 MiB = 1024 * 1024
 MAX_BYTES = 4 * MiB  # one file of an inventory
@@ -40,13 +41,11 @@ MAX_DEPTH = 64  # nested collections in a YAML document (real ones: under 10)
 MAX_ALIAS_NODES = 100_000  # nodes the document's aliases stand for, expanded
 MAX_ITEMS = 1000  # items of one list in a baseline or config file (real ones: tens)
 MAX_FILES = 20_000  # files of an inventory directory (host_vars and group_vars included)
-MAX_SHOWN = 200  # a path longer than this is shown shortened
 
 
 def shown(path: object) -> str:
     """PATH for a one-line message: a 5000-character path is shortened (its start and its end are kept)."""
-    text = str(path)
-    return text if len(text) <= MAX_SHOWN else f"{text[:120]}...{text[-60:]}"
+    return shortened(str(path))
 
 
 def kind(mode: int) -> str:

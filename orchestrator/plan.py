@@ -445,5 +445,5 @@ def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None
         # an audit's go.
         report = {**runs.header(store, run_), "summary": summary, **plan}
         schemas.check("campaign-plan", report, "fleetctl's own plan (a bug: please report it)")
-        return runs.close(report, lambda code, at: store.finish_run(run_.id, code, {**summary, "plan": plan}, hosts,
-                                                                    at), deliver)
+        return runs.close(report, lambda code, at, status: store.finish_run(
+            run_.id, code, {**summary, "plan": plan}, hosts, at, status), deliver)

@@ -49,7 +49,13 @@ def collect(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Basel
             markers: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """host -> {reachable, error, probe}: one gpu_probe call per host (also used between upgrade waves)."""
     outcomes = runner.run_on_fleet("probe.yml", fleet, extravars(opts, fleet, base, markers), opts.forks, opts.preflight)
-    results = {}
+    return results(fleet, outcomes)
+
+
+def results(fleet: inventory.Fleet, outcomes: dict[str, runner.HostOutcome]) -> dict[str, dict[str, Any]]:
+    """host -> {reachable, error, probe} from the outcomes of a playbook run that called gpu_probe (probe.yml, the
+    soak's soak.yml)."""
+    out = {}
     for host in fleet.hosts:
         outcome = outcomes[host.name]
         result = outcome.results.get("fleetctl.gpu.gpu_probe", {}).get("probe") if outcome.status == "ok" else None
@@ -59,8 +65,8 @@ def collect(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Basel
             problem = dropped or schemas.host_result_problem("probe-result", result)  # too large or deep, or not valid
             if problem is not None:
                 result, error = None, f"the host returned a probe result fleetctl cannot trust: {problem}"
-        results[host.name] = {"reachable": outcome.status != "unreachable", "error": error, "probe": result}
-    return results
+        out[host.name] = {"reachable": outcome.status != "unreachable", "error": error, "probe": result}
+    return out
 
 
 def markers(references: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
@@ -106,5 +112,6 @@ def run(opts: ProbeOptions, store: Store, argv: list[str], notifier=None, delive
                    "duration_s": round(time.monotonic() - started, 3)}
         report = {**runs.header(store, run_), "summary": summary, "hosts": hosts}
         schemas.check("probe-report", report, "fleetctl's own probe report (a bug: please report it)")
-        return runs.close(report, lambda code, at: store.finish_probe(run_.id, code, summary, hosts, at), deliver,
+        return runs.close(report, lambda code, at, status: store.finish_probe(run_.id, code, summary, hosts, at,
+                                                                              status), deliver,
                           (lambda: notifier.after_run(run_, summary, hosts)) if notifier else None)  # RunNotes

@@ -119,8 +119,8 @@ def build(store: Store, since: str | None = None, until: str | None = None, limi
 
 
 def campaigns(store: Store, since_ts: str | None, until_ts: str | None) -> list[dict[str, Any]]:
-    """Who moved what from which version to which, in how many waves, what was rolled back and why, and the latest
-    judgement of its canary metrics."""
+    """Who moved what from which version to which, in how many waves, what was rolled back and why, on which hosts
+    the rollback failed (a person is needed), and the latest judgement of its canary metrics."""
     journal = Journal(store, create=False)
     try:
         rows = journal.campaigns_between(since_ts, until_ts)
@@ -135,8 +135,8 @@ def campaigns(store: Store, since_ts: str | None, until_ts: str | None) -> list[
                     "from_versions": sorted({json.loads(h["before"])["version"] for h in hosts if h["before"]}),
                     "waves": len(plan["waves"]), "reason": c["reason"],
                     "hosts": [{"name": h["host"], "state": h["state"], "reason": h["reason"]} for h in hosts],
-                    "rolled_back": [h["host"] for h in hosts
-                                    if h["state"] in (HostState.ROLLED_BACK, HostState.ROLLBACK_FAILED)],
+                    "rolled_back": [h["host"] for h in hosts if h["state"] == HostState.ROLLED_BACK],
+                    "rollback_failed": [h["host"] for h in hosts if h["state"] == HostState.ROLLBACK_FAILED],
                     "canary_metrics": journal.canary_metrics(c["id"])})
     return out
 
@@ -202,10 +202,11 @@ def charts(report: dict[str, Any]) -> dict[str, str]:
             for row in ((f"{d['day']} audited", d["hosts"], "#90a4ae"), (f"{d['day']} on the baseline",
                                                                          d["compliant"], "#6a1b9a"))]
     outcomes: dict[str, int] = {}
-    for c in report["campaigns"]:
-        outcomes[c["state"]] = outcomes.get(c["state"], 0) + 1
+    for c in report["campaigns"]:  # a failed rollback outweighs the state: a person is needed
+        outcome = HostState.ROLLBACK_FAILED if c["rollback_failed"] else c["state"]
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
     colours = {CampaignState.DONE: "#2e7d32", CampaignState.ROLLED_BACK: "#c62828", CampaignState.HALTED: "#ef6c00",
-               CampaignState.ABORTED: "#757575"}
+               CampaignState.ABORTED: "#757575", HostState.ROLLBACK_FAILED: "#7b1fa2"}
     empty = '<p class="muted">Nothing in the period.</p>'
     return {"controls": _bars(controls, 100, "%") if controls else empty,
             "drivers": _bars(drivers, max(n for _, n, _ in drivers)) if drivers else empty,

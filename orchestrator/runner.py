@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import select
 import shlex
 import shutil
 import subprocess
@@ -306,13 +308,92 @@ def worker_command() -> list[str] | None:
         raise InputError(f"FLEETCTL_WORKER {command!r}: {e}") from None
 
 
+class WorkerStalled(OSError):
+    """A worker's stream broke WorkerStream's bounds: why, in words (an OSError: ansible-runner's processor ends the
+    job on one, status `error`)."""
+
+
+class WorkerStream(io.RawIOBase):
+    """A worker's stdout as ansible-runner's processor reads it (its lines, and read() for the artifacts' zip that
+    follows the job), bounded: each line whole within SILENCE seconds of the one before, each read() done within
+    SILENCE, a line at most MAX_LINE bytes. A healthy worker is never silent that long: it sends a keepalive every
+    quarter of it when it has nothing else to say (keepalive). Past a bound, WorkerStalled: a worker that answers
+    nothing, trickles or floods is told from a slow one without holding more than MAX_LINE of it."""
+
+    # No event is longer: ansible-runner hands on a result of at most 700000 characters (MAX_EVENT_RES), each at most
+    # 6 bytes as JSON, and the event's stdout may show it again.
+    MAX_LINE = 64 << 20
+    CHUNK = 1 << 20
+
+    def __init__(self, fd: int, silence: float) -> None:
+        super().__init__()
+        self.fd, self.silence = fd, silence
+        self.buffer = bytearray()
+        self.stalled: str | None = None  # the bound it broke, in words
+        self.poll = select.poll()
+        self.poll.register(fd, select.POLLIN)
+
+    def readable(self) -> bool:
+        return True
+
+    def readline(self, size: int | None = -1) -> bytes:
+        """The next line, or what is left at the end (b"" when nothing is); SIZE is not used."""
+        deadline, start = time.monotonic() + self.silence, 0
+        while (end := self.buffer.find(b"\n", start) + 1) == 0:
+            if len(self.buffer) > self.MAX_LINE:
+                self._stall(f"sent a line of more than {self.MAX_LINE >> 20} MiB")
+            start = len(self.buffer)
+            if not self._fill(deadline):
+                end = len(self.buffer)
+                break
+        return self._take(end)
+
+    def read(self, size: int | None = -1) -> bytes:
+        """SIZE bytes (at most MAX_LINE), fewer at the end."""
+        size = self.MAX_LINE if size is None or size < 0 else min(size, self.MAX_LINE)
+        deadline = time.monotonic() + self.silence
+        while len(self.buffer) < size and self._fill(deadline):
+            pass
+        return self._take(size)
+
+    def _take(self, size: int) -> bytes:
+        with memoryview(self.buffer) as view:
+            out = bytes(view[:size])  # one copy of a line, not two
+        del self.buffer[:size]
+        return out
+
+    def _fill(self, deadline: float) -> bool:
+        """More of the stream by DEADLINE (WorkerStalled past it); False at its end."""
+        left = deadline - time.monotonic()
+        if left <= 0 or not self.poll.poll(left * 1000):
+            shown = settings.duration_text(self.silence)
+            self._stall(f"sent {len(self.buffer)} bytes in {shown} but no whole event" if self.buffer else
+                        f"sent nothing for {shown} (no event, no keepalive)")
+        chunk = os.read(self.fd, self.CHUNK)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def _stall(self, why: str) -> None:
+        self.stalled = why
+        self.buffer = bytearray()
+        raise WorkerStalled(why)
+
+    @staticmethod
+    def keepalive(silence: float) -> int:
+        """How often (whole seconds, as ansible-runner worker takes it) a worker allowed SILENCE seconds sends one."""
+        return max(1, int(silence / 4))
+
+
 def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any],
                   on_event: Callable[[dict[str, Any]], bool],
                   cancel: Callable[[], bool] = interrupts.requested) -> tuple[int, str]:
     """Transmit the job (the playbook and the collection travel in it), let WORKER run it, and process its event stream
-    here: the three phases of ansible-runner's remote execution (what Receptor execution nodes run). A worker that
-    cannot start or ends before the job did: an OperationError, what it said last, once what it had started on this
-    machine is stopped (PlaybookTree.stop_marked; over ssh, its playbook is on the node, not here)."""
+    here: the three phases of ansible-runner's remote execution (what Receptor execution nodes run). The worker is
+    asked for a keepalive (on its command line, for a worker over ssh; in its environment, as AWX asks its container
+    workers, for a script that does not pass its arguments on). A worker that cannot start, ends before the job did,
+    or breaks a bound of its stream (WorkerStream: silent for execution_nodes.silence(), a line never finished or too
+    long): an OperationError, what it said last or which bound, once what it had started on this machine is stopped
+    (PlaybookTree.stop_marked; over ssh, its playbook is on the node, not here)."""
     project = Path(private) / "project"
     project.mkdir()
     shutil.copy(resources.playbook(name), project)
@@ -325,21 +406,32 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
                            cancel_callback=cancel, **job)
         stream.seek(0)
         mark = os.urandom(8).hex()
+        silence = execution_nodes.silence()
+        keepalive = str(WorkerStream.keepalive(silence))
         try:
             # A local worker finds ansible-playbook as fleetctl does; over ssh, the execution node's own PATH rules.
-            proc = subprocess.Popen(worker, stdin=stream, stdout=subprocess.PIPE, stderr=errors,
-                                    env=dict(os.environ, PATH=search_path(), **{PlaybookTree.MARK: mark}))
+            proc = subprocess.Popen([*worker, "--keepalive-seconds", keepalive], stdin=stream, stdout=subprocess.PIPE,
+                                    stderr=errors, env=dict(os.environ, PATH=search_path(), **{
+                                        PlaybookTree.MARK: mark, "ANSIBLE_RUNNER_KEEPALIVE_SECONDS": keepalive}))
         except OSError as e:
             raise OperationError(e.strerror) from None
         with proc:
+            output = WorkerStream(proc.stdout.fileno(), silence)  # type: ignore[union-attr]
             try:
-                processed = ansible_runner.run(streamer="process", _input=proc.stdout, private_data_dir=private,
+                processed = ansible_runner.run(streamer="process", _input=output, private_data_dir=private,
                                                event_handler=on_event, quiet=True, cancel_callback=cancel)
+            except WorkerStalled:  # in the artifacts, after the job's last event: a worker that hangs there is no
+                pass  # more trusted than one that hangs before (ansible-runner's processor ends on one in a line)
             finally:
                 if interrupts.requested() and proc.poll() is None:
                     proc.terminate()  # the worker stops its ansible-playbook
+                if output.stalled:
+                    PlaybookTree.stop_marked(mark)  # the worker too (stopped, or deaf), before it is waited for
+                    proc.kill()  # one that lost the mark from its environment
         errors.seek(0)
         said = errors.read().decode(errors="replace").strip().splitlines()
+    if output.stalled:
+        raise OperationError(output.stalled)
     if processed.status in ("successful", "failed"):  # the job ran: the worker exits with ansible-playbook's rc
         return proc.returncode, processed.status
     PlaybookTree.stop_marked(mark)

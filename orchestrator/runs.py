@@ -50,7 +50,7 @@ def recorded(store: Store, kind: str, argv: list[str], fleet: inventory.Fleet, b
         if store.run(run_id)["status"] != "running":  # sealed, its report then not delivered (close())
             raise
         with interrupts.deferred():  # the record is written whole, a second signal waits for it
-            if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)):  # never findings: the run was stopped
+            if status_of(e) == "interrupted":  # never findings: the run was stopped
                 store.fail_run(run_id, f"interrupted by {getattr(e, 'name', 'SIGINT')}", exit_code_of(e),
                                status="interrupted")
             else:
@@ -58,13 +58,14 @@ def recorded(store: Store, kind: str, argv: list[str], fleet: inventory.Fleet, b
         raise
 
 
-def close(report: dict[str, Any], seal: Callable[[int, str], None],
+def close(report: dict[str, Any], seal: Callable[[int, str, str], None],
           deliver: Callable[[dict[str, Any]], None] | None = None,
           notify: Callable[[], None] | None = None) -> dict[str, Any]:
     """REPORT (a run's, header() first) notified by NOTIFY (what became of it in the summary's `notifications`),
-    given to DELIVER (the command's output), then its run sealed by SEAL(exit code, finished_at) with the
-    finished_at the report states. Either failing (an output that cannot be written, a signal) keeps the results:
-    the run is sealed with the code the command then exits with, and why in its summary's `delivery`."""
+    given to DELIVER (the command's output), then its run sealed by SEAL(exit code, finished_at, status) with the
+    finished_at the report states. Either failing (an output that cannot be written, a signal) keeps the results
+    but the run is the command's: sealed failed (or interrupted) with the code the command then exits with, and why
+    in its summary's `delivery`."""
     at = report["run"]["finished_at"]
     try:
         if notify is not None:
@@ -74,10 +75,15 @@ def close(report: dict[str, Any], seal: Callable[[int, str], None],
     except BaseException as e:
         with interrupts.deferred():
             report["summary"]["delivery"] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            seal(exit_code_of(e), at)
+            seal(exit_code_of(e), at, status_of(e))
         raise
-    seal(report["summary"]["exit_code"], at)
+    seal(report["summary"]["exit_code"], at, "done")
     return report
+
+
+def status_of(e: BaseException) -> str:
+    """The status of a run E ended: interrupted (a signal), else failed."""
+    return "interrupted" if isinstance(e, (KeyboardInterrupt, interrupts.Interrupted)) else "failed"
 
 
 def exit_code_of(e: BaseException) -> int:

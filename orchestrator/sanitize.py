@@ -7,7 +7,11 @@ dropped. JSON keeps the data as it is (it escapes them itself).
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+MAX_SHOWN = 200  # a longer word inside a message (an argument, a path) is shown shortened
+MAX_MESSAGE = 1000  # characters of an error message, at most
 
 
 def visible(value: object, keep: str = "") -> str:
@@ -31,6 +35,21 @@ def clean_line(value: object) -> str:
     """visible(VALUE) on one line: a newline (which could forge a line of its own) shown as \\n too. An error
     message, a table's caption, a progress line."""
     return visible(value)
+
+
+def shortened(text: str, limit: int = MAX_SHOWN) -> str:
+    """TEXT longer than LIMIT as its start and its end around "...": what it was, and how it ends."""
+    return text if len(text) <= limit else f"{text[:limit * 3 // 5]}...{text[-(limit * 3 // 10):]}"
+
+
+LONG_WORD = re.compile(rf"\S{{{MAX_SHOWN + 1},}}")
+
+
+def error_line(value: object) -> str:
+    """An error message as fleetctl shows it: clean_line(VALUE), bounded whatever the input it names: each word
+    longer than MAX_SHOWN (a 10 KB argument, a path) shortened(), the whole to MAX_MESSAGE."""
+    text = LONG_WORD.sub(lambda m: shortened(m.group()), clean_line(value))
+    return shortened(text, MAX_MESSAGE)
 
 
 def one_line(text: object, limit: int | None = None) -> str:

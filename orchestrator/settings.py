@@ -239,6 +239,13 @@ EXECUTION_NODES = Setting(
     help="Every playbook (audit, probe, plan, each campaign step) runs each node's hosts through its worker, all "
          "nodes at once; a host goes to the first node that serves it; a host no node serves runs as without nodes "
          "(in-process, or through $FLEETCTL_WORKER).")
+# A worker silent this long is hung: by default the rule fleetctl's SSH holds a connection to (runner.ANSIBLE_ENV: no
+# answer to 4 keepalives 15 s apart), each worker asked for a keepalive every quarter of it.
+WORKER_SILENCE = Setting(
+    name="worker_silence", flag=None, kind="duration", minimum=4, default="1m",
+    help="An execution node's worker (or $FLEETCTL_WORKER) that sends no whole line this long, not even the keepalive "
+         "fleetctl asks it for every quarter of it (--keepalive-seconds after its command, and "
+         "$ANSIBLE_RUNNER_KEEPALIVE_SECONDS), is stopped and fails its hosts.")
 
 SETTINGS = tuple(v for v in tuple(globals().values()) if isinstance(v, Setting))
 

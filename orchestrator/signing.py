@@ -57,11 +57,16 @@ def raw(public: Ed25519PublicKey) -> str:
     return base64.b64encode(public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)).decode()
 
 
+def signature_of(path: str | Path) -> Path:
+    """Where the signature of the export at PATH goes: PATH.sig."""
+    return Path(f"{path}.sig")
+
+
 def sign(path: Path, key_path: str, fmt: str, head: str) -> Path:
     key = load_private(key_path)
     how = "canonical-json" if fmt in ("json", "oscal") else "bytes"
     signature = key.sign(signed_bytes(path, how))
-    out = Path(str(path) + ".sig")
+    out = signature_of(path)
     files.write_atomically(out, json.dumps({
         "algorithm": "ed25519", "signed": how, "file": path.name, "chain_head": head,
         "public_key": raw(key.public_key()), "signature": base64.b64encode(signature).decode()}, indent=2) + "\n")

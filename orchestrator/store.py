@@ -6,22 +6,29 @@ input later never loses what was already recorded.
 
 from __future__ import annotations
 
+import errno
+import contextlib
 import functools
 import json
 import os
 import pwd
+import resource
 import socket
 import sqlite3
 import stat
+import threading
 import urllib.parse
 import uuid
+from collections import Counter
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from . import __version__, chain, timefmt
-from .errors import OperationError
+from .errors import InputError, OperationError
 from .exitcodes import Exit
+from .files import write_atomically
+from .sanitize import one_line
 
 
 class HistoryError(OperationError):
@@ -34,11 +41,19 @@ def history_error(path: Path, e: BaseException) -> HistoryError:
     """One line naming the history file and the cause."""
     text = str(e)
     low = text.lower()
+    if getattr(e, "errno", None) == errno.ENAMETOOLONG:
+        variable, directory = home_from()
+        return HistoryError(f"the history's path is longer than the file system allows (255 bytes a name, 4096 in "
+                            f"all): {variable}={one_line(directory, 100)}; set {variable} to a shorter directory")
     if "readonly" in low or "read-only" in low or isinstance(e, PermissionError):
         why = "it is read-only here (file, directory or file system); fleetctl report, metrics and campaign show " \
               "read it as it is"
     elif "full" in low or "i/o" in low or "too large" in low:
-        why = f"it cannot be written ({text}): free space on its file system, then run the command again"
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]  # a write past it fails (EFBIG) as on a full disk
+        why = f"it cannot be written ({text}): " + (
+            "free space on its file system, then run the command again" if limit == resource.RLIM_INFINITY else
+            f"a file-size limit (ulimit -f) lets this process write no file past {limit} bytes; raise it, then run "
+            "the command again")
     elif "malformed" in low or "not a database" in low or "corrupt" in low:
         return damaged(path, text)
     elif "locked" in low or "busy" in low:
@@ -158,11 +173,18 @@ CREATE TABLE IF NOT EXISTS probe_results (
 SCHEMA_VERSION = 1
 
 
-def home() -> Path:
+def home_from() -> tuple[str, Path]:
+    """The variable the history's directory comes from, and the directory: $FLEETCTL_HOME, else
+    $XDG_STATE_HOME/fleetctl, else $HOME/.local/state/fleetctl."""
     if os.environ.get("FLEETCTL_HOME"):
-        return Path(os.environ["FLEETCTL_HOME"])
-    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(state) / "fleetctl"
+        return "FLEETCTL_HOME", Path(os.environ["FLEETCTL_HOME"])
+    if os.environ.get("XDG_STATE_HOME"):
+        return "XDG_STATE_HOME", Path(os.environ["XDG_STATE_HOME"]) / "fleetctl"
+    return "HOME", Path(os.path.expanduser("~/.local/state")) / "fleetctl"
+
+
+def home() -> Path:
+    return home_from()[1]
 
 
 def files(history: Path) -> tuple[Path, Path, Path]:
@@ -190,19 +212,35 @@ def regular(history: Path) -> None:
         raise HistoryError(f"{path} is {what}; fleetctl keeps its history in a regular file")
 
 
+# The histories (st_dev, st_ino) this process holds SQLite connections to, and how many. Closing any descriptor of a
+# file drops every POSIX lock the process holds on it, its connections' too (SQLite's "How To Corrupt", 2.2): a
+# reader in another process then takes itself for the last one and deletes the write-ahead log under them. So
+# fleetctl opens the history's files itself (private) only while this process has no connection to them.
+CONNECTED: Counter[tuple[int, int]] = Counter()
+CONNECTING = threading.Lock()  # held from private() until the connection made after it is counted, and at a close
+
+
+def identity(history: Path) -> tuple[int, int]:
+    st = os.stat(history)
+    return st.st_dev, st.st_ino
+
+
 def private(history: Path) -> None:
     """The history and its directory are the operator's (its argv, hosts, findings): a directory fleetctl creates
     for it is 0700 (its parents as mkdir -p makes them; an existing one is left as it is: it may be shared on
     purpose), a history it creates is 0600 before SQLite opens it (the -wal and -shm files take its mode), and an
     existing history (or -wal, -shm) of this user's loses the bits that let other users read it (its group's are
-    left: a history shared with a group on purpose). Each is changed through a descriptor opened without following
-    a link: a link put there after `regular` looked is never followed."""
+    left: a history shared with a group on purpose) when this process has no connection to it (CONNECTED). Each is
+    changed through a descriptor opened without following a link: a link put there after `regular` looked is never
+    followed."""
     history.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         os.close(os.open(history, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         return
     except FileExistsError:
         pass
+    if CONNECTED[identity(history)]:  # its mode was set before the first of them
+        return
     for path in files(history):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
@@ -259,7 +297,29 @@ def operator() -> str:
 LATEST_AUDITED = ("WITH latest AS (SELECT h.host, MAX(h.run_id) AS run_id FROM host_results h"
                   " JOIN runs r ON r.id = h.run_id WHERE r.status = 'done' GROUP BY h.host)")
 
-WHOLE: set[tuple[str, int]] = set()  # the histories (path, inode) quick_check found whole in this process
+def signature(history: Path) -> list[list[int] | None]:
+    """The history's and its write-ahead log's inode, size and modification time (an empty log counts as none): any
+    write changes it."""
+    out = []
+    for path in files(history)[:2]:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            out.append(None)
+            continue
+        out.append([st.st_ino, st.st_size, st.st_mtime_ns] if st.st_size else None)
+    return out
+
+
+def checked_as(history: Path) -> Any:
+    """The signature the history had when integrity_check last found it whole (HISTORY.checked), or None."""
+    try:
+        return json.loads(Path(f"{history}.checked").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+WHOLE: set[tuple[str, int]] = set()  # the histories (path, inode) integrity_check found whole in this process
 
 
 class Store:
@@ -268,23 +328,26 @@ class Store:
         left as they are; it works on a read-only file or file system. CHECK: a history SQLite finds damaged
         (`damage`) is a HistoryError before anything reads or writes it (`report verify` looks for itself)."""
         self.path = path or home() / "history.sqlite3"
-        self.readonly = readonly and self.path.exists()
+        self.counted: tuple[int, int] | None = None  # this connection's entry in CONNECTED, until it is closed
         try:
+            self.readonly = readonly and self.path.exists()
             regular(self.path)
         except OSError as e:
             raise history_error(self.path, e) from None
-        if self.readonly:
-            self.db = self._open_readonly()
-            self.db.row_factory = sqlite3.Row
-            self._check(check)
-            return
         try:
-            private(self.path)  # $FLEETCTL_HOME 0700 and the history 0600 when fleetctl creates them
-            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            with CONNECTING:
+                if self.readonly:
+                    self.db = self._open_readonly()
+                else:
+                    private(self.path)  # $FLEETCTL_HOME 0700 and the history 0600 when fleetctl creates them
+                    self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+                self._count()
         except (OSError, sqlite3.Error) as e:
             raise history_error(self.path, e) from None
         self.db.row_factory = sqlite3.Row
         self._check(check)
+        if self.readonly:
+            return
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
@@ -296,10 +359,20 @@ class Store:
             for table, column in (("host_results", "groups"), ("runs", "process")):
                 if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
                     self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")  # histories from before it
-            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            if version != SCHEMA_VERSION:  # written once: a history opened as it is stays as it was (checked_as)
+                self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as e:
-            self.db.close()
+            self.close()
             raise history_error(self.path, e) from None
+
+    def _count(self) -> None:
+        """Count the connection just opened in CONNECTED (with CONNECTING held); closed at once if it cannot be."""
+        try:
+            self.counted = identity(self.path)
+        except OSError:
+            self.db.close()
+            raise
+        CONNECTED[self.counted] += 1
 
     def _open_readonly(self) -> sqlite3.Connection:
         uri = "file:" + urllib.parse.quote(str(self.path.resolve()))
@@ -313,31 +386,54 @@ class Store:
                 last = e
         raise history_error(self.path, last) from None
 
-    def damage(self, thorough: bool = False) -> str | None:
-        """SQLite's own check of the whole file: its first problem (one line), or None. quick_check reads every page
-        once (its cost: docs/hardening.md); THOROUGH: integrity_check, which also matches every index to its table."""
+    def damage(self) -> str | None:
+        """SQLite's own check of the whole file, integrity_check: its first problem (one line), or None. It reads every
+        page and matches every index to its table (quick_check does not: an index whose keys changed passes it); its
+        cost: docs/hardening.md."""
         try:
-            found = self.db.execute(f"PRAGMA {'integrity_check' if thorough else 'quick_check'}(1)").fetchone()[0]
+            found = self.db.execute("PRAGMA integrity_check(1)").fetchone()[0]
         except sqlite3.DatabaseError as e:  # a page SQLite cannot even walk: the error is the answer
+            if e.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+                raise  # not the file's fault: an I/O error (a full disk, a file-size limit), a lock
             found = str(e)
         return None if found == "ok" else " ".join(found.removeprefix("*** in database main ***").split())[:300]
 
     def _check(self, check: bool) -> None:
-        """Once a process for each history file (a campaign opens it at every step): HistoryError if damaged."""
+        """Once a process for each history file (a campaign opens it at every step), and not again while its files
+        are as they were when a check found it whole (checked_as: a cron's reads between two audits cost no check):
+        HistoryError if damaged."""
         if not check or (key := (str(self.path), os.stat(self.path).st_ino)) in WHOLE:
             return
-        problem = self.damage()
+        seen = signature(self.path)
+        if seen == checked_as(self.path):
+            WHOLE.add(key)
+            return
+        try:
+            problem = self.damage()
+        except sqlite3.Error as e:
+            self.close()
+            raise history_error(self.path, e) from None
         if problem:
-            self.db.close()
+            self.close()
             raise damaged(self.path, problem)
         WHOLE.add(key)
+        if not self.readonly:
+            with contextlib.suppress(OSError, InputError):  # a saving only: where it cannot be kept, checks go on
+                write_atomically(Path(f"{self.path}.checked"), json.dumps(seen))
 
     def snapshot(self) -> AbstractContextManager[None]:
         """The history as of one moment for the block (chain.snapshot)."""
         return chain.snapshot(self.db)
 
     def close(self) -> None:
+        """Close the connection, then let private() open the history's files again once no other is open."""
         self.db.close()
+        with CONNECTING:
+            if self.counted is not None:
+                CONNECTED[self.counted] -= 1
+                if not CONNECTED[self.counted]:
+                    del CONNECTED[self.counted]
+                self.counted = None
 
     def __enter__(self) -> Store:
         return self
@@ -363,12 +459,13 @@ class Store:
         return cur.lastrowid, run_uuid
 
     def finish_run(self, run_id: int, exit_code: int, summary: dict[str, Any],
-                   hosts: list[dict[str, Any]], at: str | None = None) -> None:
-        """Every host's facts and findings, and the run's end (AT, default now), in one transaction."""
+                   hosts: list[dict[str, Any]], at: str | None = None, status: str = "done") -> None:
+        """Every host's facts and findings, and the run's end (AT, default now; STATUS `failed` or `interrupted` when
+        its report could not be delivered: runs.close), in one transaction."""
         with self.db:
             self.db.execute("BEGIN")
             self._insert_hosts(run_id, hosts)
-            self.seal_run(run_id, exit_code, summary, "done", at)
+            self.seal_run(run_id, exit_code, summary, status, at)
 
     def close_run(self, run_id: int, exit_code: int, summary: dict[str, Any]) -> None:
         """The end of a run that records no hosts of its own (a campaign's: its hosts are in the journal)."""
@@ -398,8 +495,9 @@ class Store:
         chain.append(self.db, "run", str(run_id), stamp, operator())
 
     def finish_probe(self, run_id: int, exit_code: int, summary: dict[str, Any], hosts: list[dict[str, Any]],
-                     at: str | None = None) -> None:
-        """Every host's probe result and health verdict, and the run's end (AT, default now), in one transaction."""
+                     at: str | None = None, status: str = "done") -> None:
+        """Every host's probe result and health verdict, and the run's end (AT, default now; STATUS as
+        finish_run's), in one transaction."""
         with self.db:
             self.db.execute("BEGIN")
             self.db.executemany(
@@ -408,7 +506,7 @@ class Store:
                 [(run_id, h["name"], int(h["reachable"]), h["error"],
                   json.dumps(h["probe"], sort_keys=True) if h["probe"] is not None else None,
                   h["health"]["status"], json.dumps(h["health"]["reasons"])) for h in hosts])
-            self.seal_run(run_id, exit_code, summary, "done", at)
+            self.seal_run(run_id, exit_code, summary, status, at)
 
     def last_probe(self, host: str) -> dict[str, Any] | None:
         """HOST's most recent recorded probe result, whatever its verdict (the kernel-log marker), or None."""

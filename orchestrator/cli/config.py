@@ -24,7 +24,9 @@ def apply(ctx: click.Context) -> None:
     cfg = config_mod.load()
     ctx.meta[META] = cfg
     nodes = cfg.values.get(settings.EXECUTION_NODES.name, [])  # no flag: the runner takes them (a bad one: exit 2)
-    execution_nodes.use(execution_nodes.parse(nodes, inputs.shown(cfg.path)) if nodes else ())
+    quiet = settings.WORKER_SILENCE  # no flag either: how long a worker may send nothing
+    silence = quiet.parse(cfg.values.get(quiet.name, quiet.default))
+    execution_nodes.use(execution_nodes.parse(nodes, inputs.shown(cfg.path)) if nodes else (), silence)
     if cfg.values:
         ctx.default_map = config_mod.merge(ctx.default_map or {}, config_mod.default_map(cfg.values))
 

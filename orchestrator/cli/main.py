@@ -20,7 +20,7 @@ from .. import __version__, interrupts, logs
 from ..errors import InputError, OperationError, OutputError
 from ..exitcodes import Exit, documented
 from . import plugins
-from ..sanitize import clean_line
+from ..sanitize import error_line
 
 # command name -> (module of this package, its attribute): fleetctl's own commands, imported on first use.
 BUILTIN = {"audit": ("audit", "audit"), "check": ("check", "check"), "probe": ("probe", "probe"),
@@ -46,6 +46,41 @@ class Root(click.Group):
     def list_commands(self, ctx):
         return sorted(set(self.commands) | set(BUILTIN) | set(plugins.entry_points()))
 
+    def make_context(self, *args, **kwargs):
+        with stdout_errors():  # --help, --version
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with stdout_errors():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def stdout_errors():
+    """A block whose writing standard output fails (a full disk, a closed pipe or descriptor: OUTPUT_ERRNOS, no file
+    named) raises an OutputError: one line, Exit.OUTPUT. click would end a closed pipe itself with exit 1, silently:
+    "findings" to a script (Slurm drains a node whose check says 1)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in OUTPUT_ERRNOS or e.filename is not None:
+            raise
+        raise OutputError.of_stdout(e) from None
+
+
+def closed_stdout() -> None:
+    """Standard output closed (`>&-`): Python leaves sys.stdout None (what is printed then vanishes, pexpect fails)
+    and the next file opened would be descriptor 1, which a child process inherits as its output. Descriptor 1 is
+    /dev/null open for reading instead: a command that writes standard output fails as on a closed pipe (EBADF,
+    exit 73), one that writes -o FILE runs."""
+    if sys.stdout is not None:
+        return
+    null = os.open(os.devnull, os.O_RDONLY)
+    if null != 1:
+        os.dup2(null, 1)
+        os.close(null)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (standard output, for the process's life)
+
 
 @click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fleetctl")
@@ -63,6 +98,7 @@ def cli(ctx) -> None:
 
 
 def main() -> None:
+    closed_stdout()
     logs.configure()
     interrupts.install()
     try:
@@ -75,35 +111,31 @@ def main() -> None:
         click.echo("fleetctl: aborted", err=True)
         finish(Exit.INTERRUPTED)
     except click.ClickException as e:  # usage errors: one line, exit 2
-        click.echo(f"fleetctl: error: {clean_line(e.format_message())}", err=True)
+        click.echo(f"fleetctl: error: {error_line(e.format_message())}", err=True)
         finish(Exit.USAGE)
     except (InputError, OperationError) as e:
-        click.echo(f"fleetctl: error: {clean_line(e)}", err=True)
+        click.echo(f"fleetctl: error: {error_line(e)}", err=True)
         finish(e.exit_code, said=isinstance(e, OutputError))
     except (KeyboardInterrupt, interrupts.Interrupted) as e:
         name = e.name if isinstance(e, interrupts.Interrupted) else "SIGINT"
         hint = getattr(e, "hint", None)
         click.echo(f"fleetctl: interrupted ({name})" + (f": {hint}" if hint else ""), err=True)
         finish(e.exit_code if isinstance(e, interrupts.Interrupted) else Exit.INTERRUPTED)
-    except OSError as e:
-        if e.errno not in OUTPUT_ERRNOS or e.filename is not None:
-            internal_error(e)
-        click.echo(f"fleetctl: error: {OutputError.of_stdout(e)}", err=True)  # a command's own echo to a full disk
-        finish(Exit.OUTPUT, said=True)
     except Exception as e:
         internal_error(e)
     finish(Exit.OK)
 
 
-# What writing a full disk, a full device or a closed pipe fails with: the output's failure, not a bug.
-OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE)
+# What writing a full disk, a full device, a closed pipe or a closed standard output (closed_stdout) fails with: the
+# output's failure, not a bug.
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE, errno.EBADF)
 
 
 def internal_error(e: Exception) -> NoReturn:
     """A bug: one line for the operator, the traceback with FLEETCTL_DEBUG=1."""
     if os.environ.get("FLEETCTL_DEBUG"):
         raise e
-    click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {clean_line(e)}", err=True)
+    click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {error_line(e)}", err=True)
     finish(Exit.INTERNAL)  # never confused with "a check failed" (1) by a script
 
 

@@ -4,6 +4,7 @@ command line as the history keeps it, an error as one line."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -70,8 +71,15 @@ def to_stdout():
         raise OutputError.of_stdout(e) from None
 
 
+class Stdout(Console):
+    """rich's Console, but a closed pipe is the output's failure (to_stdout(): exit 73), not rich's silent exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def terminal() -> Console:
     """A console for stdout; logs and cron mail get 160 columns instead of rich's 80 when no width is known."""
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
-        return Console()
-    return Console(width=160)
+        return Stdout()
+    return Stdout(width=160)

@@ -35,8 +35,9 @@ def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
     from .. import report as report_mod, signing
     if sign_key and not output:
         raise click.UsageError("--sign needs -o FILE (the signature goes to FILE.sig)")
-    if sign_key:
-        signing.load_private(sign_key)  # a bad key is an input error before anything is written
+    if sign_key:  # a bad key, or a FILE.sig that cannot be written: an input error before anything is written
+        signing.load_private(sign_key)
+        writable(str(signing.signature_of(output)))
     writable(output)
     with Store(readonly=True) as store, store.snapshot():  # the head it states is that of the runs it reports
         doc = report_mod.build(store, since, until, limit)
@@ -64,7 +65,7 @@ def report_verify(head, signature, signed_file, key) -> None:
         sys.exit(Exit.OK if ok else Exit.FINDINGS)
     lingering = []
     with Store(readonly=True, check=False) as store, store.snapshot():
-        damage = store.damage(thorough=True)
+        damage = store.damage()
         try:
             verdict = chain.verify(store.db, head)
             line = verdict.line()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import resource
 import signal
 import subprocess
 import sys
@@ -25,16 +27,19 @@ from tests.cli_helpers import REPO, runs, tagged
 RUNNER = Path(sys.executable).parent / "ansible-runner"
 
 
-def lab(tmp_path: Path, slow: tuple[str, ...] = ()) -> Path:
+def lab(tmp_path: Path, slow: tuple[str, ...] = (), pause: dict[str, float] | None = None) -> Path:
     """An inventory of this machine: a1, a2 (group rack1), b1, b2 (rack2), c1 (no node's). The SLOW hosts' Python
-    says it started (tmp_path/started-HOST) and waits for tmp_path/release, a minute at most."""
+    says it started (tmp_path/started-HOST) and waits for tmp_path/release, a minute at most; a host of PAUSE's
+    sleeps its seconds first."""
     def host(name: str) -> str:
         python = tmp_path / f"python-{name}"
         python.write_text(f'#!/bin/sh\ntouch "{tmp_path}/started-{name}"\ni=0\n'
                           f'while [ ! -e "{tmp_path}/release" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n'
                           f'exec {sys.executable} "$@"\n')
+        if name in (pause or {}):
+            python.write_text(f'#!/bin/sh\nsleep {pause[name]}\nexec {sys.executable} "$@"\n')
         python.chmod(0o755)
-        interpreter = python if name in slow else sys.executable
+        interpreter = python if name in slow or name in (pause or {}) else sys.executable
         return f"{name} ansible_connection=local ansible_python_interpreter={interpreter}"
     inventory = tmp_path / "hosts.ini"
     inventory.write_text("\n".join(["[rack1]", host("a1"), host("a2"), "[rack2]", host("b1"), host("b2"),
@@ -51,9 +56,9 @@ def worker(tmp_path: Path, name: str) -> str:
     return str(script)
 
 
-def nodes(tmp_path: Path, *entries: dict) -> Path:
+def nodes(tmp_path: Path, *entries: dict, **keys: str) -> Path:
     config = tmp_path / "config.yml"
-    config.write_text(json.dumps({"execution_nodes": list(entries)}))  # JSON is YAML
+    config.write_text(json.dumps({"execution_nodes": list(entries), **keys}))  # JSON is YAML
     return config
 
 
@@ -63,11 +68,17 @@ def env(tmp_path: Path, config: Path | str = os.devnull, **more: str) -> dict[st
                 FLEETCTL_TEST_TAG=f"{tmp_path.name}-{os.getpid()}", **more)
 
 
-def audit(tmp_path: Path, inventory: Path, environment: dict[str, str]) -> subprocess.Popen:
+def audit(tmp_path: Path, inventory: Path, environment: dict[str, str], memory: int | None = None) -> subprocess.Popen:
+    """fleetctl audit, in a session of its own; under an address-space limit of MEMORY bytes (and so is what it
+    starts)."""
+    def limit() -> None:
+        os.setsid()
+        if memory:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "audit", "-i", str(inventory),
                              "--no-preflight", "--format", "json"], env=environment, cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            preexec_fn=limit)
 
 
 def finished(proc: subprocess.Popen) -> tuple[int, dict, str]:
@@ -182,6 +193,67 @@ def test_a_worker_that_cannot_start_leaves_its_hosts_unreachable(tmp_path):
     assert {h["name"]: h["error"] for h in report["hosts"] if h["error"]} == {
         name: f"execution node gone ({tmp_path / 'no-such-worker'}): No such file or directory"
         for name in ("b1", "b2")}
+
+
+SILENCE = 10  # these tests' worker_silence (s): each worker is asked for a keepalive every 2 s
+NOTHING = r"sent nothing for 10s \(no event, no keepalive\)"
+HUNG = {  # what rack2's worker does (None: a real worker, stopped once its hosts' playbook has started) -> its line
+    "answers nothing": ("exec sleep 300", NOTHING),
+    "trickles": ("while :; do printf x; sleep 1; done", r"sent \d+ bytes in 10s but no whole event"),
+    "stops answering": (None, NOTHING),
+    "prints a 3 GB line": (f"exec {sys.executable} -c 'import sys\nfor _ in range(3 << 10): "
+                           f"sys.stdout.buffer.write(b\"x\" * 2 ** 20)'", r"sent a line of more than 64 MiB"),
+}
+
+
+def over_ssh(tmp_path: Path, name: str) -> str:
+    """A local `ansible-runner worker` started as ssh starts one: given the arguments fleetctl added to its command,
+    without what fleetctl put in its environment."""
+    script = tmp_path / f"worker-{name}"
+    script.write_text(f'#!/bin/sh\nexec env -u ANSIBLE_RUNNER_KEEPALIVE_SECONDS {RUNNER} worker '
+                      f'--private-data-dir "{tmp_path}/{name}" "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def hung(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "worker-hung"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize("fault", HUNG)
+def test_a_hung_worker_fails_only_its_hosts_and_the_audit_is_recorded(tmp_path, fault):
+    """A worker that sends no whole line (an event, a status or a keepalive) for worker_silence fails its hosts with
+    one line, and so does one sending a line past the bound on a line (read in bounded memory: fleetctl and what it
+    starts run under a 2 GiB address-space limit), as a killed worker does: it is stopped, the other node's and the
+    in-process hosts keep their results, and the run is recorded done. Where rack2's real worker stops answering,
+    rack1's a1 says nothing for longer than the bound: the keepalives fleetctl asked for on its worker's command line
+    (as over ssh) keep it."""
+    script, said = HUNG[fault]
+    inventory = lab(tmp_path, slow=("b1", "b2"), pause={"a1": SILENCE * 1.5} if script is None else None)
+    rack2 = worker(tmp_path, "n2") if script is None else hung(tmp_path, script)
+    config = nodes(tmp_path, {"name": "rack1", "worker": over_ssh(tmp_path, "n1"), "hosts": "rack1"},
+                   {"name": "rack2", "worker": rack2, "hosts": "rack2"}, worker_silence=f"{SILENCE}s")
+    proc = audit(tmp_path, inventory, env(tmp_path, config), memory=2 * 1024 ** 3)
+    try:
+        if script is None:
+            wait_for(tmp_path / "started-b1", proc)
+            os.kill(int((tmp_path / "n2.pid").read_text()), signal.SIGSTOP)
+        rc, report, err = finished(proc)  # within 180 s: the test of "not for ever"
+        left = left_running(tmp_path)
+    finally:
+        (tmp_path / "release").touch()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert (rc, err) == (3, ""), err[-3000:]
+    errors = {h["name"]: h["error"] for h in report["hosts"]}
+    assert {h: errors.pop(h) for h in ("a1", "a2", "c1")} == {"a1": None, "a2": None, "c1": None}
+    assert all(re.fullmatch(re.escape(f"execution node rack2 ({rack2}): ") + said, e) for e in errors.values()), errors
+    assert sorted(errors) == ["b1", "b2"] and findings(report)["a1"]["driver.installed"] == "fail"
+    assert [(r["kind"], r["status"], r["exit_code"]) for r in runs(tmp_path / "home")] == [("audit", "done", 3)]
+    assert left == []
 
 
 @pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGINT, signal.SIGINT)], ids=["once", "twice"])

@@ -1,5 +1,5 @@
-"""A signal while a finished run's notification is delivered (issue 36): the results already made are kept, only the
-notification is recorded as interrupted. A real audit of this machine (ansible_connection=local: findings, no lab)
+"""A signal while a finished run's notification is delivered (issue 36): the results already made are kept, the run
+recorded interrupted as the command ended (issue 42), and the notification as interrupted too. A real audit of this machine (ansible_connection=local: findings, no lab)
 notifies a loopback webhook that holds the request open; SIGTERM then."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_sigterm_during_the_notification_keeps_the_findings(tmp_path):
         findings = db.execute("SELECT COUNT(*) FROM findings").fetchone()[0]
     summary = json.loads(run["summary"])
     event = hook.requests[0].json()
-    assert (run["kind"], run["status"], run["exit_code"]) == ("audit", "done", 143)  # the code it exited with
+    assert (run["kind"], run["status"], run["exit_code"]) == ("audit", "interrupted", 143)  # as the command ended
     assert findings == sum(summary["findings"].values()) > 0 and summary["exit_code"] == 1  # the audit's own verdict
     assert event["run"]["id"] == run["id"] and event["event"] == "findings"
     assert summary["notifications"] == {"event": "findings", "targets": 1, "failed": [

@@ -407,3 +407,25 @@ def test_an_audit_goes_on_when_hosts_return_facts_too_large_or_too_deep(tmp_path
         assert entry["reachable"] and entry["facts"] is None
         assert re.fullmatch(rf"the host returned facts fleetctl cannot trust: {why}", entry["error"]), entry["error"]
         assert [(f["control"], f["status"]) for f in entry["findings"]] == [("facts.collected", "error")]
+
+
+TEN_KB = "x" * 10_240
+
+
+@pytest.mark.parametrize("argv, what, why", [
+    (["audit", "--forks", TEN_KB], "Invalid value for '--forks': 'xxx", "' is not a valid integer range."),
+    (["audit", "--format", TEN_KB], "Invalid value for '--format': 'xxx",
+     "' is not one of 'table', 'json', 'prometheus'."),
+    (["report", "--since", TEN_KB], "--since 'xxx", "': not a date (YYYY-MM-DD) or ISO timestamp"),
+    (["plan", "--to", TEN_KB], "--to 'xxx", "': not a driver version (expected e.g. 570.86.15: branch.minor[.patch])"),
+    (["campaign", "show", TEN_KB], "Invalid value for 'CAMPAIGN_ID': 'xxx", "' is not a valid integer range."),
+    ([TEN_KB], "No such command 'xxx", "'."),
+    (["report", "--until", "x " * 5_120], "--until 'x x", "': not a date (YYYY-MM-DD) or ISO timestamp"),
+], ids=["option int", "option choice", "option date", "option version", "positional", "command", "with spaces"])
+def test_an_error_about_a_10_kb_argument_shows_it_cut(tmp_path, argv, what, why):
+    """Was: the whole argument echoed, a 10 KB line. Its start and its end are shown, and what is wrong with it."""
+    proc = fleetctl(*argv, home=tmp_path / "home")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[:300]
+    line = proc.stderr.rstrip("\n")
+    assert line.startswith(f"fleetctl: error: {what}") and line.endswith(why) and "..." in line
+    assert len(line) < (1100 if " " in argv[-1] else 300)  # a word cut to 200 characters, a line to 1000

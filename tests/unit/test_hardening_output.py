@@ -413,6 +413,23 @@ def test_o_at_a_link_planted_in_a_shared_directory_is_refused_before_anything_ru
     assert runs(planted.home) == []  # nothing recorded
 
 
+def test_a_signature_link_planted_in_a_shared_directory_is_refused_before_the_export_is_written(planted, tmp_path):
+    """Was: the export written, then its .sig refused."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = tmp_path / "key.pem"
+    key.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    export = planted.shared / "report.json"
+    (planted.shared / "report.json.sig").symlink_to(planted.victim)
+    proc = fleetctl("report", "-o", str(export), "--sign", str(key), home=planted.home)
+    assert proc.returncode == 2 and proc.stderr == (
+        f"fleetctl: error: {export}.sig: a symbolic link in a directory others can write: not written through it "
+        "(remove the link or write elsewhere)\n")
+    assert not export.exists() and planted.victim.read_text() == "precious\n"
+
+
 def test_a_link_planted_after_the_check_is_not_followed_either(planted):
     with pytest.raises(InputError, match="a symbolic link in a directory others can write"):
         files.write_atomically(planted.link, "mine\n")

@@ -56,15 +56,41 @@ def unchanged(home, before: str) -> bool:
             and (not wal.exists() or wal.stat().st_size == 0))
 
 
-@pytest.mark.parametrize("where", ["first", "middle", "last"])
-def test_a_damaged_history_is_one_line_exit_74_and_never_written(tmp_path, pristine, where):
-    before = damage(tmp_path, pristine, where)
+def refused_by_every_command(home, before: str) -> None:
+    """Every command that opens the damaged history in HOME (digest BEFORE) says so in one line, exits 74, and
+    leaves it as it is."""
     for args in COMMANDS:
-        proc = fleetctl(*args, home=tmp_path)
+        proc = fleetctl(*args, home=home)
         assert proc.returncode == Exit.HISTORY, (args, proc.returncode, proc.stdout[-300:], proc.stderr)
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
-            f"fleetctl: error: {tmp_path / 'history.sqlite3'}: the history: it is damaged ("), (args, proc.stderr)
-        assert unchanged(tmp_path, before), args
+            f"fleetctl: error: {home / 'history.sqlite3'}: the history: it is damaged ("), (args, proc.stderr)
+        assert unchanged(home, before), args
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_damaged_history_is_one_line_exit_74_and_never_written(tmp_path, pristine, where):
+    refused_by_every_command(tmp_path, damage(tmp_path, pristine, where))
+
+
+def test_a_damaged_index_is_refused_by_every_command(tmp_path, pristine):
+    """Issue 42: a leaf page of an index whose keys changed, its structure intact (every finding's status in it now
+    reads "fail"). SQLite's quick_check walks every page but never matches an index to its table: the damage passed
+    it, and audit and plan wrote into the file while report and metrics reported from it."""
+    path = tmp_path / "history.sqlite3"
+    path.write_bytes(pristine)
+    with sqlite3.connect(path) as db:
+        page = db.execute("SELECT pageno FROM dbstat WHERE name='findings_by_host' AND pagetype='leaf'"
+                          " ORDER BY pageno LIMIT 1").fetchone()[0] - 1
+    db.close()
+    data = bytearray(pristine)
+    data[page * 4096:(page + 1) * 4096] = data[page * 4096:(page + 1) * 4096].replace(b"pass", b"fail")
+    assert data != pristine
+    path.write_bytes(data)
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:  # the damage is of the kind quick_check misses
+        assert db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        assert "findings_by_host" in db.execute("PRAGMA integrity_check").fetchone()[0]
+    db.close()
+    refused_by_every_command(tmp_path, hashlib.sha256(data).hexdigest())
 
 
 @pytest.mark.parametrize("where", ["middle", "last"])
@@ -89,3 +115,28 @@ def test_an_intact_history_verifies_by_both(tmp_path, pristine):
     proc = fleetctl("report", "verify", home=tmp_path)
     assert proc.returncode == Exit.OK and proc.stdout.startswith("history chain intact: ")
     assert proc.stdout.endswith("; SQLite integrity_check: ok\n"), proc.stdout
+
+
+def test_a_history_found_whole_is_checked_again_only_once_its_files_change(tmp_path, pristine, monkeypatch):
+    """integrity_check reads the whole file: a later process (WHOLE empty again) skips it while the history and its
+    log are as they were when a check found them whole, and checks again after any write, or a copy put in place."""
+    from orchestrator import store as store_mod
+    path = tmp_path / "history.sqlite3"
+    path.write_bytes(pristine)
+    checks = []
+    real = Store.damage
+    monkeypatch.setattr(Store, "damage", lambda self: checks.append(1) or real(self))
+
+    def opened(readonly=False) -> int:
+        store_mod.WHOLE.clear()  # a new process
+        before = len(checks)
+        with Store(path, readonly=readonly):
+            pass
+        return len(checks) - before
+    assert opened() == 1 and (tmp_path / "history.sqlite3.checked").exists()
+    assert opened() == 0 and opened(readonly=True) == 0
+    with Store(path) as store:  # a write: the next process checks again
+        store.begin_run("audit", [], "test", None, None)
+    assert opened(readonly=True) == 1 and opened() == 1 and opened() == 0
+    path.write_bytes(pristine)  # another file in its place
+    assert opened() == 1

@@ -76,6 +76,36 @@ def test_a_full_disk_is_one_line_naming_the_history_and_exit_74(home):
         assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 4
 
 
+def test_a_file_size_limit_is_named_and_never_taken_for_damage(home):
+    """Issue 42: under a file-size limit (ulimit -f, SIGXFSZ ignored: a write past it fails with EFBIG) SQLite cannot
+    make the -shm it reads the history through, and that was reported as a damaged history to restore from a
+    backup. No connection is left open here: the command makes the -shm itself."""
+    path = home / "history.sqlite3"
+    before = digest(home)
+    env = dict(os.environ, FLEETCTL_HOME=str(home), FLEETCTL_CONFIG=os.devnull)
+    for args in (("audit",), ("plan", "--to", "580.65.06")):
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=REPO, timeout=120, preexec_fn=no_growth(4096))
+        assert proc.returncode == 74, (args, proc.stderr)
+        assert proc.stderr == (f"fleetctl: error: {path}: the history: it cannot be written (disk I/O error): a "
+                               "file-size limit (ulimit -f) lets this process write no file past 4096 bytes; raise "
+                               "it, then run the command again\n"), args
+        assert digest(home) == before, args
+
+
+def test_a_home_whose_name_is_too_long_is_one_line_naming_the_variable(tmp_path):
+    """Issue 42: a component of FLEETCTL_HOME over NAME_MAX (255 bytes) was an internal error (70) in the commands
+    that only read the history."""
+    home = tmp_path / ("h" * 300)
+    for args in (("report",), ("metrics",), ("report", "verify"), ("campaign", "list"), ("audit",)):
+        proc = fleetctl(*args, home=home)
+        assert proc.returncode == 74, (args, proc.stderr)
+        assert proc.stderr == (f"fleetctl: error: the history's path is longer than the file system allows (255 bytes "
+                               f"a name, 4096 in all): FLEETCTL_HOME={str(home)[:100]}...; set FLEETCTL_HOME to a "
+                               "shorter directory\n"), args
+    assert not list(tmp_path.iterdir())  # nothing made
+
+
 def test_a_run_a_dead_process_left_running_is_explained_then_closed_as_interrupted(home):
     path = home / "history.sqlite3"
     gone = json.dumps({"node": __import__("socket").getfqdn(), "pid": 2 ** 22 + 7, "start": "1"})

@@ -58,7 +58,7 @@ def test_an_audit_whose_report_cannot_be_written_is_recorded_with_that_code_and_
     assert proc.returncode == Exit.OUTPUT and proc.stderr.count("\n") == 1, proc.stderr
     assert "No space left on device" in proc.stderr
     row = recorded(home)
-    assert (row["status"], row["exit_code"]) == ("done", Exit.OUTPUT)
+    assert (row["status"], row["exit_code"]) == ("failed", Exit.OUTPUT)  # was: `done` with 73
     summary = json.loads(row["summary"])
     assert summary["exit_code"] == Exit.FINDINGS and "No space left on device" in summary["delivery"]
     with sqlite3.connect(home / "history.sqlite3") as db:  # the results are kept
@@ -137,3 +137,43 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_other(tmp_path, monkeypat
     with pytest.raises(OSError):
         files.write_atomically(tmp_path / "r.json", "new\n")
     assert os.listdir(tmp_path) == ["r.json"] and (tmp_path / "r.json").read_text() == "old\n"
+
+
+def with_stdout(how: str, *args: str, home: Path) -> subprocess.CompletedProcess:
+    """fleetctl ARGS with standard output a pipe whose reader is gone (every write: EPIPE) or closed (`>&-`)."""
+    argv = [sys.executable, "-m", "orchestrator.cli", *args]
+    env = {**ENV, "FLEETCTL_HOME": str(home)}
+    if how == "closed":
+        return subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *argv], stderr=subprocess.PIPE, text=True, env=env,
+                              cwd=REPO, timeout=120)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, timeout=120)
+    finally:
+        os.close(write)
+
+
+UNWRITABLE = {"pipe": "fleetctl: error: cannot write the standard output: Broken pipe\n",
+              "closed": "fleetctl: error: cannot write the standard output: Bad file descriptor\n"}
+
+
+@pytest.mark.parametrize("how", ["pipe", "closed"])
+@pytest.mark.parametrize("command", [["report", "verify"], ["check"], ["config", "show"],
+                                     ["audit", "--no-preflight"], ["plan", "--to", "570.86.15", "--no-preflight"]],
+                         ids=lambda c: " ".join(c[:2]) if c[0] in ("report", "config") else c[0])
+def test_an_unwritable_standard_output_is_one_line_and_exit_73_never_1(history, tmp_path, command, how):
+    """Was: a closed pipe exit 1, silently ("findings" to a script: Slurm drains a node whose check says 1), audit and
+    plan recorded with 70; a closed standard output a traceback."""
+    home = history if command[0] in ("report", "config", "check") else tmp_path / "home"
+    proc = with_stdout(how, *command, home=home)
+    assert (proc.returncode, proc.stderr) == (Exit.OUTPUT, UNWRITABLE[how])
+    if command[0] in ("audit", "plan"):  # what the history says is what the command did
+        row = recorded(home)
+        assert (row["kind"], row["status"], row["exit_code"]) == (command[0], "failed", Exit.OUTPUT)
+        assert UNWRITABLE[how].split(": ", 2)[2].strip() in json.loads(row["summary"])["delivery"]
+
+
+def test_a_command_that_writes_no_standard_output_runs_with_it_closed(tmp_path):
+    proc = with_stdout("closed", "audit", "--no-preflight", "-o", str(tmp_path / "a.txt"), home=tmp_path / "home")
+    assert (proc.returncode, proc.stderr) == (Exit.FINDINGS, "") and (tmp_path / "a.txt").stat().st_size > 0

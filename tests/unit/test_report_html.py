@@ -4,6 +4,7 @@ asks the network for nothing (every request would reach a recording proxy)."""
 from __future__ import annotations
 
 import html as html_mod
+import html.parser
 import http.server
 import json
 import re
@@ -153,3 +154,49 @@ def test_html_report_uses_the_window_shows_every_label_and_folds_long_reasons(ro
     assert wall["folded"] and "GPU 7 bandwidth_gbs" not in wall["summary"]  # the whole reason only when opened
     assert wall["summary"].startswith("wave 1 failed (1 of 1 hosts") and len(wall["summary"]) <= 203
     assert wall["details_height"] == wall["summary_height"]  # folded: the reason in full takes no room until opened
+
+
+class Cells(html_mod.parser.HTMLParser):
+    """Each table row's cells, as text."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(" ".join("".join(self.cell).split()))
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+@pytest.mark.parametrize("waves, fail_at, state", [((["a"], ["b"]), [1, 1], "rolled_back"),
+                                                   ((["a"], ["b", "c"]), [1, 2], "done")])  # b rolled back alone
+def test_the_campaigns_outcome_names_the_hosts_whose_rollback_failed(history, tmp_path,  # noqa: F811
+                                                                     waves, fail_at, state):
+    """Was: `rolled_back` (or `done`) and b among the hosts rolled back, for a campaign that exits 6: a person needed."""
+    from orchestrator.store import Store
+    from tests.unit.test_campaign_engine import Script, start
+
+    with Store(history / "history.sqlite3") as store:
+        script = Script({("b", "verify"): "fail", ("b", "rollback_verify"): "fail"})
+        assert start(store, script, *waves, fail_at=fail_at)[2].run() == state
+    page = tmp_path / "report.html"
+    assert fleetctl("report", "--format", "html", "-o", str(page), home=history).returncode == 0
+    parser = Cells()
+    parser.feed(page.read_text())
+    head = next(r for r in parser.rows if r[:1] == ["Campaign"])
+    rows = [dict(zip(head, r)) for r in parser.rows if r[:1] == ["2"]]  # the history's own campaign is 1
+    assert len(rows) == 1
+    assert rows[0]["Outcome"] == f"{state}: rollback failed on b, a person is needed"
+    assert "b" not in rows[0]["Rolled back"].split(", ")

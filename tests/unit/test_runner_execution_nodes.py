@@ -55,6 +55,7 @@ def audit(tmp_path, config: str) -> subprocess.CompletedProcess:
     ("execution_nodes:\n- {name: a, hosts: x}\n", "$.execution_nodes[0]: 'worker' is a required property"),
     ("execution_nodes:\n- {name: rack 1, worker: w, hosts: x}\n",
      "$.execution_nodes[0].name: a string that fails the schema's 'pattern' rule"),
+    ("worker_silence: 2s\n", "$.worker_silence: '2s' is not at least 4s"),  # a keepalive a second at least
 ])
 def test_a_bad_execution_node_is_one_line_before_anything_runs(tmp_path, config, said):
     proc = audit(tmp_path, config)

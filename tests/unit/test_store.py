@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import subprocess
 
 import pytest
 
 from orchestrator import chain, store
 from orchestrator.exitcodes import Exit
-from orchestrator.store import HistoryError, Store
+from orchestrator.store import HistoryError, Store, files
 from tests.cli_helpers import fleetctl
 
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -103,3 +104,28 @@ def test_an_existing_history_of_this_users_still_loses_the_bits_for_others(tmp_p
     path.chmod(0o644)
     Store(path).close()
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def rows_seen_by_another_process(path) -> int:
+    """What the sqlite3 command-line tool, a process of its own that comes and goes, counts in table t."""
+    return int(subprocess.run(["sqlite3", str(path), "SELECT COUNT(*) FROM t"], capture_output=True, text=True,
+                              check=True, timeout=30).stdout)
+
+
+def test_a_store_made_beside_an_open_one_leaves_its_locks_and_no_row_is_lost(tmp_path):
+    """Issue 42: every Store once opened and closed the history's files itself (to set their mode), and closing any
+    descriptor of a file drops every POSIX lock this process's connections hold on it. A reader in another process,
+    finding no lock, took itself for the last connection and deleted the write-ahead log under the open one: 50 of
+    51 rows lost, silently."""
+    path = tmp_path / "history.sqlite3"
+    held = Store(path)  # upgrade's Store for its campaign, held while each step's audit makes its own
+    held.db.execute("CREATE TABLE t (x)")
+    held.db.execute("INSERT INTO t VALUES (0)")
+    Store(path).close()
+    assert rows_seen_by_another_process(path) == 1
+    for i in range(50):
+        held.db.execute("INSERT INTO t VALUES (?)", (i,))
+    assert all(f.exists() for f in files(path))
+    assert rows_seen_by_another_process(path) == 51
+    held.close()
+    assert rows_seen_by_another_process(path) == 51
