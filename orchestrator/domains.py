@@ -8,9 +8,9 @@ multi-node domain). The inventory may declare it: the host variable `fleetctl_nv
 controls nvlink.domain_declared and nvlink.domain_uniform hold the two together).
 
 `group` joins hosts into domains by any of: the same reported domain, the same declared name, an address of a
-host's IMEX node list that is another host's `ansible_host` (so a tray that is unreachable, with no facts, still
-belongs to its rack). A host joined to no other is its own domain: an HGX fleet's units of change are its hosts, as
-before. A domain's name: the declared one, else the reported one, else the host's own name.
+host's IMEX node list that is another host's `ansible_host`, compared as addresses (so a tray that is unreachable,
+with no facts, still belongs to its rack). A host joined to no other is its own domain: an HGX fleet's units of
+change are its hosts, as before. A domain's name: the declared one, else the reported one, else the host's own name.
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ def group(fleet: Any, facts: Mapping[str, Mapping[str, Any] | None]) -> dict[str
     def join(a: str, b: str) -> None:
         parent[root(b)] = root(a)
 
-    by_address = {str(h.vars["ansible_host"]): h.name for h in fleet.hosts if h.vars.get("ansible_host")}
+    address_key = resources.module_utils("fleetctl_imex").address_key  # fd00::1 is FD00:0:0::1
+    by_address = {address_key(str(h.vars["ansible_host"])): h.name
+                  for h in fleet.hosts if h.vars.get("ansible_host")}
     first: dict[tuple[str, str], str] = {}
     multi = set()
     for h in fleet.hosts:
@@ -87,7 +89,7 @@ def group(fleet: Any, facts: Mapping[str, Mapping[str, Any] | None]) -> dict[str
         for key in [k for k in keys if k[1]]:
             multi.add(h.name)
             join(first.setdefault(key, h.name), h.name)
-        for address in node_list(facts.get(h.name)):
+        for address in map(address_key, node_list(facts.get(h.name))):
             if address in by_address:
                 multi.update((h.name, by_address[address]))
                 join(h.name, by_address[address])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +122,11 @@ def by_host(series: Mapping[str, Any], hosts: Iterable[Host]) -> dict[str, Any]:
 
 # ---- the client ----------------------------------------------------------------------------------------------------
 
+def not_json(constant: str) -> Any:
+    """json.loads's parse_constant: NaN, Infinity and -Infinity are not JSON (Prometheus writes values as strings)."""
+    raise ValueError(f"{constant} is not JSON")
+
+
 def client(url: str | None, headers_file: str | None, timeout_s: float) -> Client | None:
     """The client for these settings (--prometheus-url, --prometheus-headers, --prometheus-timeout), checked
     (input errors now), or None without a URL."""
@@ -133,13 +139,16 @@ def client(url: str | None, headers_file: str | None, timeout_s: float) -> Clien
 
 class Client:
     def __init__(self, url: str, headers: Mapping[str, str] | Iterable[tuple[str, str]], timeout: float):
-        """URL: the server's (a path prefix kept: https://host/prometheus); HEADERS: sent with every request (a
-        token: never shown); TIMEOUT: seconds, for each read and Prometheus's evaluation of the query."""
+        """URL: the server's (a path prefix kept: https://host/prometheus; a query string sent with every request:
+        https://host/p?tenant=a asks https://host/p/api/v1/query_range?tenant=a); HEADERS: sent with every request
+        (a token: never shown); TIMEOUT: seconds, for each read and Prometheus's evaluation of the query."""
         import urllib3
 
         from . import webhook
 
-        self.url, self.timeout_s = url.rstrip("/"), float(timeout)
+        self.url, self.timeout_s = url, float(timeout)
+        parts = urllib.parse.urlsplit(url)
+        self.base, self.query = parts._replace(path=parts.path.rstrip("/"), query="", fragment=""), parts.query
         self.headers = {"Accept": "application/json", "User-Agent": f"fleetctl/{__version__}",
                         **dict(headers.items() if isinstance(headers, Mapping) else headers)}
         context, proxy = notify.ssl_context(None), webhook.proxy_for(url)
@@ -178,8 +187,10 @@ class Client:
             try:
                 value = series["metric"].get(host_label)
                 points = [(float(t), float(v)) for t, v in series["values"]]
-            except (AttributeError, KeyError, TypeError, ValueError):
+            except (AttributeError, KeyError, TypeError, ValueError, OverflowError):  # 10**400: no float
                 raise self.error("the answer is not a range of series") from None
+            if not all(math.isfinite(t) for t, _ in points):
+                raise self.error("the answer is not a range of series")
             if not isinstance(value, str):
                 raise self.error(f"a series without the label {host_label}: aggregate the query by ({host_label})")
             if value in out:
@@ -212,9 +223,9 @@ class Client:
         if isinstance(done[0], PrometheusError):
             raise done[0]
         status, reason, body = done[0]
-        try:
-            doc = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        try:  # JSON as RFC 8259 has it: no NaN or Infinity; a number past Python's digit limit a ValueError
+            doc = json.loads(body, parse_constant=not_json)
+        except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError too
             doc = None
         if not isinstance(doc, dict) or doc.get("status") not in ("success", "error"):
             raise self.error(f"HTTP {status}: redirects are not followed" if 300 <= status < 400 else
@@ -235,7 +246,8 @@ class Client:
         retry = urllib3.Retry(total=TRIES - 1, redirect=False, raise_on_status=False, allowed_methods=None,
                               status_forcelist=RETRY_STATUSES, backoff_factor=0.5, respect_retry_after_header=False)
         try:
-            response = self.pool.request("POST", self.url + path, fields=fields, encode_multipart=False,
+            url = urllib.parse.urlunsplit(self.base._replace(path=self.base.path + path, query=self.query))
+            response = self.pool.request("POST", url, fields=fields, encode_multipart=False,
                                          headers=self.headers, retries=retry, redirect=False, preload_content=False)
             with response:
                 chunks, read = [], 0

@@ -4,6 +4,7 @@ report no multi-node NVLink domain (facts.imex null: HGX boards, PCIe GPUs) have
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from .. import domains, resources
@@ -22,6 +23,11 @@ def imex_of(facts: dict[str, Any]) -> dict[str, Any] | None:
 def upstream(version: str | None) -> str | None:
     """'570.86.15-1' -> '570.86.15'."""
     return resources.module_utils("fleetctl_packaging").upstream_version(version) if version else None
+
+
+def imex_utils() -> Any:
+    """The host's IMEX readers (module_utils/fleetctl_imex.py): how addresses compare, how many nodes a domain has."""
+    return resources.module_utils("fleetctl_imex")
 
 
 def shown(items: list[str]) -> str:
@@ -101,7 +107,9 @@ def imex_domain(facts, policy):
     """Fails when a node of the IMEX node list (nodes_config.cfg) is missing from the domain status of
     `nvidia-imex-ctl -N`, not READY, or not CONNECTED to this host, naming the peers (address, host name, state:
     "10.213.0.4 (gb200-03) UNAVAILABLE"), the worst first; when the node list names an address twice; or when the
-    domain is not UP although every node is."""
+    domain is not UP although every node is. Addresses are compared as addresses (fd00::1 is FD00:0:0::1), host
+    names whatever their case. A node list or domain status of more nodes than an IMEX domain holds (1024) is an
+    error, not judged."""
     imex = imex_of(facts)
     if imex is None:
         return not_applicable(NO_DOMAIN)
@@ -109,11 +117,20 @@ def imex_domain(facts, policy):
         missing = "imex.nodes" if imex["nodes"] is None else "imex.domain"
         return Check("error", f"could not read the IMEX {'node list' if missing == 'imex.nodes' else 'domain'}: "
                               f"{unread_message(facts, missing)}")
-    domain = imex["domain"]
-    status = {n["address"]: n for n in domain["nodes"]}
-    judged = sorted((_peer(status.get(a), a) for a in dict.fromkeys(imex["nodes"])), key=lambda p: -p[0])
+    domain, utils = imex["domain"], imex_utils()
+    for what, listed in ((f"node list ({imex['nodes_config_file']})", imex["nodes"]),
+                         ("domain status", domain["nodes"])):
+        if len(listed) > utils.MAX_NODES:
+            return Check("error", f"the IMEX {what} names {len(listed)} nodes, more than an IMEX domain holds "
+                                  f"({utils.MAX_NODES}): not judged")
+    status: dict[str, Any] = {}
+    for n in domain["nodes"]:
+        status.setdefault(utils.address_key(n["address"]), n)
+    listed = Counter(utils.address_key(a) for a in imex["nodes"])
+    first = {utils.address_key(a): a for a in reversed(imex["nodes"])}  # each address as the list first writes it
+    judged = sorted((_peer(status.get(key), first[key]) for key in listed), key=lambda p: -p[0])
     bad = [what for rank, what in judged if rank]
-    twice = sorted({a for a in imex["nodes"] if imex["nodes"].count(a) > 1})
+    twice = sorted(first[key] for key, count in listed.items() if count > 1)
     evidence = {"status": domain["status"], "nodes": len(judged), "not_ready": bad, "listed_twice": twice}
     problems = ([f"IMEX domain {domain['status']}: {shown(bad)}"] if bad else []) + (
         [f"the node list ({imex['nodes_config_file']}) names {', '.join(twice)} twice"] if twice else [])

@@ -53,6 +53,15 @@ def test_an_unreachable_tray_belongs_to_its_rack_by_the_node_list_or_the_declare
     assert got["gb-5"] == got["gb-6"] == domains.Domain("rack-z", ("gb-5", "gb-6"), True)
 
 
+def test_a_node_list_names_an_address_however_it_is_written():
+    """Issue 42: fd00::3 in the inventory and FD00:0:0::3 in a node list are one address."""
+    fleet = fleet_of(Host("gb-1", ("all",), {"ansible_host": "fd00::1"}),
+                     Host("gb-3", ("all",), {"ansible_host": "fd00::3"}),
+                     Host("gb-4", ("all",), {"ansible_host": "GB-4"}))
+    facts = {"gb-1": tray(RACK_A, nodes=["FD00:0:0::1", "fd00:0000::3", "gb-4"]), "gb-3": None, "gb-4": None}
+    assert domains.group(fleet, facts)["gb-3"].members == ("gb-1", "gb-3", "gb-4")
+
+
 @pytest.fixture
 def racks(device_facts):
     """Two racks of three trays and two HGX hosts, all on 550.163.01, as plan entries and their domains."""

@@ -113,6 +113,43 @@ def test_no_member_is_this_host():
     assert problem == "nvidia-imex-ctl -N -j: no member is this host (192.0.2.9)"
 
 
+def test_addresses_are_compared_as_addresses_host_names_as_names():
+    """Issue 42: this host at FD00:0:0::2 is the member fd00::2, its connection to fd00::3 is the one to
+    fd00:0000::3; host names compare whatever their case."""
+    assert [imex.address_key(a) for a in ("FD00:0:0::1", "fd00::1", "10.0.0.1", "GB200-01.Rack.")] == \
+        ["fd00::1", "fd00::1", "10.0.0.1", "gb200-01.rack"]
+    ctl = {"status": "UP", "nodes": {
+        "0": {"status": "READY", "host": "fd00::2", "hostName": "n1", "connections": {
+            "0": {"host": "fd00:0000::2", "status": "CONNECTED"}, "1": {"host": "FD00::3", "status": "CONNECTED"},
+            "2": {"host": "N3.rack", "status": "CONNECTED"}}},
+        "1": {"status": "READY", "host": "fd00:0:0::3", "hostName": "n2"},
+        "2": {"status": "READY", "host": "n3.RACK", "hostName": "n3"}}}
+    parsed, problem = imex.parse_domain(json.dumps(ctl), ["FD00:0:0::2"])
+    assert problem is None and [n["connection"] for n in parsed["nodes"]] == ["CONNECTED"] * 3
+
+
+def test_a_node_list_or_a_domain_past_the_cap_is_one_problem():
+    """Issue 42: more nodes than an IMEX domain holds (MAX_NODES) is one line, read in linear time."""
+    cap = imex.MAX_NODES
+    nodes, problems = imex.parse_nodes("\n".join("10.0.%d.%d" % divmod(i, 256) for i in range(cap)))
+    assert len(nodes) == cap and problems == []
+    nodes, problems = imex.parse_nodes("\n".join("10.%d.%d.%d" % (i >> 16, i >> 8 & 255, i & 255)
+                                                 for i in range(95_000)))
+    assert len(nodes) == cap and problems == ["more than %d addresses (an IMEX domain holds at most %d)"
+                                              % (cap, cap)]
+    ctl = {"status": "UP", "nodes": {str(i): {"status": "READY", "host": "10.%d.%d.%d" % (i >> 16, i >> 8 & 255,
+                                                                                          i & 255)}
+                                     for i in range(cap + 1)}}
+    with pytest.raises(imex.ImexOutputError) as e:
+        imex.parse_domain(json.dumps(ctl), ME)
+    assert str(e.value) == "nvidia-imex-ctl -N -j: %d nodes, more than an IMEX domain holds (%d)" % (cap + 1, cap)
+    del ctl["nodes"][str(cap)]
+    ctl["nodes"]["0"]["connections"] = {str(i): {"host": n["host"], "status": "CONNECTED"}
+                                        for i, n in enumerate(ctl["nodes"].values())}
+    parsed, problem = imex.parse_domain(json.dumps(ctl), ["10.0.0.0"])
+    assert problem is None and {n["connection"] for n in parsed["nodes"]} == {"CONNECTED"}
+
+
 @pytest.mark.parametrize("out, says", [
     (text("ctl-not-json.txt"), "nvidia-imex-ctl -N -j: not JSON (Expecting value: line 1 column 1 (char 0)): "
                                "'IMEX domain status: UP\\nNode 0"),

@@ -13,7 +13,7 @@ import copy
 
 import pytest
 
-from orchestrator import audit, controls, plan, runner, schemas
+from orchestrator import audit, controls, plan, resources, runner, schemas
 from orchestrator.baseline import Baseline
 from orchestrator.campaign import packages
 from orchestrator.inventory import Fleet, Host
@@ -171,6 +171,36 @@ def test_imex_domain_a_node_list_naming_a_peer_the_domain_lacks_or_one_twice(tra
     assert judged(tray)["imex.domain"] == (
         "fail", "IMEX domain UP: 10.213.0.9 missing from the domain status; the node list "
                 "(/etc/nvidia-imex/nodes_config.cfg) names 10.213.0.3 twice")
+
+
+def test_imex_domain_compares_addresses_not_spellings(tray):
+    """Issue 42: an IPv6 address is one address however it is written, a host name one name whatever its case."""
+    tray["imex"]["nodes"] = ["fd00::2", "fd00::3", "GB200-03.rack"]
+    tray["imex"]["domain"]["nodes"] = [imex_node("FD00:0:0::2", "gb200-01"), imex_node("fd00:0000::0003", "gb200-02"),
+                                       imex_node("gb200-03.RACK", "gb200-03")]
+    assert judged(tray)["imex.domain"] == ("pass", "IMEX domain UP: all 3 nodes READY and connected")
+    tray["imex"]["nodes"].append("FD00:0::3")
+    assert judged(tray)["imex.domain"] == (
+        "fail", "the node list (/etc/nvidia-imex/nodes_config.cfg) names fd00::3 twice")
+
+
+def test_imex_domain_past_its_cap_is_one_error_line_not_a_hang(tray):
+    """Issue 42: a node list (or a domain status) longer than an IMEX domain can be is judged in linear time up to
+    the cap (MAX_NODES) and refused past it, in one line."""
+    cap = resources.module_utils("fleetctl_imex").MAX_NODES
+    addresses = [f"fd00::{i:x}" for i in range(1, cap + 1)]
+    tray["imex"]["nodes"] = addresses
+    tray["imex"]["domain"]["nodes"] = [imex_node(a, None) for a in addresses]
+    assert judged(tray)["imex.domain"] == ("pass", f"IMEX domain UP: all {cap} nodes READY and connected")
+    tray["imex"]["nodes"] = addresses + ["10.0.0.1"]
+    assert judged(tray)["imex.domain"] == (
+        "error", f"the IMEX node list (/etc/nvidia-imex/nodes_config.cfg) names {cap + 1} nodes, more than an IMEX "
+                 f"domain holds ({cap}): not judged")
+    tray["imex"]["nodes"] = addresses[:3]
+    tray["imex"]["domain"]["nodes"] = [imex_node(a, None) for a in addresses * 50]
+    assert judged(tray)["imex.domain"] == (
+        "error", f"the IMEX domain status names {50 * cap} nodes, more than an IMEX domain holds ({cap}): "
+                 "not judged")
 
 
 def test_gpu_fabric_clique_names_the_gpu_and_both_cliques(tray, device_facts):

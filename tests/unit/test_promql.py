@@ -200,6 +200,48 @@ def test_every_failure_is_one_line_naming_the_server_and_the_cause(serve, answer
         assert str(e.value) == f"Prometheus {server.url}: {said}" and len(server.requests) == tries
 
 
+BIG = "9" * 5000  # a number past Python's 4300 digits (int) and past a float (inf)
+HUGE = "1" + "0" * 400  # an integer no float holds
+
+
+@pytest.mark.parametrize("body, said", [
+    (('{"status": "success", "data": {"resultType": "matrix", "result": [{"metric": {"instance": "n1"}, '
+      '"values": [[%s, "1"]]}]}}' % BIG).encode(), "the answer is not Prometheus's JSON"),
+    (('{"status": "success", "data": {"resultType": "matrix", "result": [{"metric": {"instance": "n1"}, '
+      '"values": [[%s, "1"]]}]}}' % HUGE).encode(), "the answer is not a range of series"),
+    (b'{"status": "success", "data": {"resultType": "matrix", "result": [{"metric": {"instance": "n1"}, '
+     b'"values": [[NaN, "1"]]}]}}', "the answer is not Prometheus's JSON"),
+    (matrix(({"instance": "n1"}, [(60, "1"), ("NaN", "2")])), "the answer is not a range of series"),
+    (matrix(({"instance": "n1"}, [("-Inf", "1")])), "the answer is not a range of series"),
+])
+def test_odd_numbers_in_an_answer_are_one_line_not_a_crash(serve, body, said):
+    """Issue 42: a 5000-digit number was an internal error (exit 70), a NaN time a sample."""
+    server = serve((200, body))
+    with pytest.raises(promql.PrometheusError) as e:
+        promql.Client(server.url, {}, 2).range("up", 0, 60, 60)
+    assert str(e.value) == f"Prometheus {server.url}: {said}"
+
+
+def test_a_value_too_large_for_a_float_is_no_sample(serve):
+    server = serve((200, matrix(({"instance": "n1"}, [(60, BIG), (120, "2")]))))
+    assert promql.Client(server.url, {}, 2).range("up", 0, 120, 60) == {"n1": [(120.0, 2.0)]}
+
+
+@pytest.mark.parametrize("suffix, path", [
+    ("/p?t=X", "/p/api/v1/query_range?t=X"),
+    ("/p/?t=X&u=%2F", "/p/api/v1/query_range?t=X&u=%2F"),
+    ("?tenant=a#ignored", "/api/v1/query_range?tenant=a"),
+])
+def test_a_query_string_in_the_url_is_sent_with_every_request(serve, suffix, path):
+    """Issue 42: http://h:9090/p?t=X was asked as POST /p?t=X/api/v1/query_range."""
+    server = serve()
+    client = promql.client(server.url + suffix, None, 2)
+    client.range("up", 0, 60, 60)
+    client.check("up")
+    assert [p for p, _, _ in server.requests] == [path, path]
+    assert client.describe() == f"Prometheus {server.url}/…"
+
+
 def test_a_server_that_is_not_there_is_a_refused_connection():
     client = promql.Client(f"http://127.0.0.1:{closed_port()}", {}, 1)
     with pytest.raises(promql.PrometheusError, match=r"^Prometheus http://127\.0\.0\.1:\d+: connection refused$"):

@@ -30,6 +30,10 @@ CONFIG_FILE = "/etc/nvidia-imex/config.cfg"
 DEFAULT_NODES_CONFIG = "/etc/nvidia-imex/nodes_config.cfg"
 CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
 ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+# Members of one IMEX domain at most: it lies within one NVLink domain, at most 576 GPUs (NVL576: 144 trays). A node
+# list is read to its MAX_NODES-th address, a domain status of more members not at all (one problem each), and
+# fleetctl's imex.domain judges no more: nothing grows past it.
+MAX_NODES = 1024
 
 _VERSION = re.compile(r"IMEX version is:\s*(\d{1,9}\.\d{1,9}(?:\.\d{1,9})?)")
 _ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:_-]{0,252}$")  # an IP address (or a host name) in a node list
@@ -77,16 +81,20 @@ def nodes_config_file(config):
 
 
 def parse_nodes(text):
-    """nodes_config.cfg -> ([address, ...] in file order, [problem, ...]); blank lines and "#" comments skipped."""
+    """nodes_config.cfg -> ([address, ...] in file order, [problem, ...]); blank lines and "#" comments skipped.
+    Past MAX_NODES addresses, the first MAX_NODES and that one problem."""
     nodes, problems = [], []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        if _ADDRESS.match(line):
-            nodes.append(line)
-        else:
+        if not _ADDRESS.match(line):
             problems.append("line %d is not an address: %r" % (number, line[:80]))
+        elif len(nodes) == MAX_NODES:
+            problems.append("more than %d addresses (an IMEX domain holds at most %d)" % (MAX_NODES, MAX_NODES))
+            break
+        else:
+            nodes.append(line)
     return nodes, problems
 
 
@@ -102,11 +110,13 @@ def parse_channels(proc_devices, names):
     return {"major": int(m.group(1)) if m else None, "count": len([n for n in names if _CHANNEL.match(n)])}
 
 
-def _same_address(a, b):
+def address_key(address):
+    """What a node list's entry is compared by: an IP address as one (FD00:0:0::1 is fd00::1), a host name
+    whatever its case and a final dot (DNS names are)."""
     try:
-        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+        return str(ipaddress.ip_address(address))
     except ValueError:
-        return a == b
+        return address.lower().rstrip(".")
 
 
 def _text(value, limit=64):
@@ -124,21 +134,28 @@ def parse_domain(text, own_addresses):
         raise ImexOutputError("nvidia-imex-ctl -N -j: not JSON (%s): %r" % (e, text.strip()[:80]))
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict) or not _text(data.get("status")):
         raise ImexOutputError("nvidia-imex-ctl -N -j: no domain status and nodes in %r" % text.strip()[:80])
+    if len(data["nodes"]) > MAX_NODES:
+        raise ImexOutputError("nvidia-imex-ctl -N -j: %d nodes, more than an IMEX domain holds (%d)"
+                              % (len(data["nodes"]), MAX_NODES))
     entries = []
     for key in sorted(data["nodes"], key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k)):
         entry = data["nodes"][key]
         if not isinstance(entry, dict) or not _text(entry.get("host"), 253) or not _text(entry.get("status")):
             raise ImexOutputError("nvidia-imex-ctl -N -j: node %r has no host and status" % key[:20])
         entries.append(entry)
-    own = [e for e in entries if any(_same_address(e["host"], a) for a in own_addresses)]
+    mine = set(address_key(a) for a in own_addresses)
+    own = [e for e in entries if address_key(e["host"]) in mine]
     connections = own[0].get("connections") if own else None
-    connections = [c for c in connections.values() if isinstance(c, dict)] if isinstance(connections, dict) else []
+    to = {}  # address_key -> this host's connection to it (the first listed)
+    for c in (connections.values() if isinstance(connections, dict) else ()):
+        if isinstance(c, dict) and isinstance(c.get("host"), str):
+            to.setdefault(address_key(c["host"]), c)
     nodes = []
     for entry in entries:
-        to = [c for c in connections if isinstance(c.get("host"), str) and _same_address(c["host"], entry["host"])]
+        connection = to.get(address_key(entry["host"]))
         nodes.append({"address": entry["host"][:253], "hostname": _text(entry.get("hostName"), 253),
                       "status": entry["status"][:64], "version": _text(entry.get("version")),
-                      "connection": _text(to[0].get("status")) if to else None})
+                      "connection": _text(connection.get("status")) if connection else None})
     problem = None if own else "nvidia-imex-ctl -N -j: no member is this host (%s)" % ", ".join(own_addresses)[:200]
     return {"status": data["status"][:64], "nodes": nodes}, problem
 
