@@ -232,8 +232,7 @@ def judge_level(canary: Series, control: Series, good: str, max_change: float, *
     higher | lower; MAX_CHANGE: the largest relative change tolerated in the bad direction (0.05). With
     CANARY_BEFORE and CONTROL_BEFORE (the same query over a window before the change), each host is calibrated
     against its own level then; a host without values in it is left out. Extra keys: block_s (seconds a block
-    spans), calibrated (whether the before window was used), control_moved (with the window before: the control
-    cohort's own relative movement since then, control_moved())."""
+    spans), calibrated (whether the before window was used)."""
     import numpy as np
     if good not in GOOD:
         raise ValueError(f"good must be one of {', '.join(GOOD)}, not {good!r}")
@@ -267,8 +266,6 @@ def judge_level(canary: Series, control: Series, good: str, max_change: float, *
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         figures.update(canary=_float(np.nanmedian(v_can)), control=_float(np.nanmedian(v_con)))
-    if calibrated:
-        figures["control_moved"] = control_moved({h: con[h] for h in con}, {h: con_b[h] for h in con})
     if len(x) < min_samples or len(y) < min_samples:
         minutes = f"{block * step / 60:g}-minute blocks" if step else f"blocks of {block}"
         return _result("no_verdict", f"{name}: {len(x)} sample(s) on the canary and {len(y)} on the control "
@@ -289,10 +286,10 @@ def judge_level(canary: Series, control: Series, good: str, max_change: float, *
 
 
 def control_moved(now: Series, before: Series) -> float | None:
-    """How far the control cohort moved between the two probes a soak's self-comparison holds against each other
-    (every host alike: a drift the fleet shares): each control host's latest points NOW (the end of the soak)
-    against its latest points BEFORE (the window that ends as the canary is drained, just after its probe_before),
-    less 1; the median over hosts. The latest points are the last quarter of a window, MOVED_POINTS at least: its
+    """How far the control cohort moved between the two moments a self-comparison holds against each other (every
+    host alike: a drift the fleet shares; campaign/cohort.py): each control host's latest points NOW (a window
+    that ends at the later moment) against its latest points BEFORE (one that ends at the earlier moment), less 1;
+    the median over hosts. The latest points are the last quarter of a window, MOVED_POINTS at least: its
     earlier points may hold the time before a drift began, or a previous change's reboots. A host with fewer points
     in either window is left out; none left: None."""
     import numpy as np

@@ -97,7 +97,7 @@ def gate_policy(policy: dict[str, Any]) -> GatePolicy:
 # What can fail a gate (or a soak check), the worst first: a summary names the worst problem and counts the rest.
 # An Xid names the cause of what the GPU count and a lost GPU show.
 KINDS = ("driver", "Xid", "GPU lost", "GPU count", "reboot", "ECC", "row remap", "recovery action", "interconnect",
-         "PCIe", "throughput", "canary metrics", "canary runs", "could not check")
+         "control", "PCIe", "throughput", "canary metrics", "canary runs", "could not check")
 
 
 @dataclass(frozen=True)

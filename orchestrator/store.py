@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, chain, timefmt
-from .errors import InputError, OperationError
+from .errors import OperationError
 from .exitcodes import Exit
-from .files import write_atomically
 from .sanitize import one_line
 
 
@@ -418,8 +417,10 @@ class Store:
             raise damaged(self.path, problem)
         WHOLE.add(key)
         if not self.readonly:
-            with contextlib.suppress(OSError, InputError):  # a saving only: where it cannot be kept, checks go on
-                write_atomically(Path(f"{self.path}.checked"), json.dumps(seen))
+            with contextlib.suppress(OSError):  # a saving only: where it cannot be kept, checks go on
+                fd = os.open(f"{self.path}.checked", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with open(fd, "w") as fh:  # torn by a crash, it is no JSON: checked_as says None, a check runs
+                    fh.write(json.dumps(seen))
 
     def snapshot(self) -> AbstractContextManager[None]:
         """The history as of one moment for the block (chain.snapshot)."""

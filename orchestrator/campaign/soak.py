@@ -7,7 +7,9 @@ while the next wave waits, because the faults a canary exists to catch show unde
   baseline too), new uncorrectable ECC, row remaps pending or failed, a recovery action, NVLink links down, a
   fabric not completed. A boot id that changed is a reboot nobody asked for: a failure. And the canary workload:
   the operators' command (`--canary`, the command engine's protocol) or, without one, the host's probe engine; a
-  host whose failed runs exceed `canary_max_failures` fails.
+  host whose failed runs exceed `canary_max_failures` fails. The audit's facts come in the same run (soak.yml) and
+  every control is judged as the verify judges it (steps.changed_controls): one that passed at the precheck and
+  fails now fails the host, but those declaring the role "not_soaked".
 - An unreachable host fails once it has been unreachable for `soak_grace_s`.
 - At the end of the soak, the gate: a throughput probe judged against the host's own `probe_before` samples with
   the existing gate (and the health part once more), and the canary's metrics of its last run against its first.
@@ -19,14 +21,13 @@ was down is still seen by the resumed soak. Markers, not clocks, decide what is 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import gate, plan, probe, slurm
+from .. import audit, controls, gate, probe, runner, slurm
 from ..timefmt import parse, stamp
-from . import scheduler
+from . import cohort, scheduler, steps
 from .journal import Journal
 from .options import soak_length
 from .context import Context
@@ -34,7 +35,8 @@ from .transitions import HostState
 
 GATE_STEPS = ("probe_again", "probe_after")  # the gate probe a changed host passed last, newest first
 GATE_VERDICTS = {"gate": "end-of-soak gate", "gate_less_drift": "end-of-soak gate less the fleet's drift",
-                 "canary_gate": "canary metrics"}  # an end-of-soak observation's verdicts (_final_throughput)
+                 "canary_gate": "canary metrics", "canary_gate_less_drift": "canary metrics less the fleet's drift"
+                 }  # an end-of-soak observation's verdicts (_final_throughput)
 
 
 @dataclass
@@ -141,8 +143,14 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
     """One soak check (FINAL: the end-of-soak gate) of HOSTS, in one playbook run."""
     refs = {h: reference(ctx, h) for h in hosts}
     markers = {h: m for h in hosts if (m := marker(ctx, h, refs[h]))}
-    # The end-of-soak gate measures with the engine probe_before used; a check runs the canary workload.
-    collected = probe.collect(_probe_options(ctx, canary=not final), ctx.fleet.only(hosts), ctx.base, markers)
+    # The end-of-soak gate measures with the engine probe_before used; a check runs the canary workload. The
+    # audit's facts come in the same run: the controls are judged as the verify judges them (changed_controls).
+    fleet = ctx.fleet.only(hosts)
+    options = _probe_options(ctx, canary=not final)
+    outcomes = runner.run_on_fleet("soak.yml", fleet, probe.extravars(options, fleet, ctx.base, markers),
+                                   options.forks, options.preflight)
+    collected = probe.results(fleet, outcomes)
+    audited = {e["name"]: e for e in audit.evaluate_outcomes(fleet, ctx.base, outcomes, ctx.journal.store)}
     jobs_failed, jobs_unread = slurm_jobs_failed(ctx, hosts) if ctx.options.hooks.slurm and not final else ({}, None)
     judged = canary_metrics(ctx, hosts, final)
     out = {}
@@ -155,6 +163,8 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
                                      {"seen": [entry["error"] or "no probe result"]}))
             continue
         fails, notes = _health(ctx, host, ref, result)
+        fails += [gate.Problem("control", p) for p in steps.changed_controls(
+            audited[host], ctx.befores[host], stated=controls.with_role("not_soaked"))]
         detail: dict[str, Any] = {"marker": _marker_of(result, markers.get(host)), "boot_id": result["host"]["boot_id"],
                                   "gpus": result["health"]["gpu_count"]}
         if final:
@@ -205,17 +215,6 @@ class Judged:
     hold: str | None = None
 
 
-def _step_time(ctx: Context, host: str, step: str, key: str) -> float | None:
-    row = next((r for r in ctx.journal.steps(ctx.campaign, host) if r["step"] == step and r[key]), None)
-    return parse(row[key]).timestamp() if row else None
-
-
-def planned(ctx: Context) -> dict[str, dict[str, Any]]:
-    """The campaign plan's entry of each host in its waves (groups, GPUs, GPU model): host -> entry."""
-    made = json.loads(ctx.journal.campaign(ctx.campaign)["plan"])
-    return {h["name"]: h for w in made["waves"] for h in w["hosts"]}
-
-
 def canary_metrics(ctx: Context, hosts: list[str], final: bool) -> dict[str, Judged]:
     """The baseline's canary metrics of HOSTS (the watched ones: the canary cohort), per cohort (group and GPU
     model, plan.cohort), judged against the cohort's hosts this campaign has not changed yet (the control cohort)
@@ -225,19 +224,18 @@ def canary_metrics(ctx: Context, hosts: list[str], final: bool) -> dict[str, Jud
     control host, no series, too few samples) is a note at a check and, at the end of the soak (FINAL), what the
     baseline's canary.on_missing says: hold, fail or ignore."""
     out = {h: Judged() for h in hosts}
-    entries = planned(ctx)
-    cohort = {h: plan.cohort(e) for h, e in entries.items()}
+    entries = cohort.planned(ctx)
+    of = cohort.names(ctx)
     cohorts: dict[str, list[str]] = {}
     for h in hosts:
-        cohorts.setdefault(cohort.get(h) or ctx.fleet.host(h).group, []).append(h)
-    untouched = [r["host"] for r in ctx.journal.hosts(ctx.campaign)
-                 if not r["changed"] and r["state"] == HostState.PRECHECK]
+        cohorts.setdefault(of.get(h) or ctx.fleet.host(h).group, []).append(h)
+    untouched = cohort.untouched(ctx)
     gpus = {h: e.get("gpus") or (ctx.befores.get(h) or {}).get("gpus") or 1 for h, e in entries.items()}
     for name, canary in cohorts.items():
         conf = ctx.base.canary_for(list(ctx.fleet.host(canary[0]).groups))
         if not conf.metrics:
             continue
-        control = [h for h in untouched if cohort.get(h) == name]
+        control = [h for h in untouched if of.get(h) == name]
         for m in conf.metrics:
             verdict = _judge(ctx, m, canary, control, conf.min_samples, gpus)
             for h in canary:
@@ -263,8 +261,8 @@ def _judge(ctx: Context, m: Any, canary: list[str], control: list[str], min_samp
     """One metric's verdict (canary.judge_*), or {"verdict": "missing", "reason"} when it cannot be asked."""
     from .. import canary as judge, promql
     now = datetime.now(timezone.utc).timestamp()
-    back = [t for h in canary if (t := _step_time(ctx, h, "undrain", "finished_at")) is not None]
-    drained = [t for h in canary if (t := _step_time(ctx, h, "drain", "started_at")) is not None]
+    back = [t for h in canary if (t := cohort.step_time(ctx, h, "undrain", "finished_at")) is not None]
+    drained = [t for h in canary if (t := cohort.step_time(ctx, h, "drain", "started_at")) is not None]
     said = {"name": m.name, "kind": m.kind, "good": m.good, "verdict": "missing"}
     if ctx.prometheus is None:
         return {**said, "reason": f"{m.name}: no Prometheus configured (--prometheus-url or prometheus_url)"}
@@ -343,57 +341,36 @@ def slurm_jobs_failed(ctx: Context, hosts: list[str]) -> tuple[dict[str, list[di
 def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: dict[str, Any],
                       notes: list[str], metrics: list[dict[str, Any]]) -> list[gate.Problem]:
     """The end-of-soak gate's throughput: against probe_before (the existing gate), and the canary command's
-    metrics, its last run against its first. An inconclusive verdict is a note: the wave's own gate passed. A
-    self-comparison that fails while the canary METRICS say the fleet drifted (fleet_drift) is judged again with
-    that drift taken out, and that verdict decides. The verdicts in full go to DETAIL ("gate", "gate_less_drift",
-    "canary_gate"); what failed, one problem each."""
+    metrics, its last run against its first. An inconclusive verdict is a note: the wave's own gate passed. While
+    every canary metric (their verdicts METRICS) passed, each self-comparison is judged less the fleet's drift
+    between its two moments (cohort.judged_less_drift), and that verdict decides. The verdicts in full go to
+    DETAIL ("gate", "canary_gate", each "..._less_drift"); what failed, one problem each."""
     pol = gate.gate_policy(ctx.policy(host))
     before = (ctx.journal.step_detail(ctx.campaign, host, "probe_before") or {}).get("probe") or {}
     broken = {k: v for k, v in result.get("errors", {}).items() if k.startswith("throughput")}
-    verdict = gate.judge_throughput(before.get("throughput"), result.get("throughput"), pol, broken)
-    detail["gate"] = verdict.as_dict()
-    drift = fleet_drift(metrics) if verdict.status == "fail" else None
-    if drift:
-        self_line = verdict.summary()
-        verdict = gate.judge_throughput(before.get("throughput"), less_drift(result["throughput"], drift["moved"]),
-                                        pol, broken)
-        detail["gate_less_drift"] = {**drift, **verdict.as_dict()}
-        notes.append(f"throughput at the end of the soak against itself: {self_line}; but the control cohort moved "
-                     f"{drift['moved']:+.1%} ({drift['metric']}) over the same time and every canary metric passed: "
-                     f"less that fleet-wide drift, {verdict.status}" + (
-                         f": {verdict.summary()}" if verdict.status != "pass" else ""))
+    alike = bool(metrics) and all(m["verdict"] == "pass" for m in metrics)  # the canary moved as its controls did
+
+    def judged(key: str, saying: str, was: dict[str, Any] | None, now: dict[str, Any] | None, since: float | None,
+               until: float, **kw: Any) -> gate.Verdict:
+        verdict = gate.judge_throughput(was, now, pol, **kw)
+        detail[key] = verdict.as_dict()
+        if not alike or now is None:
+            return verdict
+        return cohort.judged_less_drift(ctx, host, verdict, saying, since, until, lambda shift: gate.judge_throughput(
+            was, cohort.less_drift(now, shift), pol, **kw), detail, f"{key}_less_drift", notes)
+
+    verdict = judged("gate", "throughput at the end of the soak against itself", before.get("throughput"),
+                     result.get("throughput"), cohort.drained(ctx, host), cohort.now(), broken=broken)
     fails = list(verdict.problems) if verdict.status == "fail" else []
     if verdict.status == "inconclusive":
         notes.append(f"throughput at the end of the soak, inconclusive: {verdict.summary()}")
-    runs = [r["detail"]["canary"]["throughput"] for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")
+    runs = [(parse(r["at"]).timestamp(), r["detail"]["canary"]["throughput"])
+            for r in ctx.journal.soak_records(ctx.campaign, host, kind="check")
             if r["detail"].get("canary", {}).get("ok") and r["detail"]["canary"].get("engine") == "command"]
     if len(runs) >= 2:
-        canary = gate.judge_throughput(runs[0], runs[-1], pol, what="canary metrics")
-        detail["canary_gate"] = canary.as_dict()
+        (first_at, first), (last_at, last) = runs[0], runs[-1]
+        canary = judged("canary_gate", "the canary command's last run against its first", first, last, first_at,
+                        last_at, what="canary metrics")
         if canary.status == "fail":
             fails += canary.problems
     return fails
-
-
-def fleet_drift(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """A drift the whole fleet shares over the soak, as the canary metrics (their verdicts METRICS) saw it: when
-    every metric was judged and passed, and the control cohort of a level metric where higher is good moved down
-    (canary.control_moved); the least such movement: {"metric": its name, "moved": -0.08}. Else None: nothing
-    excuses a self-comparison that failed."""
-    if not metrics or any(m["verdict"] != "pass" for m in metrics):
-        return None
-    moves = [(m["control_moved"], m["name"]) for m in metrics
-             if m.get("kind") == "level" and m.get("good") == "higher" and m.get("control_moved") is not None]
-    if not moves or max(moves)[0] >= 0:
-        return None
-    moved, name = max(moves)
-    return {"metric": name, "moved": moved}
-
-
-def less_drift(throughput: dict[str, Any], moved: float) -> dict[str, Any]:
-    """A probe's throughput with the fleet's relative movement MOVED taken out of every sample: a higher-is-better
-    metric's values divided by 1 + MOVED, a lower-is-better one's multiplied."""
-    better_high = {name: spec.get("higher_is_better", True) for name, spec in throughput.get("metrics", {}).items()}
-    return {**throughput, "samples": [
-        {**x, "value": x["value"] / (1 + moved) if better_high.get(x["metric"], True) else x["value"] * (1 + moved)}
-        for x in throughput["samples"]]}

@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable
 
 from .. import audit, controls, domains, gate, plan, probe, runner
-from . import hooks, packages, scheduler, transitions
+from . import cohort, hooks, packages, scheduler, transitions
 from .context import Context, Outcome, activation
 
 
@@ -36,7 +36,8 @@ def playbook(ctx: Context, name: str, hosts: list[str], extravars: dict[str, Any
 
 def facts_of(ctx: Context, hosts: list[str]) -> dict[str, dict[str, Any]]:
     """Audit-style host entries (facts, findings) collected with the audit's playbook."""
-    return {e["name"]: e for e in audit.collect(ctx.fleet.only(hosts), ctx.base, ctx.options.forks)}
+    return {e["name"]: e for e in audit.collect(ctx.fleet.only(hosts), ctx.base, ctx.options.forks,
+                                                history=ctx.journal.store)}
 
 
 # ---- the upgrade ---------------------------------------------------------------------------------------
@@ -97,15 +98,25 @@ def probe_before(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
 
 
 def _gate(ctx: Context, hosts: list[str], reference_step: str) -> dict[str, Outcome]:
+    """Each host's probe now against its REFERENCE_STEP's; one that does not pass is judged again less the fleet's
+    drift since the host was drained (cohort.judged_less_drift), and that verdict decides."""
     out = {}
     for name, entry in _probe(ctx, hosts, True).items():
         if entry["probe"] is None:
             out[name] = Outcome("fail", f"probe: {entry['error'] or 'no probe result'}")
             continue
-        before = ctx.journal.step_detail(ctx.campaign, name, reference_step)["probe"]
+        before, after = ctx.journal.step_detail(ctx.campaign, name, reference_step)["probe"], entry["probe"]
         pol = ctx.policy(name)
-        v = gate.judge(before, entry["probe"], gate.gate_policy(pol), pol.get("gpus", {}).get("count"))
-        detail = {"probe": entry["probe"], "verdict": v.status, "reasons": v.reasons, "figures": v.as_dict()}
+        policy, count = gate.gate_policy(pol), pol.get("gpus", {}).get("count")
+        v = gate.judge(before, after, policy, count)
+        detail = {"probe": after, "verdict": v.status, "reasons": list(v.reasons), "figures": v.as_dict()}
+        if after.get("throughput"):
+            def again(shift: float) -> gate.Verdict:
+                return gate.judge(before, {**after, "throughput": cohort.less_drift(after["throughput"], shift)},
+                                  policy, count)
+            v = cohort.judged_less_drift(ctx, name, v, "the gate against itself", cohort.drained(ctx, name),
+                                         cohort.now(), again, detail, "less_drift", detail["reasons"])
+            detail["verdict"] = v.status
         outcome = {"pass": "ok", "fail": "fail", "inconclusive": "inconclusive"}[v.status]
         out[name] = Outcome(outcome, None if outcome == "ok" else f"gate {v.status}: {v.summary()}", detail)
     return out
@@ -307,22 +318,25 @@ def not_restored(entry: dict[str, Any], before: dict[str, Any]) -> list[str]:
     return problems
 
 
-def changed_controls(entry: dict[str, Any], before: dict[str, Any]) -> list[str]:
+def changed_controls(entry: dict[str, Any], before: dict[str, Any],
+                     stated: tuple[str, ...] | None = None) -> list[str]:
     """The whole host after the change: a control that passed at the precheck (or warned, or did not apply) and
     fails now, naming it; the controls whose outcome follows from the driver version (the "target" role) fail the
     host whenever they fail now, whatever they were before the change: they are judged against the target. A value
-    not read this once (`error`) is no failure: a false rollback costs a maintenance window."""
+    not read this once (`error`) is no failure: a false rollback costs a maintenance window. STATED: the controls
+    the caller judges otherwise or not at all (the verify, by default: those it states itself, "judged_by_verify";
+    the soak: those it leaves out, "not_soaked")."""
     was = before.get("findings")
     if was is None:  # a campaign recorded before the precheck kept every finding
         return []
     target = set(controls.with_role("target"))
-    judged_by_verify = controls.with_role("judged_by_verify")  # what the forward verify states itself
+    stated = controls.with_role("judged_by_verify") if stated is None else stated
     # A control comparing the host with its inventory group (gpu.firmware_uniform) answers for the hosts collected
     # together, which the verify's (those that got that far) need not be: not the change's doing.
     grouped = {c.id for c in controls.peer_controls()}
     return [f"{f['control']}: {f['message']}" + ("" if f["control"] in target else
                                                  f" (it was {was.get(f['control'], 'not judged')} at the pre-check)")
-            for f in entry["findings"] if f["status"] == "fail" and f["control"] not in judged_by_verify
+            for f in entry["findings"] if f["status"] == "fail" and f["control"] not in stated
             and f["control"] not in grouped and (f["control"] in target or was.get(f["control"]) != "fail")]
 
 

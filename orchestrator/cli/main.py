@@ -58,8 +58,8 @@ class Root(click.Group):
 @contextlib.contextmanager
 def stdout_errors():
     """A block whose writing standard output fails (a full disk, a closed pipe or descriptor: OUTPUT_ERRNOS, no file
-    named) raises an OutputError: one line, Exit.OUTPUT. click would end a closed pipe itself with exit 1, silently:
-    "findings" to a script (Slurm drains a node whose check says 1)."""
+    named) raises an OutputError: one line, Exit.OUTPUT. click would end a closed pipe itself silently with
+    Exit.FINDINGS: "findings" to a script (Slurm drains a node whose check says so)."""
     try:
         yield
     except OSError as e:
@@ -72,7 +72,7 @@ def closed_stdout() -> None:
     """Standard output closed (`>&-`): Python leaves sys.stdout None (what is printed then vanishes, pexpect fails)
     and the next file opened would be descriptor 1, which a child process inherits as its output. Descriptor 1 is
     /dev/null open for reading instead: a command that writes standard output fails as on a closed pipe (EBADF,
-    exit 73), one that writes -o FILE runs."""
+    Exit.OUTPUT), one that writes -o FILE runs."""
     if sys.stdout is not None:
         return
     null = os.open(os.devnull, os.O_RDONLY)

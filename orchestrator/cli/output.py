@@ -72,7 +72,8 @@ def to_stdout():
 
 
 class Stdout(Console):
-    """rich's Console, but a closed pipe is the output's failure (to_stdout(): exit 73), not rich's silent exit 1."""
+    """rich's Console, but a closed pipe is the output's failure (to_stdout(): Exit.OUTPUT), not rich's silent
+    Exit.FINDINGS."""
 
     def on_broken_pipe(self) -> None:
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))

@@ -246,7 +246,7 @@ def gpu_pcie_errors(facts, policy):
 @control("gpu.memory_leak", "No GPU memory held without a process", "high", ("gpus[*].memory",),
          "a context leaked (its process is gone, its memory is not): drain the host and reset the GPU "
          "(nvidia-smi -r -i N) or reboot",
-         roles=("health",))
+         roles=("health", "not_soaked"))
 def gpu_memory_leak(facts, policy):
     """Fails when a GPU holds more memory than `gpus.max_unowned_memory_mib` (default 256 MiB) beyond the driver's
     reserved memory (NVML's v2 memory info, nvidia-smi's `reserved` line) while NVML lists no process on it: a leaked

@@ -24,6 +24,9 @@ ROLES = {
                         "next boot, interconnect): changed_controls does not repeat it",
     "verify_always": "the verify fails a host on it whatever it was at the precheck (held packages, the next boot's "
                      "module), so the rollback's comparison with the precheck leaves it out",
+    "not_soaked": "read while jobs start and end on the host, it can fail for a moment without a fault: the soak's "
+                  "checks leave it out (every other control that passed at the precheck and fails at a soak check "
+                  "fails the host, as at the verify: soak.observe)",
     "domain_formed": "passing says the host's rack-scale NVLink domain has formed again (IMEX running, every peer "
                      "ready and connected): after an activation the verify collects the facts again until it passes "
                      "(steps.imex_pending)",

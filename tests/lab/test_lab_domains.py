@@ -3,8 +3,9 @@
 One lab for the file: racks A and B of three trays on 570.86.15 and rack C of two trays whose drivers differ (a mixed
 domain, the audit's case), two GPUs a tray to keep it lean. Each tray runs the lab's IMEX daemon, talking to its
 rack's other trays over the lab network; campaigns are limited to racks A and B. The tests run in file order: the
-plan with a tray cut off, the canary domain that fails after its reboot and goes back whole, then the campaign that
-moves both racks across a kill -9 in the canary domain's activation.
+plan with a tray cut off, the canary domain that fails after its reboot and goes back whole, the canary domain whose
+IMEX degrades during its soak and goes back whole, then the campaign that moves both racks across a kill -9 in the
+canary domain's activation.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
+from tests.lab.test_lab_soak import wait_for
 from tests.lab.test_lab_upgrade import assert_on, descendants, show
 
 pytestmark = pytest.mark.lab
@@ -112,9 +115,48 @@ def test_a_tray_whose_imex_does_not_come_up_after_the_reboot_rolls_its_whole_dom
     assert all(findings(report, h)["nvlink.domain_uniform"][0] == "pass" for h in RACK_A + RACK_B)
 
 
-def test_both_domains_move_whole_across_a_kill_9_in_the_canary_domains_activation(racks):
+def test_an_imex_domain_degraded_during_the_canary_racks_soak_rolls_it_back_and_spares_the_other(racks):
+    """After the canary rack's first soak check, one tray loses a peer from its IMEX node list: no Xid, no GPU lost,
+    but imex.domain, which passed at the pre-check, fails on the rack's trays. The soak judges the controls as the
+    verify does: the rack goes back whole (the node list restored meanwhile, so its rollback can re-form it), and
+    rack B is never touched."""
+    cid = next_campaign(racks)
     args = ["upgrade", "--to", TO, "-i", racks.inventory, "-b", racks.baseline, *FAST]
-    log = os.path.join(racks.env["FLEETCTL_HOME"], "campaigns", "2.jsonl")
+    args[args.index("--soak") + 1] = "60s"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args, "--soak-interval", "3"], env=racks.env,
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True)
+    try:
+        wait_for(racks, cid, proc, lambda e: e["event"] == "soak_check" and e["gap"] == 1, within=600)
+        racks.inject("gb200-02", "imex-node-missing", "gb200-03")
+        try:
+            wait_for(racks, cid, proc, lambda e: e["event"] == "soak_check_failed", within=120)
+        finally:
+            racks.inject("gb200-02", "imex-node-missing", "--restore")
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 4, out
+    doc = show(racks, cid)
+    states = {h["name"]: h["state"] for h in doc["hosts"]}
+    assert {h: states[h] for h in RACK_A} == dict.fromkeys(RACK_A, "rolled_back"), states
+    assert {h: states[h] for h in RACK_B} == dict.fromkeys(RACK_B, "not_started")
+    assert "imex.domain: IMEX domain DEGRADED" in doc["campaign"]["reason"], doc["campaign"]["reason"]
+    for host in RACK_A:
+        assert_on(racks, host, FROM)
+
+
+def next_campaign(lab) -> int:
+    """The id the next campaign will get (each test can run alone)."""
+    return len(list((Path(lab.env["FLEETCTL_HOME"]) / "campaigns").glob("*.jsonl"))) + 1
+
+
+def test_both_domains_move_whole_across_a_kill_9_in_the_canary_domains_activation(racks):
+    cid = next_campaign(racks)
+    args = ["upgrade", "--to", TO, "-i", racks.inventory, "-b", racks.baseline, *FAST]
+    log = os.path.join(racks.env["FLEETCTL_HOME"], "campaigns", f"{cid}.jsonl")
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=racks.env, cwd=REPO_ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:
@@ -134,9 +176,9 @@ def test_both_domains_move_whole_across_a_kill_9_in_the_canary_domains_activatio
                     pass
             time.sleep(0.05)
         proc.wait()
-    resumed = racks.fleetctl("campaign", "resume", "2", timeout=900)
+    resumed = racks.fleetctl("campaign", "resume", str(cid), timeout=900)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    doc = show(racks, 2)
+    doc = show(racks, cid)
     assert [[h["name"] for h in w["hosts"]] for w in doc["plan"]["waves"]] == [RACK_A, RACK_B]
     assert {h["name"]: h["state"] for h in doc["hosts"]} == dict.fromkeys(RACK_A + RACK_B, "done")
     started = Counter(e["host"] for e in map(json.loads, open(log)) if e["event"] == "step_finished"

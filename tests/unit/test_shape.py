@@ -310,6 +310,7 @@ EXCEPTIONS = {
     (f"{PACKAGE}.upgrade", "soaking"): "the campaign document's soak.soaking field (a boolean)",
     (f"{PACKAGE}.cli.campaign_view", "soaking"): "reads that field",
     (f"{PACKAGE}.report", "rolled_back"): "the compliance report's field: hosts a campaign rolled back",
+    (f"{PACKAGE}.report", "rollback_failed"): "the compliance report's field: hosts whose rollback failed",
     (f"{PACKAGE}.notify_events", "rolled_back"): "a notification's name (notification.schema.json)",
     (f"{PACKAGE}.notify_events", "halted"): "a notification's name (notification.schema.json)",
     (f"{PACKAGE}.notify_events", "aborted"): "a notification's name (notification.schema.json)",

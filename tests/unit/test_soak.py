@@ -12,12 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import probe
-from orchestrator.campaign import soak, steps
+from orchestrator import controls, runner
+from orchestrator.campaign import cohort, soak, steps
 from orchestrator.timefmt import parse, stamp
 from tests.unit.test_campaign_engine import Script, start, store  # noqa: F401 (the fixture)
+from tests.unit.test_plan import device_facts  # noqa: F401 (a fixture)
+from tests.unit.test_policy_imex import tray_facts
 
 REAL = json.loads((Path(__file__).parents[1] / "testdata/probe/h100-580.159.04-trial1.0-warmup20-n10.json").read_text())
+FACTS = json.loads((Path(__file__).parents[1] / "testdata/h100-580.159.04-audit/audit-nvml.json").read_text()
+                   )["hosts"][0]["facts"]  # the same H100's audit facts
 
 
 class WithProbes(Script):
@@ -55,14 +59,21 @@ def soaking(store):
     return soaking_after(store, ["b"])
 
 
-def answer(monkeypatch, result=None, reachable=True, error=None):
-    """probe.collect for the next observation: RESULT (or nothing: unreachable / an error); records the markers."""
+def answer(monkeypatch, result=None, reachable=True, error=None, facts=None):
+    """The soak's playbook run for the next observation: RESULT as the probe's (or nothing: unreachable / an error)
+    and FACTS as the audit's (default: the real H100's); records the markers and the probe options."""
     seen = {}
 
-    def collect(opts, fleet, base, markers=None):
-        seen.update(markers=markers, opts=opts)
-        return {h.name: {"reachable": reachable, "error": error, "probe": result} for h in fleet.hosts}
-    monkeypatch.setattr(probe, "collect", collect)
+    def run_on_fleet(name, fleet, extravars, forks=None, check_ssh=True):
+        assert name == "soak.yml"
+        seen.update(markers=extravars["fleetctl_kmsg_markers"], opts=extravars)
+        if result is None:
+            return {h.name: runner.HostOutcome(h.name, "ok" if reachable else "unreachable", error or "")
+                    for h in fleet.hosts}
+        return {h.name: runner.HostOutcome(h.name, "ok", "", {
+            "fleetctl.gpu.gpu_probe": {"probe": result},
+            "fleetctl.gpu.gpu_facts": {"facts_json": json.dumps(facts or FACTS)}}) for h in fleet.hosts}
+    monkeypatch.setattr(runner, "run_on_fleet", run_on_fleet)
     return seen
 
 
@@ -71,6 +82,13 @@ def observe(ctx, monkeypatch, result=None, final=False, **kw):
     out = soak.observe(ctx, ["a"], final)
     ctx.journal.record_soak(ctx.campaign, 1, "gate" if final else "check", out)
     return out["a"]
+
+# A critical Xid as the on-host classifier reports it (schema xid_event)
+XID_119 = {"code": 119, "pci_bus_id": "00000000:18:00.0", "gpu_instance": None, "pid": None, "process": None,
+           "message": "Timeout after 6s of waiting for RPC response from GPU0 GSP!", "recovery_action": None,
+           "seq": 9, "uptime_s": 1234.5, "raw": "NVRM: Xid (PCI:0000:18:00): 119, Timeout after 6s",
+           "name": "GSP RPC timeout", "class": "critical", "severity": "critical", "action": "reset the GPU",
+           "source": "catalog"}
 
 
 def changed(**health_changes) -> dict:
@@ -86,7 +104,7 @@ def test_a_quiet_host_passes_and_the_next_check_reads_on_from_its_marker(soaking
     o = soak.observe(soaking, ["a"], final=False)["a"]
     assert o.status == "ok" and o.detail["marker"] == {"seq": 4242, "boot_id": REAL["host"]["boot_id"]}
     assert seen["markers"]["a"]["boot_id"] == REAL["host"]["boot_id"]  # the gate probe's marker, the first time
-    assert seen["opts"].throughput and seen["opts"].engine is None  # the canary: the host's own probe engine
+    assert seen["opts"]["gpu_probe_throughput"] and "gpu_probe_engine" not in seen["opts"]  # the host's own engine
     soaking.journal.record_soak(soaking.campaign, 1, "check", {"a": o})
     seen = answer(monkeypatch, result)
     soak.observe(soaking, ["a"], final=False)
@@ -94,8 +112,7 @@ def test_a_quiet_host_passes_and_the_next_check_reads_on_from_its_marker(soaking
 
 
 def test_a_new_critical_xid_fails_the_host(soaking, monkeypatch):
-    event = {"code": 119, "pci_bus_id": "00000000:18:00.0", "name": "GSP RPC timeout", "severity": "critical",
-             "class": "critical", "action": "reset the GPU", "source": "test", "seq": 9, "line": "NVRM: Xid 119"}
+    event = XID_119
     xid = dict(REAL["health"]["xid"], events=[event])
     o = observe(soaking, monkeypatch, changed(xid=xid))
     assert o.status == "fail" and "new Xid 119" in o.reason
@@ -117,7 +134,8 @@ def test_failed_canary_runs_over_the_limit_fail_the_host(soaking, monkeypatch):
     broken = dict(copy.deepcopy(REAL), throughput=None, errors={"throughput": "canary exited 3: CUDA error"})
     seen = answer(monkeypatch, broken)
     first = soak.observe(soaking, ["a"], final=False)["a"]
-    assert seen["opts"].engine == "command" and seen["opts"].command == "/opt/canary --token s3cr3t"
+    assert seen["opts"]["gpu_probe_engine"] == "command"
+    assert seen["opts"]["gpu_probe_command"] == "/opt/canary --token s3cr3t"
     assert first.status == "ok" and "canary run failed (1 failed run(s), at most 1 allowed)" in first.detail["seen"][0]
     soaking.journal.record_soak(soaking.campaign, 1, "check", {"a": first})
     second = observe(soaking, monkeypatch, broken)
@@ -161,12 +179,11 @@ def test_an_end_of_soak_gate_failing_several_ways_is_one_line_worst_first(soakin
     for s in slower["throughput"]["samples"]:
         s["value"] *= 0.9
     slower["health"]["xid"] = dict(REAL["health"]["xid"], events=[
-        {"code": 119, "pci_bus_id": "00000000:18:00.0", "name": "GSP RPC timeout", "severity": "critical",
-         "class": "critical", "action": "reset the GPU", "source": "test", "seq": 9, "line": "NVRM: Xid 119"}])
+        XID_119])
     o = observe(soaking, monkeypatch, slower, final=True)
     assert o.status == "fail" and o.reason == ("end of the soak: new Xid 119 (GSP RPC timeout) on 00000000:18:00.0: "
                                                "severity critical (+2 more: throughput, canary metrics)")
-    assert o.detail["seen"][0] == ("new Xid 119 (GSP RPC timeout) on 00000000:18:00.0: severity critical [test] -> "
+    assert o.detail["seen"][0] == ("new Xid 119 (GSP RPC timeout) on 00000000:18:00.0: severity critical [catalog] -> "
                                    "reset the GPU")
     assert o.detail["seen"][2].startswith("canary metrics: 2 of 2 series below 0.95x their median before; worst")
     assert o.detail["canary_gate"]["status"] == "fail" and len(o.detail["canary_gate"]["figures"]) == 2
@@ -223,7 +240,7 @@ def with_metrics(ctx, tmp_path, prometheus, *metrics):
                                               "AND step=?", (ctx.campaign, step))
             ctx.journal.db.execute(f"UPDATE campaign_steps SET {key}=? WHERE campaign_id=? AND host='a' AND step=?",
                                    (stamp(parse(was) - timedelta(minutes=20)), ctx.campaign, step))
-    prometheus.back = soak._step_time(ctx, "a", "undrain", "finished_at")
+    prometheus.back = cohort.step_time(ctx, "a", "undrain", "finished_at")
     return ctx
 
 
@@ -292,3 +309,53 @@ def test_a_plan_lists_a_control_cohort_per_group_and_gpu_model():
                       {"index": 2, "hosts": [h("b", "H100"), h("c", "H200"), h("d", None)]}]}
     assert plan.control_cohorts(made) == {"1": {"gpu (H100)": ["b"]}, "2": {"gpu (H100)": [], "gpu (H200)": [],
                                                                              "gpu": []}}
+
+
+# ---- the controls: the verify's rule at every soak check ----------------------------------------------------
+
+def precheck_found(ctx, facts) -> None:
+    """The host's pre-check as the real precheck records it: each control's status on FACTS."""
+    ctx.befores["a"]["findings"] = {f["control"]: f["status"] for f in controls.evaluate(facts, ctx.policy("a"))}
+
+
+def test_an_imex_domain_that_degrades_during_the_soak_fails_the_tray(soaking, monkeypatch, device_facts):
+    """A peer lost from a tray's IMEX node list mid-soak (the domain DEGRADED): no Xid, no GPU lost, the probe's
+    health is clean, and the soak fails the tray on imex.domain, which passed at the pre-check."""
+    tray = tray_facts(device_facts)
+    precheck_found(soaking, tray)
+    assert observe(soaking, monkeypatch, copy.deepcopy(REAL), facts=tray).status == "ok"
+    degraded = copy.deepcopy(tray)
+    degraded["imex"]["domain"] = {"status": "DEGRADED", "nodes": degraded["imex"]["domain"]["nodes"][:2]}
+    o = observe(soaking, monkeypatch, copy.deepcopy(REAL), facts=degraded)
+    assert o.status == "fail"
+    assert o.reason.startswith("soak: imex.domain: IMEX domain DEGRADED") and "(it was pass at the pre-check)" in o.reason
+    assert soak.failing(soaking.journal, soaking.campaign) == {"a": o.reason}
+
+
+def test_a_control_failing_at_the_pre_check_or_left_out_of_the_soak_fails_nothing(soaking, monkeypatch):
+    """What the host already had before the change is not the change's doing; a GPU's memory read while a job
+    starts (gpu.memory_leak, "not_soaked") is no fault either. A control that passed and fails now does fail."""
+    precheck_found(soaking, FACTS)
+    assert soaking.befores["a"]["findings"]["nouveau.blacklisted"] == "fail"  # the captured VM's own
+    leaking = copy.deepcopy(FACTS)
+    leaking["gpus"][0]["memory"] = {"total_bytes": 80 << 30, "reserved_bytes": 0, "used_bytes": 40 << 30,
+                                    "processes": 0}
+    assert next(f for f in controls.evaluate(leaking, soaking.policy("a"))
+                if f["control"] == "gpu.memory_leak")["status"] == "fail"
+    assert observe(soaking, monkeypatch, copy.deepcopy(REAL), facts=leaking).status == "ok"
+    off = copy.deepcopy(FACTS)
+    for g in off["gpus"]:
+        g["persistence_mode"] = False
+    o = observe(soaking, monkeypatch, copy.deepcopy(REAL), facts=off, final=True)
+    assert o.status == "fail" and "persistence.mode: " in o.reason
+
+
+def test_the_soak_judges_every_control_but_those_that_say_otherwise():
+    """No control can be forgotten by the soak: one added to the registry is judged unless it declares
+    "not_soaked" (or compares a host with its peers, as at the verify)."""
+    entry = {"findings": [{"control": c.id, "status": "fail", "message": "x"} for c in controls.CONTROLS]}
+    before = {"findings": {c.id: "pass" for c in controls.CONTROLS}}
+    named = {p.split(":")[0] for p in steps.changed_controls(entry, before, stated=controls.with_role("not_soaked"))}
+    left_out = {c.id for c in controls.CONTROLS} - named
+    assert left_out == set(controls.with_role("not_soaked")) | {c.id for c in controls.peer_controls()}
+    assert {"imex.domain", "gpu.fabric_clique", "gpu.fabric", "imex.service"} <= named
