@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import errno
+
 from .exitcodes import Exit
+
+# What writing a full disk, a full device, a closed pipe or a closed standard output fails with: the output's
+# failure, not a bug.
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE, errno.EBADF)
+
+
+def stdout_failed(e: BaseException) -> bool:
+    """E is writing the standard output failing (OUTPUT_ERRNOS, no file named): the output's failure."""
+    return isinstance(e, OSError) and e.errno in OUTPUT_ERRNOS and e.filename is None
 
 
 class InputError(Exception):

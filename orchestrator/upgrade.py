@@ -121,8 +121,8 @@ def listener_for(journal: Journal, cid: int, live: Live | None, notes=None):
     if live is not None:
         c = journal.campaign(cid)
         view = live([dict(r) for r in journal.hosts(cid)], f"fleetctl campaign {cid} to {c['target']}")
-        return progress.Fanout(log.write, view, notes), view
-    return progress.Fanout(log.write, progress.PlainLines(), notes), None
+        return progress.Fanout(log.write, progress.Display(view, cid), notes), view
+    return progress.Fanout(log.write, progress.Display(progress.PlainLines(), cid), notes), None
 
 
 def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod.Baseline,

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..errors import stdout_failed
 from ..sanitize import clean_line
 from ..store import home
 
@@ -74,13 +75,37 @@ def describe(record: dict[str, Any]) -> str:
 
 
 class PlainLines:
-    def __init__(self, out: TextIO = sys.stdout):
-        self.out = out
+    def __init__(self, out: TextIO | None = None):
+        self.out = out  # None: standard output as it is when an event comes
 
     def __call__(self, record: dict[str, Any]) -> None:
         who = f" {record['host']}" if record.get("host") else ""
-        self.out.write(clean_line(f"{record['at']} campaign {record['campaign']}{who}: {describe(record)}") + "\n")
-        self.out.flush()
+        out = self.out or sys.stdout
+        out.write(clean_line(f"{record['at']} campaign {record['campaign']}{who}: {describe(record)}") + "\n")
+        out.flush()
+
+
+class Display:
+    """The display (a live view or plain lines) as the journal's listener sees it: standard output that cannot be
+    written any more (a closed pipe, a full disk: errors.stdout_failed) stops the display, said once on stderr, and
+    never the campaign: its hosts are mid-change, its events still go to the history, the JSONL log and the
+    notifications. FAILED: what stopped it (the command's end says so: cli/campaign.py)."""
+
+    def __init__(self, sink, cid: int):
+        self.sink, self.cid = sink, cid
+        self.failed: OSError | None = None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if self.failed is not None:
+            return
+        try:
+            self.sink(record)
+        except OSError as e:
+            if not stdout_failed(e):
+                raise
+            self.failed = e
+            sys.stderr.write(f"fleetctl: cannot write the standard output ({e.strerror}): campaign {self.cid} goes "
+                             f"on, its events in {log_path(self.cid)}\n")
 
 
 class Fanout:

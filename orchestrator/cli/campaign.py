@@ -10,10 +10,9 @@ import click
 
 from .. import gate, settings, upgrade as upgrade_mod
 from ..exitcodes import Exit, documented
-from ..sanitize import clean
 from ..store import Store
 from . import campaign_view, options
-from .output import stored_argv, terminal
+from .output import campaign_end, stored_argv, terminal
 
 
 @click.command()
@@ -66,8 +65,7 @@ def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, 
     with Store() as store:
         cid, code, text = upgrade_mod.start(opts, store, stored_argv(), dry_run, campaign_view.live(terminal()),
                                            options.notifier(), options.prometheus_client())
-    click.echo(clean(text), nl=False)  # reasons quote hosts
-    sys.exit(code)
+    campaign_end(text, code)
 
 
 @click.group()
@@ -127,8 +125,7 @@ def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window) 
             code, text = upgrade_mod.resume(store, campaign_id, inventory_path, baseline, window,
                                             campaign_view.live(terminal()), options.notifier(), argv=stored_argv(),
                                             prometheus=options.prometheus_client())
-    click.echo(clean(text), nl=False)
-    sys.exit(code)
+    campaign_end(text, code)
 
 
 @campaign.command("abort")
@@ -151,5 +148,4 @@ def rollback(campaign_id, inventory_path, baseline) -> None:
     with Store() as store:
         code, text = upgrade_mod.rollback(store, campaign_id, inventory_path, baseline, campaign_view.live(terminal()),
                                           options.notifier(), argv=stored_argv())
-    click.echo(clean(text), nl=False)
-    sys.exit(code)
+    campaign_end(text, code)

@@ -8,7 +8,6 @@ check`, which Slurm runs on every node, imports neither Ansible nor rich nor the
 from __future__ import annotations
 
 import contextlib
-import errno
 import importlib
 import os
 import sys
@@ -17,9 +16,10 @@ from typing import NoReturn
 import click
 
 from .. import __version__, interrupts, logs
-from ..errors import InputError, OperationError, OutputError
+from ..errors import InputError, OperationError, OutputError, stdout_failed
 from ..exitcodes import Exit, documented
 from . import plugins
+from .output import quiet_stdout
 from ..sanitize import error_line
 
 # command name -> (module of this package, its attribute): fleetctl's own commands, imported on first use.
@@ -57,13 +57,13 @@ class Root(click.Group):
 
 @contextlib.contextmanager
 def stdout_errors():
-    """A block whose writing standard output fails (a full disk, a closed pipe or descriptor: OUTPUT_ERRNOS, no file
-    named) raises an OutputError: one line, Exit.OUTPUT. click would end a closed pipe itself silently with
+    """A block whose writing standard output fails (a full disk, a closed pipe or descriptor: stdout_failed)
+    raises an OutputError: one line, Exit.OUTPUT. click would end a closed pipe itself silently with
     Exit.FINDINGS: "findings" to a script (Slurm drains a node whose check says so)."""
     try:
         yield
     except OSError as e:
-        if e.errno not in OUTPUT_ERRNOS or e.filename is not None:
+        if not stdout_failed(e):
             raise
         raise OutputError.of_stdout(e) from None
 
@@ -126,9 +126,6 @@ def main() -> None:
     finish(Exit.OK)
 
 
-# What writing a full disk, a full device, a closed pipe or a closed standard output (closed_stdout) fails with: the
-# output's failure, not a bug.
-OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE, errno.EBADF)
 
 
 def internal_error(e: Exception) -> NoReturn:
@@ -151,8 +148,5 @@ def finish(code: int | str | None, said: bool = False) -> NoReturn:
             code = Exit.OUTPUT
         said = True
     if said:
-        with contextlib.suppress(OSError, ValueError):  # a test's stdout has no descriptor
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, sys.stdout.fileno())
-            os.close(null)
+        quiet_stdout()
     sys.exit(code)

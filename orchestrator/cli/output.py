@@ -15,7 +15,8 @@ import click
 from rich.console import Console
 
 from .. import redact
-from ..errors import OutputError
+from ..errors import OutputError, stdout_failed
+from ..exitcodes import Exit
 from ..files import write_atomically
 from ..inputs import shown
 from ..sanitize import clean
@@ -69,6 +70,29 @@ def to_stdout():
         yield
     except OSError as e:
         raise OutputError.of_stdout(e) from None
+
+
+def quiet_stdout() -> None:
+    """What is left for standard output goes nowhere from now on (it cannot be written): Python's own flush at exit
+    then does not fail again and change the exit code."""
+    with contextlib.suppress(OSError, ValueError):  # a test's stdout has no descriptor
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
+def campaign_end(text: str, code: int) -> None:
+    """A campaign command's last words, then its exit CODE whatever became of standard output: a campaign that
+    rolled back or needs a person says so by its code even when nobody reads its output (Display kept it going). A
+    standard output that cannot be written is one line on stderr, and Exit.OUTPUT where the campaign's code is OK."""
+    try:
+        click.echo(clean(text), nl=False)  # reasons quote hosts
+    except OSError as e:
+        if not stdout_failed(e) or code == Exit.OK:
+            raise
+        click.echo(f"fleetctl: error: {OutputError.of_stdout(e)}", err=True)
+        quiet_stdout()
+    sys.exit(code)
 
 
 class Stdout(Console):

@@ -5,6 +5,7 @@ says what fleetctl exited with while keeping its results. A report killed mid-wr
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 from orchestrator import files
 from orchestrator.exitcodes import Exit
 from tests.cli_helpers import REPO, fleetctl, runs
+from tests.unit.test_campaign_engine import store  # noqa: F401 (the fixture)
 
 ENV = {**os.environ, "FLEETCTL_CONFIG": os.devnull, "COLUMNS": "200"}
 
@@ -177,3 +179,47 @@ def test_an_unwritable_standard_output_is_one_line_and_exit_73_never_1(history, 
 def test_a_command_that_writes_no_standard_output_runs_with_it_closed(tmp_path):
     proc = with_stdout("closed", "audit", "--no-preflight", "-o", str(tmp_path / "a.txt"), home=tmp_path / "home")
     assert (proc.returncode, proc.stderr) == (Exit.FINDINGS, "") and (tmp_path / "a.txt").stat().st_size > 0
+
+
+class ClosedPipe(io.StringIO):
+    """Standard output whose reader has gone: every write fails as on a closed pipe."""
+
+    def write(self, text):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+def test_a_campaign_whose_standard_output_closes_goes_on_to_its_end(store, monkeypatch, tmp_path, capsys):
+    """`fleetctl upgrade ... | head -3`: the display stops at the closed pipe, said once on stderr, and the campaign
+    does not: every host ends where the campaign takes it, every event reaches the history and the JSONL log."""
+    from orchestrator import upgrade
+    from orchestrator.campaign import progress
+    from tests.unit.test_campaign_engine import Script, parts, start
+
+    monkeypatch.setenv("FLEETCTL_HOME", str(tmp_path))
+    journal, cid, engine = start(store, Script({("b", "verify"): "fail"}), ["a"], ["b"], fail_at=[1, 1])
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert upgrade.drive(journal, cid, engine.ctx.fleet, engine.ctx.base, None, None,
+                         parts(Script({("b", "verify"): "fail"}))) == "rolled_back"
+    assert {r["host"]: r["state"] for r in journal.hosts(cid)} == {"a": "rolled_back", "b": "rolled_back"}
+    logged = [json.loads(line)["seq"] for line in progress.log_path(cid).read_text().splitlines()]
+    assert logged == [e["seq"] for e in journal.events(cid)]
+    assert capsys.readouterr().err == (f"fleetctl: cannot write the standard output (Broken pipe): campaign {cid} "
+                                       f"goes on, its events in {progress.log_path(cid)}\n")
+
+
+@pytest.mark.parametrize("code", [Exit.ROLLED_BACK, Exit.NEEDS_PERSON])
+def test_a_campaigns_exit_code_outlives_its_unwritable_output(monkeypatch, capsys, code):
+    """A rolled-back campaign exits 4, one that needs a person 6, whoever reads its output, with one line on stderr;
+    a campaign that succeeded but could not say so fails as any command whose output failed (Exit.OUTPUT)."""
+    from orchestrator.cli.main import stdout_errors
+    from orchestrator.cli.output import campaign_end
+    from orchestrator.errors import OutputError
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    with pytest.raises(SystemExit) as ended, stdout_errors():
+        campaign_end("campaign 1: rolled back\n", code)
+    assert ended.value.code == code
+    assert capsys.readouterr().err == "fleetctl: error: cannot write the standard output: Broken pipe\n"
+    with pytest.raises(OutputError) as failed, stdout_errors():
+        campaign_end("campaign 1: done\n", Exit.OK)
+    assert failed.value.exit_code == Exit.OUTPUT
