@@ -143,7 +143,9 @@ def test_more_xids_per_gpu_hour_on_the_canary_than_its_controls_roll_it_back(lab
     print("\nh100-01:", reason)
     assert hosts_of(doc)["h100-01"]["state"] == "rolled_back" and "xid: canary" in reason and "per GPU-hour" in reason
     judged = {m["name"]: m for m in doc["soak"]["canary_metrics"]["metrics"]}
-    assert judged["xid"]["verdict"] == "fail" and judged["xid"]["samples"] == {"canary": 6, "control": 0}
+    # the check that failed it may have come before the sixth (a check reads the audit's facts too: issue 42)
+    assert judged["xid"]["verdict"] == "fail" and judged["xid"]["samples"]["control"] == 0
+    assert 1 <= judged["xid"]["samples"]["canary"] <= 6, judged["xid"]["samples"]
     for host in HOSTS:
         assert_on(lab, host, FROM)
 
