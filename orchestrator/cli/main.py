@@ -19,7 +19,6 @@ from .. import __version__, interrupts, logs
 from ..errors import InputError, OperationError, OutputError, stdout_failed
 from ..exitcodes import Exit, documented
 from . import plugins
-from .output import quiet_stdout
 from ..sanitize import error_line
 
 # command name -> (module of this package, its attribute): fleetctl's own commands, imported on first use.
@@ -134,6 +133,15 @@ def internal_error(e: Exception) -> NoReturn:
         raise e
     click.echo(f"fleetctl: internal error (a bug, please report it): {type(e).__name__}: {error_line(e)}", err=True)
     finish(Exit.INTERNAL)  # never confused with "a check failed" (1) by a script
+
+
+def quiet_stdout() -> None:
+    """What is left for standard output goes nowhere from now on (it cannot be written): Python's own flush at exit
+    then does not fail again and change the exit code."""
+    with contextlib.suppress(OSError, ValueError):  # a test's stdout has no descriptor
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 def finish(code: int | str | None, said: bool = False) -> NoReturn:

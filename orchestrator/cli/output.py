@@ -72,15 +72,6 @@ def to_stdout():
         raise OutputError.of_stdout(e) from None
 
 
-def quiet_stdout() -> None:
-    """What is left for standard output goes nowhere from now on (it cannot be written): Python's own flush at exit
-    then does not fail again and change the exit code."""
-    with contextlib.suppress(OSError, ValueError):  # a test's stdout has no descriptor
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-
-
 def campaign_end(text: str, code: int) -> None:
     """A campaign command's last words, then its exit CODE whatever became of standard output: a campaign that
     rolled back or needs a person says so by its code even when nobody reads its output (Display kept it going). A
@@ -90,6 +81,7 @@ def campaign_end(text: str, code: int) -> None:
     except OSError as e:
         if not stdout_failed(e) or code == Exit.OK:
             raise
+        from .main import quiet_stdout  # main imports no rich: `fleetctl check` stays light
         click.echo(f"fleetctl: error: {OutputError.of_stdout(e)}", err=True)
         quiet_stdout()
     sys.exit(code)
