@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from . import __version__
 from .audit import blocking
-from .campaign import transitions
+from .campaign import capacity, transitions
 from .campaign.transitions import HostState
 from .campaign.journal import Journal
 from .exitcodes import Exit
@@ -165,6 +165,14 @@ class CampaignNotes:
         return envelope(event, severity, "campaign", summary, action, campaign=campaign or self.campaign(r),
                         host=host, reason=reason, counts=self.journal.tally(self.cid), **fields)
 
+    def ended(self, r: dict[str, Any], event: str, severity: str, summary: str, action: str | None,
+              **fields: Any) -> dict[str, Any]:
+        """A campaign's last event (done, rolled_back, aborted), with what it cost in capacity: the figures, and
+        their line at the end of its summary."""
+        figures = capacity.summary(capacity.of_campaign(self.journal, self.cid))
+        return self.event(r, event, severity, f"{summary}; capacity: {capacity.text(figures)}", action,
+                          capacity=figures, **fields)
+
     def head(self) -> str:
         return f"campaign {self.cid} to {self.journal.campaign(self.cid)['target']}"
 
@@ -252,9 +260,9 @@ class CampaignNotes:
         text = f"{self.head()} rolled back ({len(back)} host{'s' if len(back) != 1 else ''} back on their " \
                f"recorded packages)" + (f": {reason}" if reason else "")
         if broken:
-            return self.event(r, "rolled_back", "critical", text + f"; rollback FAILED on {names(broken)}",
+            return self.ended(r, "rolled_back", "critical", text + f"; rollback FAILED on {names(broken)}",
                               f"{names(broken)} need a person; the steps: {self.show()}", reason=reason)
-        return self.event(r, "rolled_back", "warning", text,
+        return self.ended(r, "rolled_back", "warning", text,
                           f"nothing for the fleet; why it failed: {self.show()}", reason=reason)
 
     def halted(self, r):
@@ -276,7 +284,7 @@ class CampaignNotes:
             f"fleetctl rollback {self.cid}", reason=r.get("reason"))
 
     def aborted(self, r):
-        return self.event(
+        return self.ended(
             r, "aborted", "warning", f"{self.head()} aborted: {r.get('reason') or 'by the operator'}",
             f"the hosts stay where they are; to take back what it changed: fleetctl rollback {self.cid}",
             reason=r.get("reason"))
@@ -289,17 +297,17 @@ class CampaignNotes:
         ok = [h["host"] for h in hosts if h["state"] == HostState.DONE]
         text = f"{self.head()} done: {len(ok)} host{'s' if len(ok) != 1 else ''} on the new driver"
         if broken:
-            return self.event(r, "done", "critical", text + f"; rollback FAILED on {names(broken)}",
+            return self.ended(r, "done", "critical", text + f"; rollback FAILED on {names(broken)}",
                               f"{names(broken)} need a person; the steps: {self.show()}")
         if left_out:
             text += f"; left out at plan, not on the target: {names(left_out)}"
             if failed:
                 text += f"; failed and rolled back alone: {names(failed)}"
-            return self.event(r, "done", "warning", text, f"why they were left out or failed: {self.show()}")
+            return self.ended(r, "done", "warning", text, f"why they were left out or failed: {self.show()}")
         if failed:
-            return self.event(r, "done", "warning", text + f"; failed and rolled back alone: {names(failed)}",
+            return self.ended(r, "done", "warning", text + f"; failed and rolled back alone: {names(failed)}",
                               f"why they failed: {self.show()}")
-        return self.event(r, "done", "info", text, None)
+        return self.ended(r, "done", "info", text, None)
 
 
 @contextmanager

@@ -15,11 +15,13 @@ import json
 import statistics
 import time
 from collections import Counter
+from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
+from .campaign import capacity
 from .campaign.journal import Journal
 from .campaign.transitions import TERMINAL, CampaignState
 from .report import selected
@@ -61,6 +63,14 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fleetctl_campaign_soak_host_status": ("1 for the status of the host's latest soak observation in its latest "
                                            "campaign (kind: check or gate; status: ok, fail, unreachable).",
                                            ("campaign", "host", "kind", "status")),
+    "fleetctl_campaign_capacity_node_seconds": ("What each campaign that is some host's latest cost in capacity so "
+                                                "far, in node-seconds (a host is one node; / 3600: node-hours), by "
+                                                "kind: busy (drained while its own jobs still ran), idle (drained and "
+                                                "idle: the waste), change (install to back in service).",
+                                                ("campaign", "kind")),
+    "fleetctl_campaign_capacity_budget_node_seconds": ("The capacity budget of each such campaign that has one "
+                                                       "(--capacity-budget; it counts idle and change), in "
+                                                       "node-seconds.", ("campaign",)),
     "fleetctl_campaign_soak_canary_failed_runs": ("Failed canary runs of the host during the soaks of its latest "
                                                   "campaign.", ("campaign", "host")),
     # the history
@@ -218,6 +228,14 @@ def history_families(store: Store, limit: str | None = None, now: float | None =
             campaigns[r["id"]] = (r["target"], r["campaign_state"])
     for cid, (target, state) in sorted(campaigns.items()):
         out.gauge("fleetctl_campaign_state", 1, campaign=cid, target=target, state=state)
+    for cid in sorted(campaigns):
+        figures = capacity.of_campaign(journal, cid, datetime.fromtimestamp(now, timezone.utc))
+        for kind in capacity.KINDS:
+            out.gauge("fleetctl_campaign_capacity_node_seconds",
+                      round(sum(p[f"{kind}_s"] for p in figures["passes"]), 3), campaign=cid, kind=kind)
+        if figures["budget"]:
+            out.gauge("fleetctl_campaign_capacity_budget_node_seconds", figures["budget"]["node_hours"] * 3600,
+                      campaign=cid)
     for r in journal.soak_states(sorted(campaigns)):
         if r["state"] == CampaignState.SOAKING and r["soak_until"]:
             out.gauge("fleetctl_campaign_soak_remaining_seconds", max(0.0, unix(r["soak_until"]) - now),

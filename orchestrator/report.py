@@ -23,6 +23,7 @@ import jinja2
 from . import __version__, chain, schemas, timefmt
 from .errors import InputError
 from .sanitize import clean_data, one_line, visible
+from .campaign import capacity
 from .campaign.journal import Journal
 from .campaign.transitions import CampaignState, HostState
 from .gate import metric_figures
@@ -120,7 +121,8 @@ def build(store: Store, since: str | None = None, until: str | None = None, limi
 
 def campaigns(store: Store, since_ts: str | None, until_ts: str | None) -> list[dict[str, Any]]:
     """Who moved what from which version to which, in how many waves, what was rolled back and why, on which hosts
-    the rollback failed (a person is needed), and the latest judgement of its canary metrics."""
+    the rollback failed (a person is needed), the latest judgement of its canary metrics, and what it cost in
+    capacity (node-hours, per wave and in all)."""
     journal = Journal(store, create=False)
     try:
         rows = journal.campaigns_between(since_ts, until_ts)
@@ -137,7 +139,8 @@ def campaigns(store: Store, since_ts: str | None, until_ts: str | None) -> list[
                     "hosts": [{"name": h["host"], "state": h["state"], "reason": h["reason"]} for h in hosts],
                     "rolled_back": [h["host"] for h in hosts if h["state"] == HostState.ROLLED_BACK],
                     "rollback_failed": [h["host"] for h in hosts if h["state"] == HostState.ROLLBACK_FAILED],
-                    "canary_metrics": journal.canary_metrics(c["id"])})
+                    "canary_metrics": journal.canary_metrics(c["id"]),
+                    "capacity": capacity.summary(capacity.of_campaign(journal, c["id"]))})
     return out
 
 
@@ -223,6 +226,7 @@ def to_html(report: dict[str, Any]) -> str:
                              autoescape=jinja2.select_autoescape(["html", "j2"]))
     env.filters["summary"] = lambda text: one_line(text or "", SUMMARY_CHARS)
     env.filters["figures"] = metric_figures
+    env.filters["capacity"] = capacity.text
     report = clean_data(report)  # text from hosts and files visible(): autoescape leaves U+202E or a BEL raw
     return env.get_template("report.html.j2").render(r=report, charts=charts(report))
 

@@ -47,13 +47,23 @@ ANSIBLE_ENV = {
 
 
 class Seconds:
-    """A running total of seconds (the campaign's time split: fleetctl versus Ansible)."""
+    """A running total of seconds (the campaign's time split: fleetctl versus Ansible), and each thread's own (the
+    campaign engine runs batches of steps in threads of their own)."""
 
     def __init__(self) -> None:
         self.total = 0.0
+        self._mine = threading.local()
+        self._lock = threading.Lock()
 
     def add(self, seconds: float) -> None:
-        self.total += seconds
+        with self._lock:
+            self.total += seconds
+        self._mine.total = self.here + seconds
+
+    @property
+    def here(self) -> float:
+        """This thread's total."""
+        return getattr(self._mine, "total", 0.0)
 
 
 # Seconds spent inside ansible-playbook runs by this process: the campaign engine is given this counter.

@@ -27,7 +27,7 @@ FORKS_CAP = 64  # hosts worked on at once by default, at most: more processes wo
 DURATION = r"[0-9]+(\.[0-9]+)?[smh]?"
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
 DURATION_EXAMPLES = "90, 90s, 5m or 2h"
-KINDS = ("text", "int", "choice", "duration", "durations", "objects")
+KINDS = ("text", "int", "number", "choice", "duration", "durations", "objects")
 
 RUNS = (("audit",), ("probe",), ("plan",), ("upgrade",))
 NOTIFYING = (("audit",), ("probe",), ("upgrade",), ("campaign", "resume"), ("rollback",))
@@ -126,6 +126,8 @@ class Setting:
             one = {"enum": list(self.choices)}
         elif self.kind == "int":
             one = {"type": "integer"}
+        elif self.kind == "number":
+            one = {"type": "number"}
         elif self.timed:
             word = f"{DURATION}(\\s*,\\s*{DURATION})*" if self.kind == "durations" else DURATION
             one = {"type": ["string", "number"], "pattern": f"^{word}$"}  # the bounds of strings: config.read
@@ -179,9 +181,27 @@ DRAIN_PRESET = Setting(name="drain_preset", flag="--drain-preset", kind="choice"
 DRAIN = Setting(name="drain", flag="--drain", metavar="CMD", commands=UPGRADE,
                 help="Drain command template run on this machine: {host} {node} {campaign}.")
 UNDRAIN = Setting(name="undrain", flag="--undrain", metavar="CMD", commands=UPGRADE, help="Undrain command template.")
-IDLE_TIMEOUT = Setting(name="idle_timeout", flag="--idle-timeout", kind="duration", maximum=86400, default="5m",
+IDLE_TIMEOUT = Setting(name="idle_timeout", flag="--idle-timeout", kind="duration", maximum=MAX_DURATION_S,
                        metavar="DURATION", commands=UPGRADE,
-                       help="How long to wait for GPUs to be free after the drain.")
+                       help="How long a drained host waits for its own jobs to end and its GPUs to be free (default: "
+                            "until the window closes, else 24h).")
+PACE = Setting(name="pace", flag="--pace", kind="choice", choices=("host", "wave"), default="host", commands=UPGRADE,
+               help="host: each host goes on as soon as its own jobs end; wave: the wave's hosts move step by step "
+                    "together (the wave waits for its longest job).")
+MAX_IN_FLIGHT = Setting(name="max_in_flight", flag="--max-in-flight", metavar="N|P%", pattern=r"^[0-9]+%?$",
+                        commands=UPGRADE,
+                        help="Hosts (NVLink domains) out of service at once, at most: a number or a share of the "
+                             "campaign's (default: a whole wave).")
+DRAIN_MODE = Setting(name="drain_mode", flag="--drain-mode", kind="choice", choices=("drain", "reservation"),
+                     default="drain", commands=UPGRADE,
+                     help="With --drain-preset slurm: drain each wave as it starts, or reserve its nodes (a Slurm "
+                          "maintenance reservation) from the end of the soak before it, so jobs end in time.")
+LEAD = Setting(name="lead", flag="--lead", kind="duration", default="30m", metavar="DURATION", commands=UPGRADE,
+               help="--drain-mode reservation: how long before the canary wave starts its reservation is made.")
+CAPACITY_BUDGET = Setting(name="capacity_budget", flag="--capacity-budget", kind="number", minimum=0, above=True,
+                          maximum=10**7, metavar="NODE_HOURS", commands=UPGRADE,
+                          help="Node-hours the campaign may take from the fleet (hosts drained and idle, or in change; "
+                               "a host is one node): no further host is drained while that would exceed it.")
 SAMPLES = Setting(name="samples", flag="--samples", kind="int", minimum=1, maximum=1000, default=10, file=False,
                   commands=(("probe",), *UPGRADE), help="Throughput samples per metric and GPU.")
 WARMUP = Setting(name="warmup", flag="--warmup", param="warmup_s", kind="duration", maximum=600, default="20s",

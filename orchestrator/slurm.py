@@ -6,7 +6,8 @@ Changes go through `scontrol update`. Every command runs with a timeout and hono
 (a command missing, a timeout, a refusal, output fleetctl cannot read) is one SlurmError line, never a traceback.
 
 The jobs that ended are read from Slurm's job completion log (below), the record the campaign's soak counts failed
-jobs from.
+jobs from. Maintenance reservations (`--drain-mode reservation`) are read with `scontrol -o show reservation` (one
+line each) and made, changed and deleted with `scontrol create|update|delete reservation`.
 
 fleetctl recognises its own drains by the reason it wrote: `fleetctl campaign N: A -> B` for a campaign's,
 `fleetctl check: CONTROL: DETAIL` for `fleetctl check --slurm`'s (LBNL NHC's rule: only a drain with your own
@@ -286,3 +287,72 @@ def finished_jobs(since: datetime, states: tuple[str, ...]) -> list[dict[str, An
     jobs = [j for j in parse_jobcomp(_read_tail(jobcomp_path())) if j["end"] >= since and j["state"] in states]
     expanded = {n: hostnames(n) for n in {j["nodelist"] for j in jobs}}
     return [{**j, "nodes": expanded[j["nodelist"]]} for j in jobs]
+
+
+# -- maintenance reservations (--drain-mode reservation) ------------------------------------------------------------
+# MAINT: a maintenance reservation (slurmctld accounts it so, and it may overlap an operator's). IGNORE_JOBS: jobs
+# already running on the nodes do not refuse it (without it, Slurm 22.05 answers "Requested nodes are busy" for a
+# node whose job's time limit reaches past the start); they run to their end all the same. Until its start,
+# backfill starts on the nodes only jobs whose time limit ends before it.
+RESERVATION_FLAGS = "maint,ignore_jobs"
+RESERVATION_USERS = "root"  # Slurm wants someone a reservation is for: only root's jobs may run inside it
+_RESV_FIELD = re.compile(r"(\w+)=(\S*)")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One reservation as `scontrol -o show reservation` shows it: STATE ACTIVE or INACTIVE (not started yet),
+    START the controller's local time as Slurm prints it, NODELIST in Slurm's compressed form (`h100-[02-03]`)."""
+
+    name: str
+    state: str
+    start: str
+    nodelist: str
+    flags: frozenset[str]
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+
+def parse_reservations(text: str) -> dict[str, Reservation]:
+    """`scontrol -o show reservation`'s lines -> {name: Reservation} ("No reservations in the system": {})."""
+    out = {}
+    for line in text.splitlines():
+        fields = dict(_RESV_FIELD.findall(line))
+        if "ReservationName" not in fields:
+            continue
+        out[fields["ReservationName"]] = Reservation(
+            name=fields["ReservationName"], state=fields.get("State", "?"), start=fields.get("StartTime", "?"),
+            nodelist=fields.get("Nodes", ""), flags=frozenset(f for f in fields.get("Flags", "").split(",") if f))
+    return out
+
+
+def reservations() -> dict[str, Reservation]:
+    """Every reservation Slurm holds."""
+    return parse_reservations(_run(["scontrol", "-o", "show", "reservation"]))
+
+
+def _node_list(nodes: list[str]) -> str:
+    bad = next((n for n in nodes if not _NAME.fullmatch(n)), None)
+    if bad is not None or not nodes:
+        raise SlurmError(f"not a Slurm node name: {one_line(bad or '(none)', 80)!r}")
+    return ",".join(nodes)
+
+
+def create_reservation(name: str, start: datetime, nodes: list[str]) -> None:
+    """A maintenance reservation NAME of NODES from START on (now if START has passed), until it is deleted."""
+    when = "now" if start <= datetime.now(timezone.utc) else \
+        start.astimezone().strftime("%Y-%m-%dT%H:%M:%S")  # scontrol reads the local time
+    _run(["scontrol", "create", "reservation", f"reservationname={name}", f"starttime={when}",
+          "duration=UNLIMITED", f"nodes={_node_list(nodes)}", f"users={RESERVATION_USERS}",
+          f"flags={RESERVATION_FLAGS}"])
+
+
+def update_reservation(name: str, nodes: list[str]) -> None:
+    """NAME now holds NODES (and no other node)."""
+    _run(["scontrol", "update", f"reservationname={name}", f"nodes={_node_list(nodes)}"])
+
+
+def delete_reservation(name: str) -> None:
+    _run(["scontrol", "delete", f"reservationname={name}"])

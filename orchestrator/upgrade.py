@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable
 
 from . import (audit, baseline as baseline_mod, domains, gate, interrupts, inventory, notify, notify_events, plan,
                runner, runs, settings)
-from .campaign import hooks, packages, progress, scheduler, soak, steps, transitions
+from .campaign import capacity, hooks, packages, progress, scheduler, soak, steps, transitions
 from .campaign.transitions import CampaignState, HostState
 from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
-from .campaign.options import CampaignOptions, IdleOptions, ProbeSettings
-from .errors import InputError
+from .campaign.options import IDLE_TIMEOUT_S, CampaignOptions, IdleOptions, ProbeSettings
+from .errors import InputError, OperationError
 from .exitcodes import Exit
 from .store import Store
 from .timefmt import parse as parse_time
@@ -40,7 +40,12 @@ class UpgradeOptions:
     drain_preset: str | None = None
     drain: str | None = None
     undrain: str | None = None
-    idle_timeout_s: float = settings.IDLE_TIMEOUT.value
+    idle_timeout_s: float | None = None  # None: until the window closes, else IDLE_TIMEOUT_S
+    pace: str = settings.PACE.value
+    max_in_flight: str | None = None  # N or P% (of the campaign's hosts, or NVLink domains)
+    drain_mode: str = settings.DRAIN_MODE.value
+    lead_s: float = settings.LEAD.value
+    capacity_budget_node_hours: float | None = None  # None: no budget
     samples: int = settings.SAMPLES.value
     warmup_s: float = settings.WARMUP.value
     trial_s: float = settings.TRIAL.value
@@ -53,25 +58,56 @@ def campaign_options(opts: UpgradeOptions) -> CampaignOptions:
                          f"{' or '.join(settings.ROLLBACK_SCOPE.choices)}")
     if opts.canary is not None and not opts.canary.strip():
         raise InputError("--canary: an empty command")
-    idle_s = math.ceil(opts.idle_timeout_s)  # the role's idle wait takes whole seconds
+    idle_s = math.ceil(opts.idle_timeout_s if opts.idle_timeout_s is not None else
+                       opts.window_s if opts.window_s else IDLE_TIMEOUT_S)  # the role's idle wait takes whole seconds
+    if opts.pace not in settings.PACE.choices:
+        raise InputError(f"--pace {opts.pace!r}: choose {' or '.join(settings.PACE.choices)}")
+    if opts.drain_mode not in settings.DRAIN_MODE.choices:
+        raise InputError(f"--drain-mode {opts.drain_mode!r}: choose {' or '.join(settings.DRAIN_MODE.choices)}")
+    if opts.drain_mode == "reservation" and not scheduler.of(CampaignOptions(hooks=h)).reserves:
+        raise InputError("--drain-mode reservation: only fleetctl's own Slurm drains reserve nodes "
+                         "(--drain-preset slurm, without --drain or --undrain)")
+    in_flight_at_most(opts.max_in_flight, 1)  # the share's own bounds, before anything is contacted
+    budget = opts.capacity_budget_node_hours
+    if budget is not None and not 0 < budget <= settings.CAPACITY_BUDGET.maximum:
+        raise InputError(f"--capacity-budget {budget!r}: node-hours above 0, at most "
+                         f"{settings.CAPACITY_BUDGET.maximum:.0f}")
+    if opts.max_in_flight is not None and opts.pace == "wave":
+        raise InputError("--max-in-flight paces hosts one by one: it needs --pace host (a wave's hosts move together)")
     return CampaignOptions(
         forks=opts.forks, soak_s=list(opts.soak_s), soak_interval_s=opts.soak_interval_s,
         soak_grace_s=opts.soak_grace_s, canary=opts.canary, canary_max_failures=opts.canary_max_failures,
-        rollback_scope=opts.rollback_scope,
+        rollback_scope=opts.rollback_scope, pace=opts.pace, drain_mode=opts.drain_mode, lead_s=opts.lead_s,
+        capacity_budget_node_hours=budget,
         window_end=later(opts.window_s) if opts.window_s else None,
         hooks=h, idle=IdleOptions(timeout_s=idle_s, poll_s=min(IdleOptions.poll_s, max(1, idle_s // 5))),
         probe=ProbeSettings(samples=opts.samples, warmup_s=opts.warmup_s, trial_s=opts.trial_s))
 
 
+def in_flight_at_most(value: str | None, units: int) -> int | None:
+    """--max-in-flight N|P% as a number of units (hosts, NVLink domains) out of UNITS, at least 1; None: no bound.
+    0, or a share of 0 or over 100%, is an input error."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    share = text.endswith("%")
+    try:
+        number = int(text.removesuffix("%"))
+    except ValueError:
+        raise InputError(f"--max-in-flight {text!r}: a number of hosts or a share such as 25%") from None
+    if number < 1 or (share and number > 100):
+        raise InputError(f"--max-in-flight {text!r}: " + ("a share from 1% to 100%" if share else "at least 1 host"))
+    return max(1, units * number // 100) if share else number
+
+
 def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline, ramp,
               locks: dict[str, int], options: CampaignOptions) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The plan (as `fleetctl plan` makes it), hosts locked by another campaign excluded, and with fleetctl's Slurm
-    drains the hosts whose node someone else took out of service (left as they are)."""
+    """The plan (as `fleetctl plan` makes it), hosts locked by another campaign excluded, and those the campaign's
+    scheduler leaves out (with fleetctl's Slurm drains: nodes someone else took out of service, left as they are)."""
     entries = audit.collect(fleet, base, opts.forks, opts.preflight)
     out = [{"name": e["name"], "code": "in_campaign", "reason": f"in campaign {locks[e['name']]} (host lock)"}
            for e in entries if e["name"] in locks]
-    if options.hooks.slurm:
-        out += scheduler.left_out(fleet, [e["name"] for e in entries if e["name"] not in locks])
+    out += scheduler.of(options).left_out(fleet, [e["name"] for e in entries if e["name"] not in locks])
     made = plan.build(plan.parse_target(opts.target), ramp, entries, base,
                       domains.group(fleet, {e["name"]: e["facts"] for e in entries}), out)
     return made, entries
@@ -195,6 +231,8 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     if not hosts:
         return None, code, "nothing to upgrade: " + "; ".join(
             f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
+    units = {h.get("domain") or h["name"] for w in made["waves"] for h in w["hosts"]}
+    options = replace(options, max_in_flight=in_flight_at_most(opts.max_in_flight, len(units)))
     with runs.recorded(store, "campaign", argv, fleet, base, opts.limit) as run_:
         cid, _ = journal.create(run_.id, made, options)
         return cid, *driven(store, journal, run_, cid, fleet, base, live, notifier,
@@ -255,7 +293,7 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
         # A resume after a crash may find the campaign finished (the kill came after its last record): answer
         # with its outcome, as its own run would have, so a retry loop or a unit's ExecStartPre reads it right.
         return exit_code(journal, cid), (f"campaign {cid} is {c['state']}: nothing to resume\n"
-                                         + summary_text(journal, cid))
+                                         + release_reservations(journal, cid) + summary_text(journal, cid))
     journal.claim(cid)  # first: of two resumes at once, the second refuses here before it changes anything
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
     with runs.recorded(store, "campaign", argv, fleet, base, None) as run_:
@@ -326,7 +364,20 @@ def abort(store: Store, cid: int) -> str:
                          f"resume it (fleetctl campaign resume {cid}) or roll it back after")
     journal.transition(cid, "abort_requested", reason="aborted by the operator",
                        moves={"abandon": [r["host"] for r in journal.hosts(cid)]})
-    return f"campaign {cid}: aborted\n"
+    return f"campaign {cid}: aborted\n" + release_reservations(journal, cid)
+
+
+def release_reservations(journal: Journal, cid: int) -> str:
+    """A stopped campaign's reservations (--drain-mode reservation) deleted, where no engine did it (an abort of
+    a campaign nobody drives, a resume finding it stopped after a crash); what kept them, as a line, if anything."""
+    options = CampaignOptions.from_dict(json.loads(journal.campaign(cid)["options"]))
+    if options.drain_mode != "reservation":
+        return ""
+    try:
+        scheduler.of(options).release(journal, cid)
+    except OperationError as e:
+        return f"its reservations are still held: {e}; `fleetctl campaign resume {cid}` deletes them\n"
+    return ""
 
 
 # ---- reading campaigns ----------------------------------------------------------------------------------
@@ -363,6 +414,7 @@ def document(store: Store, cid: int) -> dict[str, Any]:
         "plan": json.loads(c["plan"]), "hosts": hosts, "soak": soak_document(journal, c),
         "events": len(journal.events(cid)),
         "time": time_split(journal.events(cid)),
+        "capacity": capacity.of_campaign(journal, cid),
         "event_log": str(progress.log_path(cid))}
 
 

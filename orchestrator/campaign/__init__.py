@@ -4,7 +4,8 @@ transitions.py   the state machine, as two tables (hosts, campaign)
 journal.py       the write-ahead record in the SQLite history (steps, host states, events, host locks)
 packages.py      which exact packages a host moves to, and back
 hooks.py         drain / undrain command templates (the Kubernetes preset, the operator's own) run on the control node
-scheduler.py     drains fleetctl owns with Slurm (--drain-preset slurm), over orchestrator/slurm.py
+scheduler/       the scheduler a campaign drains through, one interface: Slurm's (drains and maintenance reservations
+                 fleetctl owns, --drain-preset slurm, over orchestrator/slurm.py), the templates', Kubernetes'
 context.py       what a step works with (Context) and returns for each host (Outcome)
 steps.py         each step of the host table: one playbook run (or hook) for a batch of hosts
 soak.py          the watched soak between waves

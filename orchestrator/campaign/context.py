@@ -1,5 +1,5 @@
-"""What a step works with (the campaign, its hosts, options and journal) and what it returns for each host: the
-steps (steps.py) and the Slurm side (scheduler.py) share these."""
+"""What a step works with (the campaign, its hosts, options, journal and scheduler) and what it returns for each
+host: the steps (steps.py) and the schedulers (scheduler/) share these."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import baseline as baseline_mod, inventory, probe
+from . import scheduler as scheduler_mod
 from .journal import Journal
 from .options import CampaignOptions
 
@@ -29,6 +30,11 @@ class Context:
     options: CampaignOptions
     befores: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> recorded "before"
     prometheus: Any = None  # promql.Client where the baseline's canary metrics are judged (docs/canary.md)
+    scheduler: scheduler_mod.Scheduler | None = None  # what the hosts drain through; None: the options' (of)
+
+    def __post_init__(self) -> None:
+        if self.scheduler is None:
+            self.scheduler = scheduler_mod.of(self.options)
 
     def probe_options(self, throughput: bool) -> probe.ProbeOptions:
         o = self.options.probe

@@ -4,18 +4,21 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
-from .. import baseline as baseline_mod, inventory, runner
-from ..errors import OperationError
-from ..store import now
+from .. import baseline as baseline_mod, interrupts, inventory, runner
+from ..errors import InputError, OperationError
+from ..settings import duration_text
+from ..store import Store, now
 from ..timefmt import parse as parse_time, stamp
 from . import soak, steps, transitions
 from .journal import Journal
-from .transitions import CampaignState, HostState
+from .transitions import OUT_OF_SERVICE, WAIT, WAITING, CampaignState, HostState
 from .options import Campaign
 
 
@@ -26,8 +29,13 @@ def later(seconds: float, start: datetime | None = None) -> str:
     return stamp((start or datetime.now(timezone.utc)) + timedelta(seconds=seconds))
 
 
+BATCHES = 16  # batches of steps under way at once, at most (each its own playbook run or hooks)
+LOOK_S = 1.0  # the longest the engine waits without looking at its hosts (and at a signal)
+
+
 class Clock:
-    """The time the engine reads and waits on."""
+    """The time the engine reads and waits on, and how it runs a batch of steps beside the others (a simulated clock
+    runs the engine in simulated time: bench/drain_policies.py)."""
 
     def now(self) -> datetime:
         return datetime.now(timezone.utc)
@@ -38,6 +46,14 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
+    def submit(self, pool: ThreadPoolExecutor, step: str, fn: Callable[..., Any], *args: Any) -> Future:
+        """Start FN(*ARGS), the runner of STEP for a batch, in POOL."""
+        return pool.submit(fn, *args)
+
+    def wait(self, futures: set[Future], timeout: float) -> set[Future]:
+        """The batches of FUTURES done within TIMEOUT seconds (at least one, unless the time ran out)."""
+        return wait(futures, timeout=timeout, return_when=FIRST_COMPLETED).done
+
 
 Runner = Callable[[steps.Context, list[str]], dict[str, steps.Outcome]]
 Observe = Callable[[steps.Context, list[str], bool], dict[str, soak.Observation]]
@@ -46,12 +62,14 @@ Observe = Callable[[steps.Context, list[str], bool], dict[str, soak.Observation]
 @dataclass(frozen=True)
 class Parts:
     """What the engine works with besides the journal: the step runners (step -> runner, steps.STEPS), the soak's
-    observation, the clock and the counter of seconds spent inside ansible-playbook. Tests give their own."""
+    observation, the clock, the counter of seconds spent inside ansible-playbook and the scheduler the hosts are
+    drained through (None: the campaign's own, scheduler.of). Tests give their own."""
     steps: Mapping[str, Runner] = field(default_factory=lambda: steps.STEPS)
     observe: Observe = soak.observe
     clock: Clock = field(default_factory=Clock)
     playbook_time: runner.Seconds = runner.PLAYBOOK_TIME
     prometheus: Any = None  # promql.Client: the soak judges the baseline's canary metrics with it (soak.py)
+    scheduler: Any = None  # scheduler.Scheduler (bench/drain_policies.py: a simulated cluster)
 
 
 class Engine:
@@ -66,9 +84,14 @@ class Engine:
             raise OperationError(f"campaign {self.cid}: host {missing[0]} is not in the inventory any more "
                                  f"(give the inventory the campaign was started with)")
         self.ctx = steps.Context(journal, self.cid, campaign.target, fleet, base, self.options,
-                                 prometheus=self.parts.prometheus)
+                                 prometheus=self.parts.prometheus, scheduler=self.parts.scheduler)
+        self.held_for: tuple[str, int] | None = None  # the campaign's (state, wave) its reservations were set for
         # Each host's unit of change: its multi-node NVLink domain, or itself (plans recorded before domains: itself)
         self.unit = {h["name"]: h.get("domain") or h["name"] for w in self.plan["waves"] for h in w["hosts"]}
+        self.begun: set[tuple[str, str]] = set()  # (host, waiting step) written ahead by this advance
+        self.paced: tuple[int, int] | None = None  # the last `paced` event's (out of service, waiting)
+        self.listening = threading.RLock()  # the listener hears one event at a time, from any batch's thread
+        self.heard: Callable[[dict[str, Any]], None] | None = None  # the journal's own listener, behind `listen`
 
     # ---- the campaign table ------------------------------------------------------------------------------
     def run(self) -> CampaignState:
@@ -76,6 +99,7 @@ class Engine:
         self.journal.claim(self.cid)
         while True:
             c = self.journal.campaign(self.cid)
+            self.hold_nodes(c)
             if c["state"] == CampaignState.RUNNING:
                 self.run_wave(c)
             elif c["state"] == CampaignState.SOAKING:
@@ -89,9 +113,7 @@ class Engine:
     def run_wave(self, c) -> None:
         wave = c["wave"]
         members = [h["host"] for h in self.journal.hosts(self.cid) if h["wave"] == wave]
-        # Until a host of the wave is drained nothing has changed: the wave may still be stopped cleanly.
-        untouched = not any(s["step"] not in transitions.READ_ONLY_STATES
-                            for h in members for s in self.journal.steps(self.cid, h))
+        untouched = self.untouched(wave)
         if untouched and c["abort_requested"]:
             self.journal.transition(self.cid, "abort_requested", reason="aborted by the operator", wave=wave)
             return
@@ -99,6 +121,8 @@ class Engine:
             self.journal.transition(self.cid, "window_closed", wave=wave,
                                     reason=f"the maintenance window closed at {self.options.window_end} "
                                            f"before wave {wave}")
+            return
+        if untouched and self.before_its_reservation(c):
             return
         self.advance(members)
         rows = {h["host"]: h for h in self.journal.hosts(self.cid) if h["wave"] == wave}
@@ -215,6 +239,54 @@ class Engine:
         self.advance(sorted(failures))
         return False
 
+    # ---- reservations (--drain-mode reservation) ------------------------------------------------------------
+    def hold_nodes(self, c) -> None:
+        """At each change of the campaign's state or wave, the reservations it holds (scheduler.reserve): the wave
+        about to start, or under way, holds its hosts not back in service yet, from its start (the canary wave's:
+        --lead after the campaign began; a later wave's: the end of the soak before it); any other is released, all
+        once the campaign stops or rolls back. Refused before the campaign touched a host (a name the scheduler
+        already holds, a scheduler that refuses), the campaign stops there: one line, an input error. Refused
+        later, the campaign says so (`reservation_failed`) and that wave's drain does without it."""
+        if self.options.drain_mode != "reservation" or self.held_for == (c["state"], c["wave"]):
+            return
+        wave = c["wave"]
+        try:
+            if c["state"] in (CampaignState.RUNNING, CampaignState.SOAKING):
+                hosts = [r["host"] for r in self.journal.hosts(self.cid) if r["wave"] == wave
+                         and not transitions.is_terminal(r["state"]) and r["state"] not in transitions.IN_ROLLBACK]
+                start = self.canary_start(c) if wave == 1 else parse_time(c["soak_until"] or now())
+                self.ctx.scheduler.release(self.journal, self.cid, keep=wave)
+                self.ctx.scheduler.reserve(self.ctx, wave, hosts, start)
+            else:
+                self.ctx.scheduler.release(self.journal, self.cid)
+        except (InputError, OperationError) as e:
+            if c["state"] == CampaignState.RUNNING and wave == 1 and self.untouched(wave):
+                reason = f"--drain-mode reservation: {e}"
+                self.journal.transition(self.cid, "abort_requested", reason=reason, wave=wave,
+                                        moves={"abandon": [r["host"] for r in self.journal.hosts(self.cid)]})
+                raise InputError(reason) from None
+            self.journal.note(self.cid, "reservation_failed", wave=wave, reason=str(e))
+        self.held_for = (c["state"], wave)
+
+    def canary_start(self, c) -> datetime:
+        """When the canary wave starts in reservation mode: --lead after the campaign began, with its reservation."""
+        return parse_time(c["created_at"]) + timedelta(seconds=self.options.lead_s)
+
+    def before_its_reservation(self, c) -> bool:
+        """The canary wave waits for its reservation to start (--drain-mode reservation): True while it does, after
+        a second's sleep at most (the campaign table looks again: an abort or the window's end still stop it)."""
+        if self.options.drain_mode != "reservation" or c["wave"] != 1:
+            return False
+        left = (self.canary_start(c) - self.clock.now()).total_seconds()
+        if left > 0:
+            self.clock.sleep(min(1.0, left))
+        return left > 0
+
+    def untouched(self, wave: int) -> bool:
+        """No host of WAVE has begun a step beyond looking (a drain, an install): it may still be stopped cleanly."""
+        return not any(s["step"] not in transitions.READ_ONLY_STATES for r in self.journal.hosts(self.cid)
+                       if r["wave"] == wave for s in self.journal.steps(self.cid, r["host"]))
+
     def window_closed(self) -> bool:
         end = self.options.window_end
         return bool(end) and self.clock.now() >= parse_time(end)
@@ -224,27 +296,138 @@ class Engine:
 
     # ---- the host table ----------------------------------------------------------------------------------
     def advance(self, names: list[str]) -> None:
-        """Move NAMES through the host table until each is in a terminal state: one step at a time, for every
-        host in the earliest state (a batch: one playbook run)."""
-        scope = set(names)
-        while True:
-            rows = [r for r in self.journal.hosts(self.cid)
-                    if r["host"] in scope and not transitions.is_terminal(r["state"])]
-            if not rows:
-                return
-            state = min((r["state"] for r in rows), key=transitions.ORDER.__getitem__)
-            batch = [r["host"] for r in rows if r["state"] == state]
-            step = transitions.HOST_ROWS[state].step
-            self.load_befores()
-            self.journal.begin_step(self.cid, batch, step)
-            started, in_ansible = self.clock.monotonic(), self.parts.playbook_time.total
-            results = self.parts.steps[step](self.ctx, batch)
-            timing = {"batch_s": round(self.clock.monotonic() - started, 3),
-                      "ansible_s": round(self.parts.playbook_time.total - in_ansible, 3)}
-            for host in batch:
-                o = results[host]
-                self.journal.finish_step(self.cid, host, step, o.outcome, o.reason, o.detail, o.before)
-            self.journal.note(self.cid, "batch_finished", step=step, batch=batch, **timing)
+        """Move NAMES through the host table until each is in a terminal state. Hosts in the same state whose NVLink
+        domains are ready form a batch (one playbook run); batches of different states run at once, each in a
+        thread of its own (pace host: a host goes on as soon as its own jobs have ended); with pace wave one batch at
+        a time, the hosts in the earliest state, as the wave's hosts move together. A signal stops the batches under
+        way (their playbooks are cancelled) and none of their results is recorded: each host's step is written
+        ahead, and a resume runs it again."""
+        scope, running, looked = set(names), {}, {}
+        self.begun = set()  # a host's waiting step is written ahead once per run (a resume: attempts + 1)
+        if self.journal.listener != self.listen:  # every event heard one at a time, from any batch's thread
+            self.heard, self.journal.listener = self.journal.listener, self.listen
+        with interrupts.deferred(), ThreadPoolExecutor(BATCHES, "fleetctl-step") as pool:
+            while True:
+                live = {r["host"]: r for r in self.journal.hosts(self.cid)
+                        if r["host"] in scope and not transitions.is_terminal(r["state"])}
+                if not running and (not live or interrupts.requested()):
+                    return  # a signal: raised as the deferred block ends
+                if not interrupts.requested():
+                    for step, batch in self.ready(live, running, looked):
+                        running[self.start_batch(pool, step, batch)] = (step, batch, self.clock.monotonic())
+                due = min((looked[h] + self.options.idle.poll_s for h in live if h in looked), default=None)
+                pause = LOOK_S if due is None else min(LOOK_S, max(0.05, due - self.clock.monotonic()))
+                if not running:
+                    self.clock.sleep(pause)
+                    continue
+                for future in self.clock.wait(set(running), pause):
+                    step, batch, started = running.pop(future)
+                    results, in_ansible = future.result()
+                    if not interrupts.requested():
+                        self.finish_batch(step, batch, results, started, in_ansible, looked, scope)
+
+    def ready(self, live: dict[str, Any], running: dict[Future, Any], looked: dict[str, float]) -> list[tuple]:
+        """The batches to start now, (step, hosts): a host moves when its NVLink domain's hosts are all in its state
+        and none is in a batch (a host waiting for its jobs is looked at every idle poll on its own), within
+        --max-in-flight (a drain waits for a unit out of service to come back)."""
+        busy = {h for _, batch, _ in running.values() for h in batch}
+        members: dict[str, list[str]] = {}
+        for h in live:
+            members.setdefault(self.unit.get(h, h), []).append(h)
+        poll, clock = self.options.idle.poll_s, self.clock.monotonic()
+
+        def moves(h: str) -> bool:
+            state = live[h]["state"]
+            if h in busy:
+                return False
+            if state in WAITING:
+                return h not in looked or clock >= looked[h] + poll
+            return all(live[m]["state"] == state and m not in busy for m in members[self.unit.get(h, h)])
+        if self.options.pace == "wave":  # the wave's hosts together: the earliest state, one batch at a time
+            if running:
+                return []
+            state = min((r["state"] for r in live.values()), key=transitions.ORDER.__getitem__)
+            batch = [h for h, r in live.items() if r["state"] == state
+                     and (state not in WAITING or h not in looked or clock >= looked[h] + poll)]
+            return [(transitions.HOST_ROWS[state].step, batch)] if batch else []
+        groups: dict[str, list[str]] = {}
+        for h, r in live.items():
+            if moves(h):
+                groups.setdefault(r["state"], []).append(h)
+        drains = groups.get(transitions.HostState.DRAIN)
+        if drains and self.options.max_in_flight is not None:
+            groups[transitions.HostState.DRAIN] = self.within_flight(drains, busy)
+        return [(transitions.HOST_ROWS[state].step, batch)
+                for state, batch in sorted(groups.items(), key=lambda g: transitions.ORDER[g[0]]) if batch]
+
+    def within_flight(self, drains: list[str], busy: set[str]) -> list[str]:
+        """Of the hosts about to be drained, those whose NVLink domains fit within --max-in-flight beside the units
+        out of service now (drained and not back, in this campaign), whole domains in plan order; the rest wait,
+        and the campaign says so once each time it waits."""
+        rows = self.journal.hosts(self.cid)
+        out_now = {self.unit.get(r["host"], r["host"]) for r in rows
+                   if r["state"] in OUT_OF_SERVICE or (r["host"] in busy and r["state"] == transitions.HostState.DRAIN)}
+        free, chosen, units = self.options.max_in_flight - len(out_now), [], []
+        for h in drains:
+            u = self.unit.get(h, h)
+            if u not in units:
+                if len(units) >= free:
+                    continue
+                units.append(u)
+            chosen.append(h)
+        waiting = len({self.unit.get(h, h) for h in drains}) - len(units)
+        if waiting and self.paced != (len(out_now), waiting):
+            self.paced = (len(out_now), waiting)
+            self.journal.note(self.cid, "paced", waiting=waiting, out_of_service=len(out_now),
+                              reason=f"{waiting} more waiting: {len(out_now)} out of service at once "
+                                     f"(--max-in-flight {self.options.max_in_flight})")
+        return chosen
+
+    def start_batch(self, pool: ThreadPoolExecutor, step: str, batch: list[str]) -> Future:
+        """Write STEP ahead for BATCH (a host still waiting for its jobs is written once, as it starts waiting) and
+        run it in a thread of its own, on a connection of its own to the history."""
+        begin = [h for h in batch if (h, step) not in self.begun]
+        if begin:
+            self.journal.begin_step(self.cid, begin, step)
+            if transitions.HOST_ROWS[transitions.HostState(step)].waits:
+                self.begun.update((h, step) for h in begin)
+        self.load_befores()
+        ctx = replace(self.ctx, befores=dict(self.ctx.befores))
+        return self.clock.submit(pool, step, self.run_batch, step, ctx, batch)
+
+    def run_batch(self, step: str, ctx: steps.Context, batch: list[str]) -> tuple[dict[str, steps.Outcome], float]:
+        """STEP's runner for BATCH (in its own thread): its outcomes, and the seconds it spent in ansible-playbook."""
+        in_ansible = self.parts.playbook_time.here
+        if threading.current_thread() is threading.main_thread():  # a clock that runs it here (a simulated one)
+            return self.parts.steps[step](ctx, batch), self.parts.playbook_time.here - in_ansible
+        with Store(self.journal.store.path, check=False) as store:
+            ctx.journal = Journal(store, listener=self.listen, create=False)
+            return self.parts.steps[step](ctx, batch), self.parts.playbook_time.here - in_ansible
+
+    def listen(self, record: dict[str, Any]) -> None:
+        """The campaign's listener (the display, the JSONL log, the notifications), one event at a time."""
+        with self.listening:
+            if self.heard:
+                self.heard(record)
+
+    def finish_batch(self, step: str, batch: list[str], results: dict[str, steps.Outcome], started: float,
+                     in_ansible: float, looked: dict[str, float], scope: set[str]) -> None:
+        """Record each host's outcome of STEP (a host still waiting for its jobs: when it was looked at)."""
+        finished = []
+        for host in batch:
+            o = results[host]
+            if o.outcome == WAIT:
+                waited = (self.clock.now() - parse_time(self.journal.step_started(self.cid, host, step))).total_seconds()
+                if waited < self.options.idle.timeout_s:
+                    looked[host] = self.clock.monotonic()
+                    continue
+                o = steps.Outcome("fail", f"after {duration_text(self.options.idle.timeout_s)}: {o.reason}", o.detail)
+            looked.pop(host, None)
+            self.journal.finish_step(self.cid, host, step, o.outcome, o.reason, o.detail, o.before)
+            finished.append(host)
+        if finished:
+            self.journal.note(self.cid, "batch_finished", step=step, batch=finished,
+                              batch_s=round(self.clock.monotonic() - started, 3), ansible_s=round(in_ansible, 3))
             self.stop_domains(scope)
 
     def stop_domains(self, scope: set[str]) -> None:

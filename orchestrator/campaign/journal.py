@@ -279,6 +279,12 @@ class Journal:
                               (cid, host, step)).fetchone()
         return json.loads(row[0]) if row and row[0] else None
 
+    def step_started(self, cid: int, host: str, step: str) -> str | None:
+        """When HOST's STEP was first written ahead (a resumed step keeps it), or None."""
+        row = self.db.execute("SELECT started_at FROM campaign_steps WHERE campaign_id=? AND host=? AND step=?",
+                              (cid, host, step)).fetchone()
+        return row[0] if row else None
+
     def begin_step(self, cid: int, hosts: list[str], step: str) -> None:
         """Write ahead: STEP is about to run on HOSTS."""
         with self.tx() as db:

@@ -19,9 +19,12 @@ def soak_length(soak_s: float | list[float], gap: int) -> float:
     return float(soak_s)
 
 
+IDLE_TIMEOUT_S = 86400  # --idle-timeout's default without a window (with one: the time left in it)
+
+
 @dataclass(frozen=True, kw_only=True)
 class IdleOptions:
-    timeout_s: int = int(settings.IDLE_TIMEOUT.value)  # whole seconds: the nvidia_driver role's idle wait takes them
+    timeout_s: int = 300  # whole seconds; a campaign recorded before the default became the window's
     poll_s: int = 10
 
 
@@ -43,6 +46,11 @@ class CampaignOptions:
     soak_grace_s: float = settings.SOAK_GRACE.value
     canary: str | None = None
     canary_max_failures: int = settings.CANARY_MAX_FAILURES.value
+    pace: str = "wave"  # host: each host goes on when its own jobs end (a campaign before per-host pipelines: wave)
+    max_in_flight: int | None = None  # hosts (NVLink domains: one each) out of service at once; None: a whole wave
+    drain_mode: str = settings.DRAIN_MODE.value  # drain | reservation (campaign/scheduler/slurm.py)
+    lead_s: float = 0.0  # reservation mode: how long before the canary wave its reservation starts
+    capacity_budget_node_hours: float | None = None  # idle and change node-hours it may cost (campaign/capacity.py)
     hooks: Hooks = field(default_factory=Hooks)
     idle: IdleOptions = field(default_factory=IdleOptions)
     probe: ProbeSettings = field(default_factory=ProbeSettings)

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import audit, controls, gate, probe, runner, slurm
+from .. import audit, controls, gate, probe, runner
 from ..timefmt import parse, stamp
-from . import cohort, scheduler, steps
+from . import cohort, steps
 from .journal import Journal
 from .options import soak_length
 from .context import Context
@@ -151,7 +151,7 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
                                    options.forks, options.preflight)
     collected = probe.results(fleet, outcomes)
     audited = {e["name"]: e for e in audit.evaluate_outcomes(fleet, ctx.base, outcomes, ctx.journal.store)}
-    jobs_failed, jobs_unread = slurm_jobs_failed(ctx, hosts) if ctx.options.hooks.slurm and not final else ({}, None)
+    jobs_failed, jobs_unread = ctx.scheduler.failed_jobs(ctx, hosts) if not final else ({}, None)
     judged = canary_metrics(ctx, hosts, final)
     out = {}
     for host in hosts:
@@ -319,23 +319,6 @@ def held(journal: Journal, cid: int, gap: int) -> dict[str, str]:
     """Watched hosts whose end-of-soak gate after wave GAP holds the campaign for a person: host -> why."""
     return {r["host"]: r["detail"]["hold"] for r in journal.soak_records(cid, gap=gap, kind="gate")
             if r["detail"].get("hold")}
-
-
-def slurm_jobs_failed(ctx: Context, hosts: list[str]) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
-    """(host -> the Slurm jobs that failed on its node since fleetctl resumed it (its undrain), each job once however
-    many checks see it; what kept the log from being read, if anything: the check notes it, the canary still runs)."""
-    names = scheduler.node_names(ctx.fleet, hosts)
-    since = {h: parse(t) for h in hosts
-             if (t := next((r["finished_at"] for r in ctx.journal.steps(ctx.campaign, h) if r["step"] == "undrain"),
-                           None))}
-    if not since:
-        return {}, None
-    try:
-        by_node = scheduler.failed_jobs(sorted({names[h] for h in since}), min(since.values()))
-    except slurm.SlurmError as e:
-        return {}, str(e)
-    return {h: [dict(j, end=stamp(j["end"])) for j in by_node.get(names[h], []) if j["end"] >= t]
-            for h, t in since.items()}, None
 
 
 def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: dict[str, Any],

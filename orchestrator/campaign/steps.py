@@ -7,7 +7,8 @@ import time
 from typing import Any, Callable
 
 from .. import audit, controls, domains, gate, plan, probe, runner
-from . import cohort, hooks, packages, scheduler, transitions
+from ..store import now
+from . import cohort, packages, transitions
 from .context import Context, Outcome, activation
 
 
@@ -126,36 +127,29 @@ def probe_after(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     return _gate(ctx, hosts, "probe_before")
 
 
-def _hook(ctx: Context, hosts: list[str], template: str | None) -> dict[str, Outcome]:
-    nodes = scheduler.node_names(ctx.fleet, hosts)
-    results = hooks.run(template, nodes, ctx.campaign, ctx.options.hooks.timeout_s)
-    return {h: Outcome("ok" if r["ok"] else "fail", r["reason"], r["detail"]) for h, r in results.items()}
-
-
 def drain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    if ctx.options.hooks.slurm:
-        return scheduler.drain(ctx, hosts)
-    return _hook(ctx, hosts, ctx.options.hooks.drain)
+    return ctx.scheduler.drain(ctx, hosts)
 
 
 def undrain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    if ctx.options.hooks.slurm:
-        return scheduler.undrain(ctx, hosts)
-    return _hook(ctx, hosts, ctx.options.hooks.undrain)
+    return ctx.scheduler.undrain(ctx, hosts)
 
 
 def wait_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    """No job (with Slurm) and no process may hold a GPU before the driver is touched: wait, then fail the host
-    cleanly."""
-    busy = scheduler.wait_drained(ctx, hosts) if ctx.options.hooks.slurm else {}
+    """One look, no waiting here: a host whose scheduler still runs jobs on it, or whose GPUs a process still holds,
+    answers `wait` (the engine looks again every idle poll while the other hosts go on, and fails it cleanly once it
+    has waited --idle-timeout). A host found idle records when (`idle_at`: the campaign's capacity figures)."""
+    busy = ctx.scheduler.busy(ctx, hosts)
     rest = [h for h in hosts if h not in busy]
-    return {**busy, **(_wait_gpus_idle(ctx, rest) if rest else {})}
+    out = {**{h: Outcome(transitions.WAIT, why) for h, why in busy.items()}, **(_gpus_in_use(ctx, rest) if rest else {})}
+    at = now()
+    return {h: out.get(h) or Outcome("ok", None, {"users": [], "idle_at": at}) for h in hosts}
 
 
-def _wait_gpus_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    idle = ctx.options.idle
-    outcomes = playbook(ctx, "gpu_idle.yml", hosts, {"fleetctl_idle_timeout_s": idle.timeout_s,
-                                                     "fleetctl_idle_poll_s": idle.poll_s})
+def _gpus_in_use(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+    """One look at each host's GPUs: host -> `wait` with why it is not idle (a process holds a GPU, a leaked
+    context), or `fail` where it could not be looked at; idle hosts are not named."""
+    outcomes = playbook(ctx, "gpu_idle.yml", hosts, {"fleetctl_idle_timeout_s": 0, "fleetctl_idle_poll_s": 1})
     out = {}
     for name, o in outcomes.items():
         if o.status == "failed":
@@ -164,13 +158,14 @@ def _wait_gpus_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
             if users or leaked:
                 said = []
                 if users:
-                    said.append(f"the driver is in use after {idle.timeout_s}s: "
-                                + ", ".join(f"{u['name']} (pid {u['pid']})" for u in users[:5]))
-                said += [f"GPU {g['index']} holds {g['used_mib']} MiB with no process after {idle.timeout_s}s: a leaked "
-                         "context, reset the GPU" for g in leaked[:8]]
-                out[name] = Outcome("fail", "; ".join(said), {"users": users, "leaked": leaked})
+                    said.append("the driver is in use: " + ", ".join(f"{u['name']} (pid {u['pid']})" for u in users[:5]))
+                said += [f"GPU {g['index']} holds {g['used_mib']} MiB with no process: a leaked context, reset the GPU"
+                         for g in leaked[:8]]
+                out[name] = Outcome(transitions.WAIT, "; ".join(said), {"users": users, "leaked": leaked})
                 continue
-        out[name] = unreachable_or_failed(o) or Outcome("ok", None, {"users": []})
+        failed = unreachable_or_failed(o)
+        if failed:
+            out[name] = failed
     return out
 
 

@@ -69,6 +69,7 @@ class Row:
     read_only: bool = False      # only looks: a wave whose hosts ran nothing else may still be stopped cleanly
     hook: bool = False           # runs the drain/undrain hook on the control node, not a playbook
     changes_host: bool = False   # changes packages: once it has begun, the host is "changed" (a rollback concerns it)
+    waits: bool = False          # may answer "wait" (the host's jobs still run): looked at again every idle poll
 
     @property
     def step(self) -> str:
@@ -82,7 +83,7 @@ class Row:
 
 
 _ = None
-LOOKS, HOOK, CHANGES = {"read_only": True}, {"hook": True}, {"changes_host": True}
+LOOKS, HOOK, CHANGES, WAITS = {"read_only": True}, {"hook": True}, {"changes_host": True}, {"waits": True}
 HOST_TABLE = (
     # state (the step)      ok                    fail               inconclusive       skip
     #   runner (steps.py)                      what the step is
@@ -93,7 +94,7 @@ HOST_TABLE = (
     Row(H.DRAIN,              H.WAIT_IDLE,          H.RELEASE,
         runner="drain",                        **HOOK),
     Row(H.WAIT_IDLE,          H.INSTALL,            H.RELEASE,
-        runner="wait_idle"),
+        runner="wait_idle",                    **WAITS),
     Row(H.INSTALL,            H.ACTIVATE,           H.FAILED,
         runner="install",                      **CHANGES),
     Row(H.ACTIVATE,           H.VERIFY,             H.FAILED,
@@ -112,7 +113,7 @@ HOST_TABLE = (
     Row(H.ROLLBACK_DRAIN,     H.ROLLBACK_WAIT_IDLE, H.ROLLBACK_FAILED,
         runner="drain",                        **HOOK),
     Row(H.ROLLBACK_WAIT_IDLE, H.ROLLBACK_INSTALL,   H.ROLLBACK_FAILED,
-        runner="wait_idle"),
+        runner="wait_idle",                    **WAITS),
     Row(H.ROLLBACK_INSTALL,   H.ROLLBACK_ACTIVATE,  H.ROLLBACK_FAILED,
         runner="rollback_install"),
     Row(H.ROLLBACK_ACTIVATE,  H.ROLLBACK_VERIFY,    H.ROLLBACK_FAILED,
@@ -138,6 +139,11 @@ IN_ROLLBACK = tuple(s for s in HostState if s.startswith("rollback_"))  # the ro
 # Hosts in them have changed nothing yet; a state names its step (a HostState equals its step's name).
 READ_ONLY_STATES = tuple(r.state for r in HOST_TABLE if r.read_only)
 HOOK_STEPS = tuple(r.step for r in HOST_TABLE if r.hook)
+WAITING = tuple(r.state for r in HOST_TABLE if r.waits)
+WAIT = "wait"  # a waiting step's answer while the host's jobs still run: no transition, looked at again later
+# Out of service: drained, not back yet (a state names the step done next: undrain is still drained).
+OUT_OF_SERVICE = tuple(r.state for r in HOST_TABLE if ORDER[H.DRAIN] < ORDER[r.state] <= ORDER[H.RELEASE]
+                       or ORDER[H.ROLLBACK_DRAIN] < ORDER[r.state])
 
 
 @dataclass(frozen=True)

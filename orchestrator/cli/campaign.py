@@ -34,6 +34,11 @@ from .output import campaign_end, stored_argv, terminal
 @options.option(settings.DRAIN)
 @options.option(settings.UNDRAIN)
 @options.option(settings.IDLE_TIMEOUT)
+@options.option(settings.PACE)
+@options.option(settings.MAX_IN_FLIGHT)
+@options.option(settings.DRAIN_MODE)
+@options.option(settings.LEAD)
+@options.option(settings.CAPACITY_BUDGET)
 @options.samples(gate.DEFAULTS.min_samples,
                  f"Throughput samples per probe (>= {gate.DEFAULTS.min_samples}: the gate's test needs them).")
 @options.warmup()
@@ -44,8 +49,8 @@ from .output import campaign_end, stored_argv, terminal
 @options.prometheus
 @documented("upgrade")
 def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, soak_interval, soak_grace, canary,
-            canary_max_failures, window, rollback_scope, drain_preset, drain, undrain, idle_timeout, samples, warmup_s,
-            trial_s, forks, no_preflight) -> None:
+            canary_max_failures, window, rollback_scope, drain_preset, drain, undrain, idle_timeout, pace, max_in_flight,
+            drain_mode, lead, capacity_budget, samples, warmup_s, trial_s, forks, no_preflight) -> None:
     """Move the fleet's driver to VERSION in canary waves, gated by GPU probes, watched while they soak, rolled
     back on failure. Done with hosts off the target (failed and rolled back within the budget, or left out at
     plan) is not a success.
@@ -56,8 +61,9 @@ def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, 
         target=target, waves=waves, inventory=inventory_path, limit=limit, baseline=baseline, forks=forks,
         preflight=not no_preflight, soak_s=soak, soak_interval_s=soak_interval, soak_grace_s=soak_grace,
         canary=canary, canary_max_failures=canary_max_failures, window_s=window, rollback_scope=rollback_scope,
-        drain_preset=drain_preset, drain=drain, undrain=undrain, idle_timeout_s=idle_timeout, samples=samples,
-        warmup_s=warmup_s, trial_s=trial_s)
+        drain_preset=drain_preset, drain=drain, undrain=undrain, idle_timeout_s=idle_timeout, pace=pace,
+        max_in_flight=max_in_flight, drain_mode=drain_mode, lead_s=lead, capacity_budget_node_hours=capacity_budget,
+        samples=samples, warmup_s=warmup_s, trial_s=trial_s)
     if not dry_run and not yes:
         if not sys.stdin.isatty():
             raise click.UsageError("--yes is needed to upgrade without a terminal (or use --dry-run)")

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import timefmt, upgrade
+from ..campaign import capacity
 from ..campaign.progress import describe
 from ..campaign.soak import GATE_VERDICTS
 from ..campaign.transitions import CampaignState, HostState
@@ -127,11 +128,19 @@ def show_table(doc: dict[str, Any], console: Console, verbose: bool = False) -> 
                                           f"{h['last']['at'][11:19]}: {seen}"[:300])))
     if s.get("canary_metrics"):
         metrics_table(s["canary_metrics"], console)
+    capacity_lines(doc["capacity"], console)
     if c["reason"]:
         console.print(Text(clean_line(f"reason: {c['reason']}")))
     if verbose:
         gates_table(doc, console)
     console.print(Text(clean_line(f"exit {c['exit_code']}; event log: {doc['event_log']}")))
+
+
+def capacity_lines(figures: dict[str, Any], console: Console) -> None:
+    """What the campaign cost in capacity (campaign/capacity.py): a line per wave, one for the campaign."""
+    for w in figures["waves"]:
+        console.print(Text(f"capacity wave {w['wave']}: {capacity.text(w)}"))
+    console.print(Text(f"capacity in all: {capacity.text(figures, each=True)}"))
 
 
 VERDICT_STYLE = {"pass": "green", "fail": "bold red", "no_verdict": "yellow", "missing": "magenta"}

@@ -33,7 +33,8 @@ def apply(ctx: click.Context) -> None:
 
 def option_type(key: Setting) -> click.ParamType | None:
     """As the file has it: words, numbers and choices, checked as the file is (config.effective)."""
-    return click.Choice(key.choices) if key.kind == "choice" else click.INT if key.kind == "int" else None
+    return click.Choice(key.choices) if key.kind == "choice" else click.INT if key.kind == "int" else \
+        click.FLOAT if key.kind == "number" else None
 
 
 @click.group("config")

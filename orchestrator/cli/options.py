@@ -52,6 +52,8 @@ class Duration(click.ParamType):
 def param_type(s: Setting) -> click.ParamType | None:
     if s.kind == "int":
         return click.IntRange(s.minimum, s.maximum)
+    if s.kind == "number":
+        return click.FloatRange(s.minimum, s.maximum, min_open=s.above)
     if s.kind == "choice":
         return click.Choice(s.choices)
     return Duration(s) if s.timed else None

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import tarfile
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 
 from orchestrator import slurm as slurm_mod
+from orchestrator.timefmt import parse
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
 from tests.lab.test_lab_upgrade import FROM, TO, assert_on, driver_state, hosts_of, show, write_baseline
 from fleetctl_lab import state
@@ -177,6 +179,84 @@ def test_a_job_failing_on_the_canary_during_the_soak_rolls_it_back_and_every_nod
     assert steps["rollback_undrain"]["detail"]["slurm"]["resumed"] is True
     assert {n: in_service(cluster, n) for n in NODES} == before
     assert_on(cluster, "h100-01", on)
+
+
+def reservations(cluster, cid: int) -> dict[str, slurm_mod.Reservation]:
+    """Campaign CID's reservations as Slurm holds them."""
+    held = slurm_mod.parse_reservations(slurm(cluster, "scontrol", "-o", "show", "reservation").stdout)
+    return {name: r for name, r in held.items() if name.startswith(f"fleetctl-c{cid}-")}
+
+
+def test_reservation_mode_holds_the_next_wave_while_the_canary_soaks_and_lets_go_after_a_crash_and_an_abort(
+        cluster, tmp_path):
+    baseline = write_baseline(tmp_path / "b.yml", 1)
+    target = FROM if driver_state(cluster, "h100-01")["module"] == TO else TO
+    cid = 1 + len(list((Path(cluster.env["FLEETCTL_HOME"]) / "campaigns").glob("*.jsonl")))  # the next campaign
+    argv = [sys.executable, "-m", "orchestrator.cli", "upgrade", "--to", target, "-i", cluster.inventory, "-l",
+            "h100-01,h100-02,h100-03", "-b", baseline, *CAMPAIGN, "--drain-mode", "reservation", "--rollback-scope",
+            "wave", "--soak", "30s", "--soak-interval", "1h"]
+    started = []
+
+    def start(*extra: str) -> subprocess.Popen:
+        started.append(subprocess.Popen([*argv, *extra], env=cluster.env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL))
+        return started[-1]
+    slurm(cluster, "scontrol", "create", "reservation", "reservationname=rma-ticket-4411", "starttime=now",
+          "duration=30", "nodes=h100-03", "users=root", "flags=maint")  # an operator's: h100-03 is left out
+    try:
+        proc = start("--lead", "5s")
+        wait_until(lambda: cluster.fleetctl("campaign", "show", str(cid)).returncode == 0
+                   and show(cluster, cid)["campaign"]["state"] == "soaking", 300, "the soak after the canary wave")
+        doc = show(cluster, cid)
+        assert [[h["name"] for h in w["hosts"]] for w in doc["plan"]["waves"]] == [["h100-01"], ["h100-02"]]
+        first = min(s["started_at"] for s in hosts_of(doc)["h100-01"]["steps"])
+        assert parse(first) >= parse(doc["campaign"]["created_at"]) + timedelta(seconds=5)  # at its reservation
+        # while the canary soaks, wave 2's node is held from the soak's end: its maintenance reservation
+        (held,) = reservations(cluster, cid).values()
+        assert (held.name, held.nodelist, held.state) == (f"fleetctl-c{cid}-w2", "h100-02", "INACTIVE")
+        assert {"MAINT", "IGNORE_JOBS"} <= held.flags
+        assert abs(datetime.fromisoformat(held.start).astimezone(timezone.utc) - parse(doc["soak"]["until"])) \
+            <= timedelta(seconds=1)
+        # a job that would still run then does not start on it, and squeue says why
+        job = slurm(cluster, "sbatch", "--parsable", "-w", "h100-02", "--time=10", "-o", "/dev/null", "--wrap",
+                    "sleep 1").stdout.strip()
+        pending = lambda: slurm(cluster, "squeue", "-h", "-j", job, "-o", "%T|%r").stdout.strip()  # noqa: E731
+        wait_until(lambda: "reserved" in pending(), 30, f"job {job} pending for the reservation", pending)
+        assert pending() == "PENDING|ReqNodeNotAvail, May be reserved for other job"
+        slurm(cluster, "scancel", job)
+        # an admin drains that node meanwhile; then the campaign's process dies: its reservation outlives it
+        slurm(cluster, "scontrol", "update", "nodename=h100-02", "state=drain", "reason=IB cable flapping")
+        proc.kill()
+        proc.wait()
+        assert list(reservations(cluster, cid)) == [f"fleetctl-c{cid}-w2"]
+        # resumed, the campaign takes its reservation up again, leaves the admin's node (wave 2 fails: rolled back,
+        # nothing changed in it) and lets the reservation go; the operator's is never touched
+        resumed = cluster.fleetctl("campaign", "resume", str(cid), timeout=300)
+        assert resumed.returncode == 4, resumed.stdout[-3000:] + resumed.stderr
+        assert "taken out of service in Slurm since the plan" in hosts_of(show(cluster, cid))["h100-02"]["reason"]
+        assert reservations(cluster, cid) == {}
+        assert in_service(cluster, "h100-02") == ("IDLE", True, "IB cable flapping")
+        slurm(cluster, "scontrol", "update", "nodename=h100-02", "state=resume")
+        # an abort while the next campaign waits for its canary's reservation lets that one go too
+        proc = start("--lead", "10m")
+        (held,) = wait_until(lambda: reservations(cluster, cid + 1).values(), 120, "the canary's reservation")
+        assert (held.name, held.nodelist, held.state) == (f"fleetctl-c{cid + 1}-w1", "h100-02", "INACTIVE")
+        aborted = cluster.fleetctl("campaign", "abort", str(cid + 1))
+        assert aborted.returncode == 0 and "abort requested" in aborted.stdout, aborted.stdout + aborted.stderr
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 5, out[-3000:]
+        assert reservations(cluster, cid + 1) == {}
+        assert all(h["steps"] == [] for h in show(cluster, cid + 1)["hosts"])  # nothing was touched
+        assert slurm_mod.parse_reservations(slurm(cluster, "scontrol", "-o", "show", "reservation").stdout)[
+            "rma-ticket-4411"].nodelist == "h100-03"
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        subprocess.run(["scontrol", "update", "nodename=h100-02", "state=resume"], env=cluster.env,
+                       capture_output=True, timeout=30)  # refused when it is in service already
+        slurm(cluster, "scontrol", "delete", "reservationname=rma-ticket-4411")
 
 
 # ---- Slurm runs fleetctl: `fleetctl check --slurm` as the HealthCheckProgram ------------------------------------

@@ -86,6 +86,8 @@ def test_hooks_report_each_host(tmp_path):
     (["--to", "570", "--yes"], "not a driver version"),
     (["--to", "570.86.15", "--yes", "--waves", "1,50%"], "must be 100%"),
     (["--to", "570.86.15", "--yes", "--samples", "3"], "3"),
+    (["--to", "570.86.15", "--yes", "--drain-preset", "kubernetes", "--drain-mode", "reservation"],
+     "--drain-mode reservation: only fleetctl's own Slurm drains reserve nodes"),
 ])
 def test_upgrade_input_errors_exit_2_in_one_line_before_anything_is_recorded(tmp_path, args, message):
     proc = fleetctl("upgrade", *args, home=tmp_path)

@@ -1,21 +1,25 @@
-"""The campaign's Slurm decisions (campaign/scheduler.py) on the real node states of tests/testdata/slurm: which
-node a campaign leaves out, drains, waits for and resumes. Slurm's answers come from the captures; what fleetctl
-asks of Slurm is recorded. The lab tests (tests/lab/test_lab_slurm.py) run the same against slurmctld and slurmd."""
+"""The campaign's Slurm decisions (campaign/scheduler/slurm.py) on the real node states of tests/testdata/slurm:
+which node a campaign leaves out, drains, waits for, reserves and resumes. Slurm's answers come from the captures;
+what fleetctl asks of Slurm is recorded. The lab tests (tests/lab/test_lab_slurm.py) run the same against slurmctld
+and slurmd."""
 
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from orchestrator import slurm
-from orchestrator.campaign import scheduler
+from orchestrator.campaign import hooks, scheduler, steps
 from orchestrator.campaign.context import Context
 from orchestrator.campaign.hooks import Hooks
 from orchestrator.campaign.options import CampaignOptions, IdleOptions
-from orchestrator.errors import SlurmError
+from orchestrator.campaign.scheduler import slurm as slurm_side
+from orchestrator.errors import InputError, SlurmError
 from orchestrator.inventory import Fleet, Host
+
+SLURM = slurm_side.Slurm()
 
 
 def captured(testdata, state: str, name: str) -> slurm.Node:
@@ -25,12 +29,42 @@ def captured(testdata, state: str, name: str) -> slurm.Node:
 
 
 class FakeSlurm:
-    """Slurm's answers for a few nodes (captured states); drains and resumes recorded and applied."""
+    """Slurm's answers for a few nodes (captured states) and its reservations; drains, resumes and reservations
+    recorded and applied (a reservation whose start has passed marks its nodes as the `maint` capture shows them)."""
 
     def __init__(self, testdata, **states: str):
         self.testdata = testdata
         self.state = {name: captured(testdata, s, name) for name, s in states.items()}
-        self.asked: list[tuple[str, ...]] = []
+        self.held: dict[str, slurm.Reservation] = {}
+        self.asked: list[tuple] = []
+        self.refuse: str | None = None  # what `scontrol create reservation` answers, if it refuses
+
+    def reservations(self):
+        return dict(self.held)
+
+    def hostnames(self, nodelist):
+        return nodelist.split(",")
+
+    def hold(self, name, start, nodes):
+        active = start <= datetime.now(timezone.utc)
+        self.held[name] = slurm.Reservation(name, "ACTIVE" if active else "INACTIVE", str(start), ",".join(nodes),
+                                            frozenset({"MAINT", "IGNORE_JOBS", "SPEC_NODES"}))
+        for n in nodes if active else ():
+            self.state[n] = dataclasses.replace(self.state[n], flags=self.state[n].flags | {"MAINTENANCE", "RESERVED"})
+
+    def create_reservation(self, name, start, nodes):
+        if self.refuse:
+            raise SlurmError(self.refuse)
+        self.asked.append(("create", name, start, nodes))
+        self.hold(name, start, nodes)
+
+    def update_reservation(self, name, nodes):
+        self.asked.append(("update", name, nodes))
+        self.held[name] = dataclasses.replace(self.held[name], nodelist=",".join(nodes))
+
+    def delete_reservation(self, name):
+        self.asked.append(("delete", name))
+        del self.held[name]
 
     def nodes(self, names=None, timeout=0):
         return {n: self.state[n] for n in (names or self.state) if n in self.state}
@@ -50,14 +84,15 @@ class FakeSlurm:
 def fake(monkeypatch, testdata):
     def install(**states):
         f = FakeSlurm(testdata, **states)
-        for attr in ("nodes", "drain", "resume"):
+        for attr in ("nodes", "drain", "resume", "reservations", "hostnames", "create_reservation",
+                     "update_reservation", "delete_reservation"):
             monkeypatch.setattr(slurm, attr, getattr(f, attr))
         return f
     return install
 
 
 class Journal:
-    """What the Slurm side reads of the journal: host states, and the events it notes."""
+    """What the Slurm side reads of the journal: host states, and the events it notes (and reads back)."""
 
     def __init__(self, states: dict[str, str]):
         self.states, self.notes = states, []
@@ -68,10 +103,15 @@ class Journal:
     def note(self, cid, event, **data):
         self.notes.append((event, data))
 
+    def events(self, cid):
+        return [{"event": event, **data} for event, data in self.notes]
 
-def context(states: dict[str, str], node_names: dict[str, str] | None = None, idle_s: int = 1) -> Context:
+
+def context(states: dict[str, str], node_names: dict[str, str] | None = None, idle_s: int = 1,
+            drain_mode: str = "drain") -> Context:
     hosts = tuple(Host(h, ("all",), {"fleetctl_node_name": (node_names or {}).get(h, h)}) for h in states)
-    options = CampaignOptions(hooks=Hooks(slurm=True), idle=IdleOptions(timeout_s=idle_s, poll_s=1))
+    options = CampaignOptions(hooks=Hooks(slurm=True), idle=IdleOptions(timeout_s=idle_s, poll_s=1),
+                              drain_mode=drain_mode)
     ctx = Context(Journal(states), 7, "570.86.15", Fleet("inv", hosts, frozenset({"all"}), {}), None, options)
     ctx.befores = {h: {"version": "550.163.01"} for h in states}
     return ctx
@@ -80,7 +120,7 @@ def context(states: dict[str, str], node_names: dict[str, str] | None = None, id
 def test_the_plan_leaves_out_every_node_someone_took_out_of_service_with_its_state_and_reason(fake):
     fake(n1="idle", n2="drained-admin", n3="down-admin", n4="maint", n5="allocated", n6="draining")
     fleet = context({h: "precheck" for h in ("n1", "n2", "n3", "n4", "n5", "n6", "n7")}).fleet
-    out = {e["name"]: e for e in scheduler.left_out(fleet, [h.name for h in fleet.hosts])}
+    out = {e["name"]: e for e in SLURM.left_out(fleet, [h.name for h in fleet.hosts])}
     assert sorted(out) == ["n2", "n3", "n4", "n6", "n7"]  # n1 idle and n5 running jobs: in the campaign
     assert out["n2"]["code"] == "drained_elsewhere"
     assert out["n2"]["reason"] == "out of service in Slurm, left as it is: IDLE+DRAIN (RMA: GPU 3 ECC (ticket 4411))"
@@ -91,17 +131,17 @@ def test_the_plan_leaves_out_every_node_someone_took_out_of_service_with_its_sta
 def test_drain_writes_the_campaigns_reason_and_a_rollback_says_so(fake):
     f = fake(n1="allocated", n2="idle")
     ctx = context({"n1": "drain", "n2": "rollback_drain"}, node_names={"n1": "n1", "n2": "n2"})
-    out = scheduler.drain(ctx, ["n1", "n2"])
+    out = ctx.scheduler.drain(ctx, ["n1", "n2"])
     assert f.asked == [("drain", "n1", "fleetctl campaign 7: 550.163.01 -> 570.86.15"),
                        ("drain", "n2", "fleetctl campaign 7: 570.86.15 -> 550.163.01 (rollback)")]
     assert out["n1"].outcome == "ok" and out["n1"].detail["slurm"]["before"] == {"state": "ALLOCATED", "reason": None}
     # a resumed run finds its own drain: nothing asked twice
-    assert scheduler.drain(ctx, ["n1"])["n1"].outcome == "ok" and len(f.asked) == 2
+    assert ctx.scheduler.drain(ctx, ["n1"])["n1"].outcome == "ok" and len(f.asked) == 2
 
 
 def test_a_node_an_admin_drained_since_the_plan_is_never_drained_by_the_change_and_the_rollback_goes_on(fake):
     f = fake(n1="drained-admin", n2="drained-admin")
-    out = scheduler.drain(context({"n1": "drain", "n2": "rollback_drain"}), ["n1", "n2"])
+    out = SLURM.drain(context({"n1": "drain", "n2": "rollback_drain"}), ["n1", "n2"])
     assert out["n1"].outcome == "fail" and "RMA: GPU 3 ECC" in out["n1"].reason
     assert out["n2"].outcome == "ok" and out["n2"].detail["slurm"]["left"]
     assert f.asked == []
@@ -110,9 +150,9 @@ def test_a_node_an_admin_drained_since_the_plan_is_never_drained_by_the_change_a
 def test_undrain_resumes_only_this_campaigns_own_drain_and_says_when_it_leaves_one(fake):
     f = fake(n1="idle", n2="idle", n3="idle")
     ctx = context({"n1": "undrain", "n2": "undrain", "n3": "release"})
-    scheduler.drain(ctx, ["n1", "n2"])
+    ctx.scheduler.drain(ctx, ["n1", "n2"])
     f.state["n2"] = dataclasses.replace(f.state["n2"], reason="IB cable flapping")  # an admin took it over
-    out = scheduler.undrain(ctx, ["n1", "n2", "n3"])
+    out = ctx.scheduler.undrain(ctx, ["n1", "n2", "n3"])
     assert f.asked[-1] == ("resume", "n1") and ("resume", "n2") not in f.asked
     assert out["n2"].detail["slurm"] == {"node": "n2", "resumed": False, "state": "IDLE+DRAIN",
                                          "reason": "IB cable flapping"}
@@ -122,13 +162,14 @@ def test_undrain_resumes_only_this_campaigns_own_drain_and_says_when_it_leaves_o
     assert f.state["n3"].state == "IDLE"
 
 
-def test_the_wait_ends_when_slurm_reports_drained_and_fails_a_node_whose_jobs_outlive_the_timeout(fake):
+def test_busy_names_each_node_slurm_still_runs_jobs_on_until_it_reports_drained(fake):
     f = fake(n1="draining", n2="drained-after-job")
-    out = scheduler.wait_drained(context({"n1": "wait_idle", "n2": "wait_idle"}, idle_s=1), ["n1", "n2"])
-    assert list(out) == ["n1"] and out["n1"].outcome == "fail"
-    assert out["n1"].reason.startswith("Slurm still has jobs on n1 after 1s: ALLOCATED+DRAIN")
+    ctx = context({"n1": "wait_idle", "n2": "wait_idle", "n3": "wait_idle"})
+    busy = ctx.scheduler.busy(ctx, ["n1", "n2", "n3"])
+    assert sorted(busy) == ["n1", "n3"] and busy["n3"] == "Slurm has no node n3"
+    assert busy["n1"].startswith("Slurm still has jobs on n1: ALLOCATED+DRAIN")
     f.state["n1"] = captured(f.testdata, "drained-after-job", "n1")
-    assert scheduler.wait_drained(context({"n1": "wait_idle"}), ["n1"]) == {}
+    assert ctx.scheduler.busy(ctx, ["n1", "n2"]) == {}
 
 
 def test_slurm_unreachable_is_one_line_for_the_step(monkeypatch):
@@ -136,7 +177,7 @@ def test_slurm_unreachable_is_one_line_for_the_step(monkeypatch):
         raise SlurmError("sinfo --json did not answer within 15s (is slurmctld up?)")
     monkeypatch.setattr(slurm, "_run", refuse)
     with pytest.raises(SlurmError, match="is slurmctld up"):
-        scheduler.drain(context({"n1": "drain"}), ["n1"])
+        SLURM.drain(context({"n1": "drain"}), ["n1"])
 
 
 JOBCOMP = (
@@ -161,18 +202,94 @@ def test_the_job_completion_log_gives_each_jobs_end_state_nodes_and_time(monkeyp
     monkeypatch.setattr(slurm, "jobcomp_path", lambda: log)
     monkeypatch.setattr(slurm, "hostnames", lambda nodelist: {"h100-[01-02]": ["h100-01", "h100-02"]}[nodelist])
     since = datetime(2026, 11, 24, 10, 1).astimezone(timezone.utc)
-    failed = scheduler.failed_jobs(["h100-02", "h100-03"], since)
+    failed = slurm_side.failed_jobs(["h100-02", "h100-03"], since)
     assert [j["id"] for j in failed["h100-02"]] == ["42"] and failed["h100-03"] == []
 
 
 def test_a_node_whose_slurmd_never_answers_after_the_change_stays_drained_and_fails_its_host(fake, monkeypatch):
     f = fake(n1="idle", n2="idle")
     ctx = context({"n1": "undrain", "n2": "undrain"})
-    scheduler.drain(ctx, ["n1", "n2"])
+    ctx.scheduler.drain(ctx, ["n1", "n2"])
     lost = f.state["n2"]
     f.state["n2"] = dataclasses.replace(lost, state=lost.state + "+NOT_RESPONDING", flags=lost.flags | {"NOT_RESPONDING"})
-    monkeypatch.setattr(scheduler, "SLURMD_WAIT_S", 0.0)
-    out = scheduler.undrain(ctx, ["n1", "n2"])
+    monkeypatch.setattr(slurm_side, "SLURMD_WAIT_S", 0.0)
+    out = ctx.scheduler.undrain(ctx, ["n1", "n2"])
     assert out["n1"].outcome == "ok" and out["n2"].outcome == "fail"
     assert "slurmd on n2 has not answered slurmctld" in out["n2"].reason and "stays drained" in out["n2"].reason
     assert ("resume", "n2") not in f.asked and f.state["n2"].drained_or_draining
+
+
+# ---- one interface: which scheduler a campaign drains through --------------------------------------------------
+
+def test_each_drain_preset_is_a_scheduler_of_its_own_and_only_slurm_reserves(tmp_path):
+    ctx = context({"good": "drain", "bad": "drain"})
+    assert isinstance(ctx.scheduler, slurm_side.Slurm) and ctx.scheduler.reserves
+    kubernetes = scheduler.of(CampaignOptions(hooks=hooks.resolve("kubernetes", None, None)))
+    assert (kubernetes.name, kubernetes.reserves, kubernetes.busy(ctx, ["good"])) == ("kubernetes", False, {})
+    # an operator's templates: the drain step runs them, host by host; nothing is left out, nothing known busy
+    mine = dataclasses.replace(ctx, options=CampaignOptions(hooks=hooks.resolve(None, "sh -c 'test {host} = good'",
+                                                                                 None)), scheduler=None)
+    assert mine.scheduler.name == "templates" and mine.scheduler.left_out(mine.fleet, ["good"]) == []
+    out = steps.drain(mine, ["good", "bad"])
+    assert out["good"].outcome == "ok" and out["bad"].outcome == "fail" and "exited 1" in out["bad"].reason
+    assert steps.undrain(mine, ["bad"])["bad"].outcome == "ok"  # no --undrain: nothing to run
+    with pytest.raises(InputError, match="only fleetctl's own Slurm drains reserve nodes"):
+        mine.scheduler.reserve(mine, 1, ["good"], datetime.now(timezone.utc))
+
+
+# ---- maintenance reservations (--drain-mode reservation) -----------------------------------------------------
+
+def test_scontrols_reservations_are_read_as_slurm_prints_them(testdata):
+    held = slurm.parse_reservations((testdata / "slurm" / "reservations.scontrol.txt").read_text())
+    assert held["fleetctl-c7-w2"] == slurm.Reservation("fleetctl-c7-w2", "INACTIVE", "2026-11-28T23:01:15",
+                                                       "h100-[02-03]", frozenset({"MAINT", "IGNORE_JOBS",
+                                                                                  "SPEC_NODES"}))
+    assert held["rma-ticket-4411"].active and held["rma-ticket-4411"].nodelist == "h100-01"
+    assert slurm.parse_reservations("No reservations in the system\n") == {}
+
+
+LATER = datetime.now(timezone.utc) + timedelta(hours=1)
+
+
+def test_a_waves_reservation_is_made_once_holds_the_hosts_not_back_and_only_the_campaigns_own_go(fake):
+    f = fake(n1="idle", n2="allocated", n3="maint")
+    f.hold("rma-ticket-4411", datetime.now(timezone.utc), ["n3"])  # an operator's
+    ctx = context({"n1": "precheck", "n2": "precheck"}, node_names={"n1": "n1", "n2": "n2"},
+                  drain_mode="reservation")
+    ctx.scheduler.reserve(ctx, 2, ["n1", "n2"], LATER)
+    assert f.asked == [("create", "fleetctl-c7-w2", LATER, ["n1", "n2"])]
+    assert ctx.journal.notes[0][0] == "slurm_reservation"  # written before Slurm was asked: the campaign's own
+    ctx.scheduler.reserve(ctx, 2, ["n1", "n2"], LATER)  # asked again (a resume): nothing new
+    ctx.scheduler.reserve(ctx, 2, ["n2"], LATER)  # n1 back in service meanwhile
+    assert f.asked[1:] == [("update", "fleetctl-c7-w2", ["n2"])]
+    ctx.scheduler.release(ctx.journal, 7, keep=2)
+    assert len(f.asked) == 2
+    ctx.scheduler.release(ctx.journal, 7)
+    assert f.asked[-1] == ("delete", "fleetctl-c7-w2") and list(f.held) == ["rma-ticket-4411"]
+
+
+def test_a_reservation_named_as_the_campaigns_that_it_did_not_make_is_refused_and_never_touched(fake):
+    f = fake(n1="idle")
+    f.hold("fleetctl-c7-w2", LATER, ["n1"])  # another fleetctl history's campaign 7, say
+    ctx = context({"n1": "precheck"}, drain_mode="reservation")
+    with pytest.raises(InputError, match="Slurm already holds a reservation named fleetctl-c7-w2, which campaign 7 "
+                                         "did not make"):
+        ctx.scheduler.reserve(ctx, 1, ["n1"], LATER)
+    ctx.scheduler.release(ctx.journal, 7)
+    assert f.asked == [] and "fleetctl-c7-w2" in f.held
+
+
+def test_in_its_own_reservation_a_node_is_drained_and_leaves_it_when_resumed_an_operators_is_left_out(fake):
+    f = fake(n1="idle", n2="idle", n3="maint")
+    f.hold("rma-ticket-4411", datetime.now(timezone.utc), ["n3"])
+    ctx = context({"n1": "drain", "n2": "drain", "n3": "drain"}, drain_mode="reservation")
+    ctx.scheduler.reserve(ctx, 1, ["n1", "n2"], datetime.now(timezone.utc))  # started: the nodes show reserved
+    assert f.state["n1"].maintenance and f.state["n1"].taken_out
+    out = ctx.scheduler.drain(ctx, ["n1", "n2", "n3"])
+    assert (out["n1"].outcome, out["n2"].outcome) == ("ok", "ok") and f.state["n1"].drained_or_draining
+    assert out["n3"].outcome == "fail" and "MAINTENANCE" in out["n3"].reason  # the operator's: left as it is
+    ctx.journal.states.update(n1="undrain", n2="undrain")
+    ctx.scheduler.undrain(ctx, ["n1"])
+    assert f.asked[-2:] == [("resume", "n1"), ("update", "fleetctl-c7-w1", ["n2"])]
+    ctx.scheduler.undrain(ctx, ["n2"])
+    assert f.asked[-1] == ("delete", "fleetctl-c7-w1") and list(f.held) == ["rma-ticket-4411"]

@@ -85,7 +85,7 @@ def test_paths_are_relative_to_the_file_and_lists_may_be_one_string(places):
     ("- inventory\n", "$: expected object, found a list"),
     ("inventory: [unclosed\n", "line 2 column 1: not valid YAML"),
     ("1: x\n", "$: key 1 is not a string"),
-    ("idle_timeout: 25h\n", "$.idle_timeout: '25h' is more than 24h"),  # the flag's bounds
+    ("idle_timeout: 8785h\n", "$.idle_timeout: '8785h' is longer than a year"),  # the flag's bounds
     ("soak: 2h,5x\n", "$.soak: '5x' is not a duration (90, 90s, 5m or 2h)"),
     ("soak_interval: [1]\n", "$.soak_interval: [1] is not a duration"),
     ("notify_timeout: 0.05\n", "$.notify_timeout: 0.05 is not at least 0.1s"),

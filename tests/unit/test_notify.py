@@ -24,6 +24,7 @@ from orchestrator.errors import InputError
 from orchestrator.store import Store
 from tests.cli_helpers import REPO
 from tests.unit.test_campaign_engine import Script, start, states
+from tests.unit.test_capacity import Clocked, clock  # noqa: F401 (the fixture)
 from tests.webhook_receiver import Proxy, Receiver, closed_port, private_ca, recorded, recorder, self_signed
 
 TOKEN = "Bearer s3cr3t-t0ken-value"
@@ -147,6 +148,29 @@ def test_window_closed_aborted_and_a_failed_rollback(store, monkeypatch, receive
     assert drive(journal, cid, engine, notifier) == "aborted"
     aborted = valid(hook.bodies()[-1])
     assert aborted["event"] == "aborted" and f"fleetctl rollback {cid}" in aborted["action"]
+
+
+def test_a_campaigns_end_says_what_it_cost_in_capacity(store, receivers, clock):
+    """done and rolled_back carry the campaign's node-hours (per wave and in all) and say them in their summary:
+    each host drained, its job ending 40 minutes later, installed a minute after that and back 14 minutes later
+    (tests/unit/test_capacity.py); a host failing its verify is out of service until its rollback."""
+    from orchestrator.campaign import capacity
+    hook = receivers()
+    notifier = notify.build([], [hook.url()], "json", None, None, 5)
+    journal, cid, engine = start(store, Clocked(clock), ["a"], ["b"], capacity_budget_node_hours=2)
+    assert drive(journal, cid, engine, notifier) == "done"
+    done = valid(hook.bodies()[-1])
+    assert done["event"] == "done" and done["capacity"] == capacity.summary(capacity.of_campaign(journal, cid))
+    assert [done["capacity"][k] for k in ("busy", "idle", "change", "hosts")] == [1.3333, 0.0333, 0.4667, 2]
+    assert done["summary"] == (f"campaign {cid} to 570.86.15 done: 2 hosts on the new driver; capacity: busy 1.33, "
+                               f"idle 0.03, change 0.47 node-hours (2 hosts); budget 2: 0.50 spent")
+    journal, cid, engine = start(store, Clocked(clock, {("d", "verify"): "fail"}), ["c"], ["d"], fail_at=[1, 1])
+    assert drive(journal, cid, engine, notifier) == "rolled_back"
+    back = valid(hook.bodies()[-1])
+    assert back["event"] == "rolled_back" and back["capacity"]["budget"] is None
+    assert [(w["wave"], w["busy"], w["idle"], w["change"]) for w in back["capacity"]["waves"]] == [
+        (1, 0.6667, 0.0167, 0.2333), (2, 0.6667, 0.0167, 0.2)]  # d: install to its rollback's drain, 12 minutes
+    assert back["summary"].endswith("; capacity: busy 1.33, idle 0.03, change 0.43 node-hours (2 hosts)")
 
 
 def test_failing_notifications_change_nothing_in_a_campaign_and_are_recorded(store, monkeypatch, tmp_path, receivers,

@@ -14,6 +14,7 @@ import shutil
 import statistics
 import subprocess
 import threading
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,9 @@ from orchestrator import controls, prometheus
 from orchestrator.files import write_atomically
 from orchestrator.store import Store
 from tests.cli_helpers import REPO, fleetctl
-from orchestrator.campaign import soak
+from orchestrator.campaign import journal as journal_mod, soak
 from tests.unit.test_campaign_engine import Script, start
+from tests.unit.test_capacity import Clock, Clocked
 
 TESTDATA = REPO / "tests" / "testdata" / "h200x2-580.159.04-audit"
 RULES = REPO / "monitoring" / "prometheus" / "fleetctl-alerts.yml"
@@ -152,7 +154,7 @@ def test_a_failed_trial_is_left_out_of_the_median(probe_report):
 @pytest.fixture(scope="module")
 def history(tmp_path_factory, audit_report, probe_report):
     """Real runs in a real history: an older audit (gpu-b still clean), the audit above, a probe, then campaign 1
-    (gpu-a, gpu-c: done) and campaign 2 (gpu-a held after two inconclusive gates: the campaign halts)."""
+    (gpu-a, gpu-c: done, each host out of service 55 minutes a month ago) and campaign 2 (gpu-a held after two inconclusive gates: the campaign halts)."""
     home = tmp_path_factory.mktemp("metrics-history")
     with pytest.MonkeyPatch.context() as monkeypatch, Store(home / "history.sqlite3") as store:
         older = copy.deepcopy(audit_report["hosts"][:2])
@@ -162,8 +164,11 @@ def history(tmp_path_factory, audit_report, probe_report):
             store.finish_run(run_id, 1, {"exit_code": 1}, hosts)
         run_id, _ = store.begin_run("probe", [], "test", None, None)
         store.finish_probe(run_id, 1, {"exit_code": 1}, probe_report["hosts"])
-        _, _, engine = start(store, Script(), ["gpu-a"], ["gpu-c"])
-        assert engine.run() == "done"
+        with pytest.MonkeyPatch.context() as clocked:  # each host drained 55 minutes (test_capacity.Clocked)
+            clock = Clock(datetime.now(timezone.utc) - timedelta(days=30))
+            clocked.setattr(journal_mod, "now", clock)
+            _, _, engine = start(store, Clocked(clock), ["gpu-a"], ["gpu-c"])
+            assert engine.run() == "done"
         held = Script({("gpu-a", "probe_after"): "inconclusive", ("gpu-a", "probe_again"): "inconclusive"})
         _, _, engine = start(store, held, ["gpu-a"])
         assert engine.run() == "halted"
@@ -176,7 +181,7 @@ def history(tmp_path_factory, audit_report, probe_report):
             checks.append(hosts)
             return {h: soak.Observation("ok", None, {"canary": {"ok": False, "error": "exited 1"}}) for h in hosts}
         _, _, engine = start(store, Script(), ["gpu-d"], ["gpu-e"], soak_s=[3600], soak_interval_s=0.01,
-                             observe=observe)
+                             observe=observe, capacity_budget_node_hours=12)
         with pytest.raises(KeyboardInterrupt):
             engine.run()
     return home
@@ -207,6 +212,12 @@ def test_metrics_from_the_history_are_each_hosts_latest_state(history):
     assert value(text, "fleetctl_campaign_soak_host_status", campaign=3, host="gpu-d", kind="check", status="ok") == 1
     assert value(text, "fleetctl_campaign_soak_canary_failed_runs", campaign=3, host="gpu-d") == 1
     assert value(text, "fleetctl_campaign_state", campaign=3, state="soaking") == 1
+    # what each campaign cost in capacity (node-seconds): campaign 1's hosts each busy 40 minutes, idle 1, in change 14
+    assert [value(text, "fleetctl_campaign_capacity_node_seconds", campaign=1, kind=k)
+            for k in ("busy", "idle", "change")] == [2 * 2400, 2 * 60, 2 * 840]
+    assert value(text, "fleetctl_campaign_capacity_node_seconds", campaign=3, kind="idle") >= 0
+    assert value(text, "fleetctl_campaign_capacity_budget_node_seconds", campaign=3) == 12 * 3600
+    assert value(text, "fleetctl_campaign_capacity_budget_node_seconds", campaign=1) is None  # none given
     assert value(text, "fleetctl_history_chain_records") > 20
     assert 0 <= value(text, "fleetctl_history_chain_head_age_seconds") < 60
     assert {n for n, _, _ in samples(text)} == set(prometheus.METRICS)  # every metric fleetctl documents, made

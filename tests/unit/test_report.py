@@ -11,6 +11,7 @@ from orchestrator import schemas
 from orchestrator.exitcodes import Exit
 from tests.cli_helpers import fleetctl
 from tests.unit.test_campaign_engine import store  # noqa: F401  (fixture)
+from tests.unit.test_capacity import clock  # noqa: F401  (fixture)
 from tests.unit.test_chain import history, pristine, tamper  # noqa: F401  (fixtures)
 
 
@@ -176,3 +177,23 @@ def test_a_campaigns_canary_metric_verdicts_are_in_the_json_and_the_html_report(
     assert '<td class="missing">missing</td>' in rows["xid"] and "no series for any control host" in rows["xid"]
     assert html.count("<caption>Campaign") == 1
     assert re.search(r"<caption>Campaign 1 to \S+: soak check\s+after wave 1", html)
+
+
+def test_a_campaigns_capacity_is_in_the_json_and_the_html_report(store, clock):  # noqa: F811
+    """Each campaign's cost in node-hours, per wave and in all: a host drained, its job ending 40 minutes later,
+    installed a minute after that and back 14 minutes later (tests/unit/test_capacity.py)."""
+    from orchestrator import report as report_mod
+    from tests.unit.test_campaign_engine import start
+    from tests.unit.test_capacity import Clocked
+
+    assert start(store, Clocked(clock), ["a"], ["b"], capacity_budget_node_hours=2)[2].run() == "done"
+    doc = report_mod.build(store)  # valid against the schema, or it raises
+    figures = doc["campaigns"][0]["capacity"]
+    assert figures.pop("until") == doc["campaigns"][0]["updated_at"]  # a finished campaign: counted up to its end
+    assert figures == {
+        "unit": "node-hours (a host is one node)", "busy": 1.3333, "idle": 0.0333, "change": 0.4667, "hosts": 2,
+        "waves": [{"wave": w, "busy": 0.6667, "idle": 0.0167, "change": 0.2333, "hosts": 1} for w in (1, 2)],
+        "budget": {"node_hours": 2, "spent": 0.5, "left": 1.5, "counts": ["idle", "change"]}}
+    html = report_mod.to_html(doc)
+    cell = re.search(r'<td class="capacity">(.*?)</td>', html, re.S).group(1)
+    assert " ".join(cell.split()) == "busy 1.33, idle 0.03, change 0.47 node-hours (2 hosts); budget 2: 0.50 spent"

@@ -22,7 +22,7 @@ from tests.cli_helpers import REPO
 
 SCHEMA = json.loads((REPO / "schemas" / "config.schema.json").read_text())
 TIME_FLAGS = {"--soak", "--soak-interval", "--soak-grace", "--window", "--idle-timeout", "--warmup", "--trial",
-              "--notify-timeout", "--prometheus-timeout", "--duration", "--margin"}
+              "--notify-timeout", "--prometheus-timeout", "--duration", "--margin", "--lead"}
 
 
 def command(path: tuple[str, ...]) -> click.Command:
@@ -64,6 +64,13 @@ def test_the_file_and_the_commands_take_the_same_values(key):
             for value in (key.minimum - 1, key.minimum, key.maximum, key.maximum + 1):
                 valid = key.minimum <= value <= key.maximum
                 assert schema.is_valid(value) == valid
+                with nullcontext() if valid else pytest.raises(click.BadParameter):
+                    param.type_cast_value(None, value)
+        if key.kind == "number":  # node-hours: above 0 (--capacity-budget), at most the maximum
+            low = key.minimum
+            for value, valid in ((low, not key.above), (low + 0.001, True), (key.maximum, True),
+                                 (key.maximum + 1, False), (-1, False)):
+                assert schema.is_valid(value) == valid, value
                 with nullcontext() if valid else pytest.raises(click.BadParameter):
                     param.type_cast_value(None, value)
         if key.timed:
@@ -117,9 +124,9 @@ def test_durations_on_the_command_line():
     assert (params["soak_interval"], params["soak_grace"], params["window"], params["notify_timeout"]) == \
         (90, 0, 5400, 2)
     defaults = upgrade_cmd.make_context("upgrade", ["--to", "570.86.15"]).params
-    assert (defaults["idle_timeout"], defaults["soak"], defaults["warmup_s"]) == (300, (7200, 1800), 20)
+    assert (defaults["idle_timeout"], defaults["soak"], defaults["warmup_s"]) == (None, (7200, 1800), 20)
     for flag, value, said in (("--idle-timeout", "300x", "'300x' is not a duration (90, 90s, 5m or 2h)"),
-                              ("--idle-timeout", "25h", "'25h' is more than 24h"),
+                              ("--idle-timeout", "8785h", "'8785h' is longer than a year"),
                               ("--warmup", "-1", "'-1' is not a duration"), ("--trial", "0", "'0' is not at least"),
                               ("--soak", "2h,,30m", "'' is not a duration"), ("--window", "0", "is not above 0"),
                               ("--soak", "30m,8785h", "'8785h' is longer than a year")):
@@ -138,7 +145,11 @@ def test_the_options_objects_take_keywords_only_and_old_campaigns_still_load():
     with pytest.raises(TypeError):
         upgrade.UpgradeOptions("570.86.15", "1,100%")
     opts = upgrade.UpgradeOptions(target="570.86.15")
-    assert (opts.soak_s, opts.warmup_s, opts.idle_timeout_s) == (settings.SOAK.value, 20, 300)
+    assert (opts.soak_s, opts.warmup_s, opts.idle_timeout_s) == (settings.SOAK.value, 20, None)
+    # a busy fleet's jobs run for hours: the wait for them is the window's, else a day; a campaign recorded before: 5m
+    assert upgrade.campaign_options(opts).idle.timeout_s == 86400
+    assert upgrade.campaign_options(dataclasses.replace(opts, window_s=3 * 3600)).idle.timeout_s == 3 * 3600
+    assert CampaignOptions.from_dict({}).idle.timeout_s == 300 and CampaignOptions.from_dict({}).pace == "wave"
     recorded = {"rollback_scope": "wave", "soak_s": [600.0], "hooks": {"drain": "d {host}", "undrain": None,
                                                                        "timeout_s": 900.0, "slurm": False}}
     loaded = CampaignOptions.from_dict(recorded)

@@ -1,0 +1,74 @@
+"""The scheduler a campaign drains through: one interface, one module per scheduler.
+
+    scheduler/slurm.py      fleetctl's own Slurm drains and maintenance reservations (--drain-preset slurm)
+    scheduler/templates.py  the operator's drain/undrain commands, and the Kubernetes preset's (kubectl)
+
+The campaign's is `of(options)`; the steps and the engine reach it as `ctx.scheduler` (engine.Parts may give another:
+the bench's simulated cluster). A new scheduler is a module with a class meeting `Scheduler`, and a line in `of`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ... import inventory
+from .. import hooks
+
+if TYPE_CHECKING:
+    from ..context import Context, Outcome
+    from ..journal import Journal
+    from ..options import CampaignOptions
+
+
+class Scheduler(Protocol):
+    """What a campaign asks of the scheduler that runs its hosts' jobs. HOSTS are inventory names (the scheduler
+    maps them to its own: `node_names`); a step's methods answer every host of the batch."""
+
+    name: str
+    reserves: bool  # holds a wave's nodes ahead of it (--drain-mode reservation)
+
+    def left_out(self, fleet: inventory.Fleet, hosts: list[str]) -> list[dict[str, Any]]:
+        """At plan: the hosts a campaign must not touch ({name, code, reason} each): taken out of service by
+        someone else."""
+
+    def drain(self, ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+        """No new job starts on the hosts; running jobs run on. A host already drained by this campaign is ok."""
+
+    def busy(self, ctx: Context, hosts: list[str]) -> dict[str, str]:
+        """One look, never waiting: host -> why the scheduler still has work on it; a host not named is idle as
+        far as the scheduler knows (the GPU check follows)."""
+
+    def undrain(self, ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
+        """The hosts back in service: only what this campaign took out."""
+
+    def failed_jobs(self, ctx: Context, hosts: list[str]) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
+        """For the soak: host -> the jobs that failed on it since its undrain; and what kept them from being read
+        (None: read, or nothing to read)."""
+
+    def reserve(self, ctx: Context, wave: int, hosts: list[str], start: datetime) -> None:
+        """Hold wave WAVE's HOSTS from START on: no job that would still run at START starts on them, running jobs
+        run on. Made once; asked again (a resume) it holds exactly HOSTS. Raises InputError for what the operator
+        must fix, OperationError when the scheduler refuses."""
+
+    def release(self, journal: Journal, campaign: int, keep: int | None = None) -> None:
+        """Let go of every hold the campaign made (KEEP: but that wave's); never anyone else's. Needs no
+        inventory: `campaign abort` calls it."""
+
+
+def node_names(fleet: inventory.Fleet, hosts: list[str]) -> dict[str, str]:
+    """host -> the scheduler's node name (the `fleetctl_node_name` host variable, else the inventory name)."""
+    return {h: str(fleet.host(h).vars.get("fleetctl_node_name", h)) for h in hosts}
+
+
+def of(options: CampaignOptions) -> Scheduler:
+    """The campaign's scheduler, from its drain options (hooks.resolve: --drain-preset, --drain, --undrain)."""
+    from .slurm import Slurm  # the implementations use the context's types, which carry a scheduler
+    from .templates import Kubernetes, Templates
+    h = options.hooks
+    if h.slurm:
+        return Slurm()
+    if (h.drain, h.undrain) == hooks.PRESETS["kubernetes"]:
+        return Kubernetes(h)
+    return Templates(h)
+
