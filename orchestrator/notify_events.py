@@ -58,8 +58,9 @@ NOTES = (
     Note("halted", ("host_held", "soak_held"), "an inconclusive gate twice (hosts held for a person), or canary "
          "metrics that could not be judged at the end of a soak (`canary.on_missing: hold`); `action`: `fleetctl "
          "campaign resume N` (accept them) or `fleetctl rollback N`", (("critical", ""),)),
-    Note("window_closed", ("window_closed",), "no wave starts after `--window`; `action`: `fleetctl campaign resume "
-         "N --window 2h` or `fleetctl rollback N`", (("warning", ""),)),
+    Note("window_closed", ("window_closed", "capacity_spent"), "no wave starts after `--window`, or no host is "
+         "drained past `--capacity-budget`; `action`: `fleetctl campaign resume N --window 2h` or `fleetctl rollback "
+         "N`", (("warning", ""),)),
     Note("aborted", ("abort_requested",), "`fleetctl campaign abort` stopped it between waves", (("warning", ""),)),
     Note("done", ("last_wave_passed",), "the last wave passed", (("info", ""), ("warning", "hosts failed or were "
          "left out at plan"), ("critical", "a host's rollback failed"))),
@@ -278,10 +279,10 @@ class CampaignNotes:
             reason=r.get("reason"), **self.metrics(seen))
 
     def window_closed(self, r):
-        return self.event(
-            r, "window_closed", "warning", f"{self.head()} halted: {r.get('reason')}",
-            f"go on in a new window: fleetctl campaign resume {self.cid} --window 2h; or roll back: "
-            f"fleetctl rollback {self.cid}", reason=r.get("reason"))
+        go_on = ("stop here: fleetctl campaign abort {cid}" if r["event"] == "capacity_spent" else
+                 "go on in a new window: fleetctl campaign resume {cid} --window 2h").format(cid=self.cid)
+        return self.event(r, "window_closed", "warning", f"{self.head()} halted: {r.get('reason')}",
+                          f"{go_on}; or roll back: fleetctl rollback {self.cid}", reason=r.get("reason"))
 
     def aborted(self, r):
         return self.ended(

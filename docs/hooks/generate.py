@@ -71,7 +71,7 @@ def controls_page() -> str:
 
 def steps_page() -> str:
     from orchestrator.campaign import transitions as t
-    flags = ("read_only", "hook", "changes_host")
+    flags = tuple(t.ATTRIBUTES)
     hosts = [(name(r.state), f"`{r.step}`", name(r.ok), name(r.fail), name(r.inconclusive), name(r.skip),
               f"`{r.runner}`", ", ".join(f for f in flags if getattr(r, f))) for r in t.HOST_TABLE]
     moves = [(f"`{event}`", ", ".join(f"{m}: to {name(t.MOVES[m].to)}" for m in names))
@@ -80,12 +80,11 @@ def steps_page() -> str:
     return (
         "# Campaign steps\n\nA campaign's host and campaign state machines, made from "
         "`orchestrator/campaign/transitions.py` at each build. A host's state names the step it does next; the "
-        "step's outcome picks the next state; states without a row are terminal. Hosts of a wave move together, one "
-        "step (one playbook run) at a time. [Planning and upgrades](../upgrades.md) tells what each step does.\n\n"
+        "step's outcome picks the next state; states without a row are terminal. Hosts that reach a step together share "
+        "one playbook run (`--pace host`: each host goes on as soon as it may; `--pace wave`: the wave's hosts step by "
+        "step together). [Planning and upgrades](../upgrades.md) tells what each step does.\n\n"
         "## Hosts\n\n" + table(("state", "step", "ok", "fail", "inconclusive", "skip", "runner", "attributes"), hosts)
-        + "\nAttributes: `read_only`, the step only looks (a wave whose hosts ran nothing else may still be stopped "
-        "cleanly); `hook`, it runs the drain/undrain hook on the control node, not a playbook; `changes_host`, once "
-        "begun, the host counts as changed (a rollback concerns it).\n\nTerminal host states: "
+        + "\nAttributes: " + "; ".join(f"`{k}`, {v}" for k, v in t.ATTRIBUTES.items()) + ".\n\nTerminal host states: "
         + ", ".join(name(s) for s in t.TERMINAL) + ".\n\n## Moves between the tables\n\n"
         + table(("event", "hosts moved"), moves)
         + "\n## The campaign\n\n" + table(("state", "event", "next state"), campaign)

@@ -16,7 +16,7 @@ from ..errors import InputError, OperationError
 from ..settings import duration_text
 from ..store import Store, now
 from ..timefmt import parse as parse_time, stamp
-from . import soak, steps, transitions
+from . import capacity, soak, steps, transitions
 from .journal import Journal
 from .transitions import OUT_OF_SERVICE, WAIT, WAITING, CampaignState, HostState
 from .options import Campaign
@@ -89,7 +89,8 @@ class Engine:
         # Each host's unit of change: its multi-node NVLink domain, or itself (plans recorded before domains: itself)
         self.unit = {h["name"]: h.get("domain") or h["name"] for w in self.plan["waves"] for h in w["hosts"]}
         self.begun: set[tuple[str, str]] = set()  # (host, waiting step) written ahead by this advance
-        self.paced: tuple[int, int] | None = None  # the last `paced` event's (out of service, waiting)
+        self.paced: tuple[str, int] | None = None  # the last `paced` event's (why, hosts waiting)
+        self.spent: str | None = None  # the capacity budget is spent with nothing out of service: why
         self.listening = threading.RLock()  # the listener hears one event at a time, from any batch's thread
         self.heard: Callable[[dict[str, Any]], None] | None = None  # the journal's own listener, behind `listen`
 
@@ -125,6 +126,9 @@ class Engine:
         if untouched and self.before_its_reservation(c):
             return
         self.advance(members)
+        if self.spent:
+            self.journal.transition(self.cid, "capacity_spent", wave=wave, reason=f"wave {wave}: {self.spent}")
+            return
         rows = {h["host"]: h for h in self.journal.hosts(self.cid) if h["wave"] == wave}
         failed = sorted((h for h, r in rows.items() if r["state"] in transitions.FAILED),
                         key=lambda h: (rows[h]["reason"] or "").startswith(DOMAIN_PEER))  # who failed first
@@ -303,15 +307,15 @@ class Engine:
         way (their playbooks are cancelled) and none of their results is recorded: each host's step is written
         ahead, and a resume runs it again."""
         scope, running, looked = set(names), {}, {}
-        self.begun = set()  # a host's waiting step is written ahead once per run (a resume: attempts + 1)
+        self.begun, self.spent = set(), None  # a waiting step is written ahead once per run (a resume: attempts + 1)
         if self.journal.listener != self.listen:  # every event heard one at a time, from any batch's thread
             self.heard, self.journal.listener = self.journal.listener, self.listen
         with interrupts.deferred(), ThreadPoolExecutor(BATCHES, "fleetctl-step") as pool:
             while True:
                 live = {r["host"]: r for r in self.journal.hosts(self.cid)
                         if r["host"] in scope and not transitions.is_terminal(r["state"])}
-                if not running and (not live or interrupts.requested()):
-                    return  # a signal: raised as the deferred block ends
+                if not running and (not live or interrupts.requested() or self.spent):
+                    return  # a signal: raised as the deferred block ends; the budget spent: run_wave halts
                 if not interrupts.requested():
                     for step, batch in self.ready(live, running, looked):
                         running[self.start_batch(pool, step, batch)] = (step, batch, self.clock.monotonic())
@@ -349,38 +353,49 @@ class Engine:
             state = min((r["state"] for r in live.values()), key=transitions.ORDER.__getitem__)
             batch = [h for h, r in live.items() if r["state"] == state
                      and (state not in WAITING or h not in looked or clock >= looked[h] + poll)]
+            if state == HostState.DRAIN and batch and self.admitted(batch, busy) != batch:
+                return []  # the capacity budget: the wave is drained whole or not at all
             return [(transitions.HOST_ROWS[state].step, batch)] if batch else []
         groups: dict[str, list[str]] = {}
         for h, r in live.items():
             if moves(h):
                 groups.setdefault(r["state"], []).append(h)
-        drains = groups.get(transitions.HostState.DRAIN)
-        if drains and self.options.max_in_flight is not None:
-            groups[transitions.HostState.DRAIN] = self.within_flight(drains, busy)
+        drains = groups.get(HostState.DRAIN)
+        if drains:
+            groups[HostState.DRAIN] = self.admitted(drains, busy)
         return [(transitions.HOST_ROWS[state].step, batch)
                 for state, batch in sorted(groups.items(), key=lambda g: transitions.ORDER[g[0]]) if batch]
 
-    def within_flight(self, drains: list[str], busy: set[str]) -> list[str]:
-        """Of the hosts about to be drained, those whose NVLink domains fit within --max-in-flight beside the units
-        out of service now (drained and not back, in this campaign), whole domains in plan order; the rest wait,
-        and the campaign says so once each time it waits."""
+    def admitted(self, drains: list[str], busy: set[str]) -> list[str]:
+        """Of the hosts about to be drained, those whose NVLink domains fit, whole and in plan order, within
+        --max-in-flight beside the units out of service now (drained and not back, in this campaign) and within the
+        capacity budget (capacity.pacing); the rest wait, and the campaign says why once each time it waits
+        (`paced`)."""
         rows = self.journal.hosts(self.cid)
         out_now = {self.unit.get(r["host"], r["host"]) for r in rows
-                   if r["state"] in OUT_OF_SERVICE or (r["host"] in busy and r["state"] == transitions.HostState.DRAIN)}
-        free, chosen, units = self.options.max_in_flight - len(out_now), [], []
+                   if r["state"] in OUT_OF_SERVICE or (r["host"] in busy and r["state"] == HostState.DRAIN)}
+        bound = self.options.max_in_flight
+        members: dict[str, list[str]] = {}
         for h in drains:
-            u = self.unit.get(h, h)
-            if u not in units:
-                if len(units) >= free:
-                    continue
-                units.append(u)
-            chosen.append(h)
-        waiting = len({self.unit.get(h, h) for h in drains}) - len(units)
-        if waiting and self.paced != (len(out_now), waiting):
-            self.paced = (len(out_now), waiting)
+            members.setdefault(self.unit.get(h, h), []).append(h)
+        chosen, why, budget = [], None, None
+        for hosts in members.values():
+            taken = len(out_now) + len({self.unit.get(h, h) for h in chosen})
+            if bound is not None and taken >= bound:
+                why = f"{taken} out of service at once (--max-in-flight {bound})"
+                break
+            why = budget = capacity.pacing(self.journal, self.cid, self.options, self.clock.now(),
+                                           hosts=len(chosen) + len(hosts))
+            if why:
+                break
+            chosen += hosts
+        waiting = len(members) - len({self.unit.get(h, h) for h in chosen})
+        if why and self.paced != (why, waiting):
+            self.paced = (why, waiting)
             self.journal.note(self.cid, "paced", waiting=waiting, out_of_service=len(out_now),
-                              reason=f"{waiting} more waiting: {len(out_now)} out of service at once "
-                                     f"(--max-in-flight {self.options.max_in_flight})")
+                              reason=f"{waiting} waiting to be drained: {why}")
+        # the budget spent with nothing out of service: waiting gives nothing back, the campaign halts (run_wave)
+        self.spent = budget if budget and not chosen and not out_now else None
         return chosen
 
     def start_batch(self, pool: ThreadPoolExecutor, step: str, batch: list[str]) -> Future:

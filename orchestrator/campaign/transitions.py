@@ -1,13 +1,15 @@
 """The campaign state machine: one table for hosts, one for the campaign. Everything else executes them.
 
 A host's state names the step it does next. The step's outcome (ok, fail, inconclusive, skip) picks the next
-state. States without a row are terminal. Hosts of a wave move together: the engine runs one step at a time for
-every host in the earliest state (table order), so each step is one playbook run over a batch of hosts.
+state; a waiting step's `wait` (the host's jobs still run) keeps it. States without a row are terminal. Hosts that
+reach a step together share one playbook run (a batch); with pace host each host goes on as soon as it may (its
+NVLink domain's hosts move as one), with pace wave the engine runs one batch at a time, every host in the earliest
+state (table order).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from ..exitcodes import Exit
@@ -64,12 +66,16 @@ class Row:
     fail: HostState
     inconclusive: HostState | None = None
     skip: HostState | None = None
-    # what the step is: each is read by whoever needs it, none is kept anywhere else
+    # what the step is: each is read by whoever needs it, none is kept anywhere else (`doc`: the steps reference)
     runner: str = ""             # the function of campaign/steps.py that runs it (steps.STEPS)
-    read_only: bool = False      # only looks: a wave whose hosts ran nothing else may still be stopped cleanly
-    hook: bool = False           # runs the drain/undrain hook on the control node, not a playbook
-    changes_host: bool = False   # changes packages: once it has begun, the host is "changed" (a rollback concerns it)
-    waits: bool = False          # may answer "wait" (the host's jobs still run): looked at again every idle poll
+    read_only: bool = field(default=False, metadata={"doc": "the step only looks (a wave whose hosts ran nothing "
+                                                            "else may still be stopped cleanly)"})
+    hook: bool = field(default=False, metadata={"doc": "it runs the drain/undrain hook on the control node, not a "
+                                                       "playbook"})
+    changes_host: bool = field(default=False, metadata={"doc": "once begun, the host counts as changed (a rollback "
+                                                               "concerns it)"})
+    waits: bool = field(default=False, metadata={"doc": "it may answer `wait` (the host's jobs still run): the host "
+                                                        "stays, looked at again every idle poll, until --idle-timeout"})
 
     @property
     def step(self) -> str:
@@ -139,6 +145,7 @@ IN_ROLLBACK = tuple(s for s in HostState if s.startswith("rollback_"))  # the ro
 # Hosts in them have changed nothing yet; a state names its step (a HostState equals its step's name).
 READ_ONLY_STATES = tuple(r.state for r in HOST_TABLE if r.read_only)
 HOOK_STEPS = tuple(r.step for r in HOST_TABLE if r.hook)
+ATTRIBUTES = {f.name: f.metadata["doc"] for f in fields(Row) if "doc" in f.metadata}  # what a step is, in words
 WAITING = tuple(r.state for r in HOST_TABLE if r.waits)
 WAIT = "wait"  # a waiting step's answer while the host's jobs still run: no transition, looked at again later
 # Out of service: drained, not back yet (a state names the step done next: undrain is still drained).
@@ -213,6 +220,9 @@ CAMPAIGN_TABLE = {
     (C.SOAKING, "soak_held"):             C.HALTED,
     (C.SOAKING, "abort_requested"):       C.ABORTED,
     (C.RUNNING, "window_closed"):         C.HALTED,
+    # --capacity-budget spent with no host out of service: waiting gives nothing back; a person decides (abort,
+    # rollback, or resume to try again: each resume drains no host the budget does not allow)
+    (C.RUNNING, "capacity_spent"):        C.HALTED,
     (C.HALTED, "resumed"):                C.RUNNING,
     (C.HALTED, "abort_requested"):        C.ABORTED,
     (C.HALTED, "rollback_requested"):     C.ROLLING_BACK,

@@ -120,3 +120,35 @@ def test_a_crash_with_hosts_at_different_steps_resumes_each_from_its_own_step(st
     a, b = steps_of(journal, cid, "a"), steps_of(journal, cid, "b")
     assert a["activate"]["attempts"] == 2 and a["install"]["attempts"] == 1
     assert b["wait_idle"]["attempts"] == 2 and [r["step"] for r in journal.steps(cid, "b")] == UPGRADE
+
+
+class Slow(Jobs):
+    """Jobs, and each install takes INSTALL_S seconds."""
+
+    def __init__(self, looks, install_s: float, **kw):
+        super().__init__(looks, **kw)
+        self.install_s = install_s
+
+    def __getitem__(self, step):
+        scripted = super().__getitem__(step)
+        if step != "install":
+            return scripted
+
+        def run(ctx, hosts):
+            import time
+            time.sleep(self.install_s)
+            return scripted(ctx, hosts)
+        return run
+
+
+def test_a_spent_capacity_budget_halts_the_campaign_before_it_drains_another_host(store):
+    script = Slow({"a": 0, "b": 0, "c": 0}, install_s=1.0)
+    budget = 1.5 / 3600  # node-hours: one host's change (1 s and more) fits, a second one's would not
+    journal, cid, engine = start(store, script, ["a", "b", "c"], pace="host", max_in_flight=1, fail_at=[3],
+                                 capacity_budget_node_hours=budget, idle={"timeout_s": 60, "poll_s": 0})
+    assert engine.run() == "halted"
+    c = journal.campaign(cid)
+    assert c["reason"].startswith("wave 1: capacity budget: 0.0 of") and "per host drained" in c["reason"]
+    assert states(journal, cid) == {"a": "done", "b": "drain", "c": "drain"}  # nothing more taken out of service
+    paced = [e["reason"] for e in journal.events(cid) if e["event"] == "paced"]
+    assert any("--max-in-flight 1" in p for p in paced) and any("capacity budget" in p for p in paced)
