@@ -25,8 +25,8 @@ from fleetctl_lab import state
 
 pytestmark = pytest.mark.lab
 
-SPECS = (f"3xh100-sxm/2@{FROM}",)
-NODES = ("h100-01", "h100-02", "h100-03")
+SPECS = (f"5xh100-sxm/2@{FROM}",)
+NODES = ("h100-01", "h100-02", "h100-03", "h100-04", "h100-05")
 
 
 @pytest.fixture(scope="module")
@@ -116,14 +116,18 @@ def submit(cluster, node: str, command: str) -> str:
     return slurm(cluster, "sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", command).stdout.strip()
 
 
-def test_an_admins_drain_is_left_and_a_running_job_delays_the_install_until_it_completes(cluster, tmp_path):
+def test_an_admins_drain_is_left_and_each_node_moves_as_its_own_job_ends(cluster, tmp_path):
+    """One wave of four busy nodes (jobs of 20, 60, 120 and 180 s) and one an admin drained: each busy node is
+    upgraded and back in service as soon as its own job has ended, none killed, and what it cost is recorded."""
     baseline = write_baseline(tmp_path / "b.yml", 1)
     slurm(cluster, "scontrol", "update", "nodename=h100-03", "state=drain", "reason=RMA: GPU 3 ECC (ticket 4411)")
-    job = submit(cluster, "h100-01", "sleep 20")
-    wait_until(lambda: in_service(cluster, "h100-01")[0] in ("ALLOCATED", "MIXED"), 60, "the job running on h100-01")
+    lengths = {"h100-01": 20, "h100-02": 60, "h100-04": 120, "h100-05": 180}
+    jobs = {node: submit(cluster, node, f"sleep {s}") for node, s in lengths.items()}
+    wait_until(lambda: all(in_service(cluster, n)[0] in ("ALLOCATED", "MIXED") for n in lengths), 60,
+               "the jobs running", lambda: {n: in_service(cluster, n) for n in lengths})
     try:
-        proc = cluster.fleetctl("upgrade", "--to", TO, "-i", cluster.inventory, "-b", baseline, *CAMPAIGN,
-                                "--soak", "0", "--idle-timeout", "120", timeout=600)
+        proc = cluster.fleetctl("upgrade", "--to", TO, "-i", cluster.inventory, "-b", baseline, *CAMPAIGN[:-2],
+                                "--waves", "100%", "--soak", "0", timeout=900)
         doc = show(cluster, 1)
         assert proc.returncode == 1, proc.stdout + proc.stderr  # done, and a host left out at plan: off the target
         # left out at plan with the admin's state and reason, and left as it was
@@ -132,14 +136,28 @@ def test_an_admins_drain_is_left_and_a_running_job_delays_the_install_until_it_c
         assert "IDLE+DRAIN (RMA: GPU 3 ECC (ticket 4411))" in excluded["reason"]
         assert in_service(cluster, "h100-03") == ("IDLE", True, "RMA: GPU 3 ECC (ticket 4411)")
         assert_on(cluster, "h100-03", FROM)
-        # the job ran to its end (COMPLETED, never killed by the reboot): the install waited for it
-        assert job_states(cluster)[job] == "COMPLETED"
-        steps = {s["step"]: s for s in hosts_of(doc)["h100-01"]["steps"]}
-        assert steps["drain"]["detail"]["slurm"]["reason"] == f"fleetctl campaign 1: {FROM} -> {TO}"
-        assert steps["drain"]["detail"]["slurm"]["before"]["state"] in ("ALLOCATED", "MIXED")
-        assert steps["wait_idle"]["seconds"] >= 5, steps["wait_idle"]
+        # every job ran to its end (COMPLETED, never killed by a reboot)
+        ended = {j["id"]: j for j in slurm_mod.parse_jobcomp(
+            (Path(cluster.env["FLEETCTL_LAB_DIR"]) / "slurm" / "jobcomp.log").read_text())}
+        assert {n: ended[j]["state"] for n, j in jobs.items()} == {n: "COMPLETED" for n in lengths}
+        hosts = hosts_of(doc)
+        steps = {n: {s["step"]: s for s in hosts[n]["steps"]} for n in lengths}
+        assert steps["h100-01"]["drain"]["detail"]["slurm"]["reason"] == f"fleetctl campaign 1: {FROM} -> {TO}"
+        assert steps["h100-05"]["drain"]["detail"]["slurm"]["before"]["state"] in ("ALLOCATED", "MIXED")
+        # the node whose job ended first was upgraded, verified and back in service before the longest job ended
+        back = parse(steps["h100-01"]["undrain"]["finished_at"])
+        assert steps["h100-01"]["verify"]["status"] == "ok" and back < ended[jobs["h100-05"]]["end"], \
+            (back, ended[jobs["h100-05"]]["end"])
+        for n in lengths:  # and no node's install began before its own job had ended
+            assert parse(steps[n]["install"]["started_at"]) >= ended[jobs[n]]["end"], n
+        # what each node cost: drained while its job ran (busy), drained and idle (the waste), in change
+        passes = {p["host"]: p for p in doc["capacity"]["passes"]}
+        assert passes["h100-05"]["busy_s"] > passes["h100-01"]["busy_s"] + 60
+        assert all(passes[n]["idle_s"] < 60 and passes[n]["change_s"] > 0 for n in lengths), passes
+        text = cluster.fleetctl("campaign", "show", "1").stdout
+        assert "capacity in all: busy" in text and "(4 hosts, a node each)" in text, text
         # every node fleetctl drained is in service again, on the target
-        for name in ("h100-01", "h100-02"):
+        for name in lengths:
             assert in_service(cluster, name) == ("IDLE", False, None)
             assert_on(cluster, name, TO)
     finally:

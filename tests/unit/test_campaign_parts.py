@@ -88,6 +88,11 @@ def test_hooks_report_each_host(tmp_path):
     (["--to", "570.86.15", "--yes", "--samples", "3"], "3"),
     (["--to", "570.86.15", "--yes", "--drain-preset", "kubernetes", "--drain-mode", "reservation"],
      "--drain-mode reservation: only fleetctl's own Slurm drains reserve nodes"),
+    (["--to", "570.86.15", "--yes", "--max-in-flight", "0"], "--max-in-flight '0': at least 1 host"),
+    (["--to", "570.86.15", "--yes", "--max-in-flight", "101%"], "--max-in-flight '101%': a share from 1% to 100%"),
+    (["--to", "570.86.15", "--yes", "--max-in-flight", "0%"], "a share from 1% to 100%"),
+    (["--to", "570.86.15", "--yes", "--max-in-flight", "x"], "a number of hosts or a share such as 25%"),
+    (["--to", "570.86.15", "--yes", "--max-in-flight", "2", "--pace", "wave"], "it needs --pace host"),
 ])
 def test_upgrade_input_errors_exit_2_in_one_line_before_anything_is_recorded(tmp_path, args, message):
     proc = fleetctl("upgrade", *args, home=tmp_path)
