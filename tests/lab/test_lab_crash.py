@@ -1,15 +1,18 @@
-"""Crash suite: `kill -9` of fleetctl and everything it started, at 20 random points of lab campaigns.
+"""Crash suite: `kill -9` of fleetctl and everything it started, at every kind of step of two lab campaigns.
 
-A seeded random delay (FLEETCTL_CRASH_SEED, printed) after each start or `campaign resume`, the control node
-"crashes": fleetctl, its ansible-playbook runs and their SSH clients all get SIGKILL. Then `campaign resume`, under
-the same regime, until the campaign ends. Campaigns alternate 550 -> 570 -> 550 ..., one of them with a throughput
-regression so that kills also land inside rollbacks. After every campaign:
+The control node "crashes": fleetctl, its ansible-playbook runs and their SSH clients all get SIGKILL, at each
+point of KILLS in turn, then `campaign resume` runs until the next point. The points cover every kind of step once at
+least, each a seeded random moment (FLEETCTL_CRASH_SEED, printed) after the step is written ahead: a campaign
+550 -> 570 killed in planning, in each step of its canary wave (the activation while the host reboots), in wave 2's
+activation and after its last record; then one to 570.124.06, whose throughput regresses, killed in the gate that
+fails and in each step of the rollback. After each campaign:
 - every host is on exactly one version (all driver packages at it and held, the module running it), the version
   its final state says;
-- no step was done twice: one `step_finished` per host and step, no step started again after it finished, at most
+- no step was done twice: one `step_finished` per host and step, no step started again after it finished, each step
+  run once more for each kill that found it under way (and every step that runs a playbook was found so), at most
   one reboot per activation;
 - nothing lost: the campaign's events are numbered without a gap, the JSONL log holds each of them once, and the
-  whole history's hash chain verifies.
+  whole history's hash chain verifies; `campaign resume` of the finished campaign answers with its code.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -26,59 +30,102 @@ from pathlib import Path
 import pytest
 
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_upgrade import FAST, FROM, TO, assert_on, descendants, show, write_baseline
+from tests.lab.test_lab_upgrade import (FAST, FROM, ROLLBACK_STEPS, TO, UPGRADE_STEPS, assert_on, descendants, hosts_of,
+                                        show, steps_of, write_baseline)
 
 pytestmark = pytest.mark.lab
 
-KILLS = 20
 SEED = int(os.environ.get("FLEETCTL_CRASH_SEED", "20261121"))
-# A campaign of 3 hosts in 2 waves runs ~40 s on an idle machine since a lab reboot is seen at Ansible's second look
-# (45-55 s before, ~80 s in an earlier lab). Each resume goes on where the kill stopped it, so delays up to 30 s
-# walk through a whole campaign in 2-4 kills (every kind of step, the rollback's too, and a resumed activation, its
-# reboot a few seconds, gets its share), and 20 kills take ~7 campaigns; the cap leaves room for slower machines.
-DELAY_S = (2.0, 30.0)
-MAX_CAMPAIGNS = 20
 SLOW = "570.124.06"       # the version whose throughput regresses: its campaign rolls back
+# A kill point: (event, step or None, seconds after it; None: a seeded random 0-JITTER_S). A step that runs a playbook
+# takes longer than JITTER_S (ansible-playbook's start alone, a no-op play, takes ~1.8 s on an idle machine), so its
+# kill lands in it (checked: PLAYBOOK_STEPS); drain and undrain (no hooks here) are over at once: their kill comes
+# between steps. PLANNING: from fleetctl's start, before or just after the campaign is recorded.
+JITTER_S = 1.5
+PLANNING = ("planning", None, None)
+UPGRADE_KILLS = [PLANNING,
+                 *[("step_started", step, 5.0 if step == "activate" else None) for step in UPGRADE_STEPS],
+                 ("step_started", "activate", 4.0),         # wave 2: its two hosts' reboots
+                 ("last_wave_passed", None, 0.0)]           # after the last record: resume answers the campaign's code
+ROLLBACK_KILLS = [("step_started", "probe_after", None),   # the gate that fails
+                  *[("step_started", step, 4.0 if step == "rollback_activate" else None) for step in ROLLBACK_STEPS],
+                  ("rollback_finished", None, 0.0)]
+ENDS = ("last_wave_passed", "rollback_finished")  # a campaign's last records: fleetctl may exit before the kill
+PLAYBOOK_STEPS = set(UPGRADE_STEPS + ROLLBACK_STEPS) - {"drain", "undrain", "rollback_drain", "rollback_undrain"}
 
 
-def run_until_killed(lab, args: list[str], delay: float) -> int | None:
-    """Start fleetctl ARGS; SIGKILL its whole process tree after DELAY s. None if killed, else its exit code."""
+def events(lab, cid: int) -> list[dict]:
+    log = Path(lab.env["FLEETCTL_HOME"]) / "campaigns" / f"{cid}.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def kill_at(lab, args: list[str], cid: int, point: tuple, delay: float) -> int | None:
+    """Run fleetctl ARGS; SIGKILL its whole process tree DELAY s after POINT's event (one logged after this start) or,
+    for PLANNING, after its start. None if killed; its exit code if it ended first."""
+    event, step, _ = point
+    seen = len(events(lab, cid))
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=lab.env, cwd=REPO_ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
     try:
+        while point != PLANNING and not any(e["event"] == event and e.get("step") == step
+                                            for e in events(lab, cid)[seen:]):
+            assert time.monotonic() < deadline, f"campaign {cid}: no {event} {step or ''} within 600 s"
+            if proc.poll() is not None:
+                return proc.returncode
+            time.sleep(0.05)
         return proc.wait(timeout=delay)
     except subprocess.TimeoutExpired:
-        pass
-    for _ in range(3):  # children forked while we walk the tree are caught by the next pass
-        for pid in reversed(descendants(proc.pid)):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-    proc.wait()
-    return None
+        for _ in range(3):  # children forked while we walk the tree are caught by the next pass
+            for pid in reversed(descendants(proc.pid)):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        return None
+    finally:
+        if proc.poll() is None:  # an assertion above: nothing of this run is left
+            proc.kill()
+        proc.wait()
 
 
-def step_in_progress(lab, cid: int) -> str:
-    """The step the campaign's log last saw start (where a kill landed), for the test's report."""
-    log = Path(lab.env["FLEETCTL_HOME"]) / "campaigns" / f"{cid}.jsonl"
-    lines = log.read_text().splitlines() if log.exists() else []
-    started = [json.loads(line)["step"] for line in lines if '"step_started"' in line]
-    return started[-1] if started else "planning"
+def under_way(lab, cid: int) -> list[tuple[str, str]] | None:
+    """(host, step) of the steps written ahead and not finished; None: the campaign is not recorded."""
+    proc = lab.fleetctl("campaign", "show", str(cid), "--format", "json")
+    if proc.returncode != 0:
+        return None
+    return [(h["name"], s["step"]) for h in json.loads(proc.stdout)["hosts"] for s in h["steps"]
+            if s["status"] == "started"]
 
 
-def finish(lab, args: list[str], cid: int) -> int:
-    """Run fleetctl ARGS to its end; a run that hangs fails with what the hosts and the campaign were doing."""
+def campaign(lab, rng, args: list[str], cid: int, kills: list[tuple], points: list[str]) -> Counter:
+    """Campaign CID (fleetctl ARGS starts or resumes it) killed at each of KILLS in turn, resumed after each. Returns
+    how many kills found each (host, step) under way (written ahead, not finished)."""
+    interrupted: Counter = Counter()
+    for point in kills:
+        delay = point[2] if point[2] is not None else rng.uniform(0, JITTER_S)
+        while (rc := kill_at(lab, args, cid, point, delay)) == 5:  # halted (an inconclusive gate): a person accepts
+            args = ["campaign", "resume", str(cid)]
+        assert rc is None or point[0] in ENDS, f"campaign {cid} ended (exit {rc}) before {point[:2]}"
+        found = under_way(lab, cid)
+        if found is not None:
+            args = ["campaign", "resume", str(cid)]  # else killed before the campaign was recorded: start it again
+            interrupted.update(found)
+        points.append(f"campaign {cid} {point[1] or point[0]} +{delay:.1f}s: {sorted(found or [])}")
+    return interrupted
+
+
+def finish(lab, cid: int) -> int:
+    """`campaign resume CID` to its end; a run that hangs fails with what the hosts and the campaign were doing."""
     try:
-        return lab.fleetctl(*args, timeout=900).returncode
+        return lab.fleetctl("campaign", "resume", str(cid), timeout=900).returncode
     except subprocess.TimeoutExpired as e:
         home, hosts_dir = Path(lab.env["FLEETCTL_HOME"]), Path(lab.env["FLEETCTL_LAB_DIR"]) / "hosts"
-        log = home / "campaigns" / f"{cid}.jsonl"
         tails = {p.parent.name: p.read_text(errors="replace").splitlines()[-15:]
                  for p in sorted(hosts_dir.glob("*/supervisor.log"))}
-        pytest.fail(f"{' '.join(args)} ran past 900 s\noutput: {e.stdout!r}\ncampaign log tail: "
-                    f"{log.read_text().splitlines()[-5:] if log.exists() else None}\nsupervisor logs: {tails}")
+        pytest.fail(f"campaign resume {cid} ran past 900 s\noutput: {e.stdout!r}\ncampaign log tail: "
+                    f"{[json.dumps(x) for x in events(lab, cid)[-5:]]}\nsupervisor logs: {tails}")
 
 
 def boots(lab) -> dict[str, int]:
@@ -86,8 +133,10 @@ def boots(lab) -> dict[str, int]:
     return {r["name"]: r["boots"] for r in rows}
 
 
-def check_campaign(lab, cid: int, boots_before: dict[str, int], versions: dict[str, str]) -> dict:
-    """The campaign's invariants; VERSIONS (host -> version it is on) follows the hosts that moved."""
+def check_campaign(lab, cid: int, boots_before: dict[str, int], versions: dict[str, str],
+                   interrupted: Counter) -> dict:
+    """The campaign's invariants; VERSIONS (host -> version it is on) follows the hosts that moved; INTERRUPTED:
+    the kills that found each (host, step) under way, each of which runs it once more."""
     doc = show(lab, cid)
     assert doc["campaign"]["state"] in ("done", "rolled_back"), doc["campaign"]
     target = doc["campaign"]["target"]
@@ -102,8 +151,9 @@ def check_campaign(lab, cid: int, boots_before: dict[str, int], versions: dict[s
         # a kill fails nothing: the one failed step allowed is the gate that rolled the slow driver back
         allowed = [("probe_after", "fail")] if host["state"] == "rolled_back" and target == SLOW else []
         assert [(s["step"], s["status"]) for s in failed] == allowed, (cid, host["name"], host["reason"], failed)
-    log_lines = (Path(lab.env["FLEETCTL_HOME"]) / "campaigns" / f"{cid}.jsonl").read_text().splitlines()
-    log = [json.loads(line) for line in log_lines]
+        attempts = {s["step"]: s["attempts"] for s in host["steps"]}
+        assert attempts == {s: 1 + interrupted[(host["name"], s)] for s in steps}, (cid, host["name"], interrupted)
+    log = events(lab, cid)
     assert [e["seq"] for e in log] == list(range(1, doc["events"] + 1))      # no gap, no duplicate
     finished = Counter((e["host"], e["step"]) for e in log if e["event"] == "step_finished")
     assert set(finished.values()) == {1}, [k for k, n in finished.items() if n > 1]
@@ -124,7 +174,7 @@ def check_campaign(lab, cid: int, boots_before: dict[str, int], versions: dict[s
     return doc
 
 
-def test_kill_9_at_20_random_points_then_resume(tmp_path):
+def test_kill_9_at_every_kind_of_step_then_resume(tmp_path):
     rng = random.Random(SEED)
     print(f"\ncrash suite seed {SEED} (FLEETCTL_CRASH_SEED)")
     hosts = ["h100-01", "h100-02", "h100-03"]
@@ -133,28 +183,35 @@ def test_kill_9_at_20_random_points_then_resume(tmp_path):
         baseline = write_baseline(tmp_path / "b.yml", 1)
         for name in hosts:
             lab.inject(name, "throughput", "0.9", "--driver", SLOW)
-        kills, cid, points = 0, 0, []
-        while kills < KILLS:
-            cid += 1
-            assert cid <= MAX_CAMPAIGNS, f"only {kills} kills in {MAX_CAMPAIGNS} campaigns"
-            on = versions[hosts[0]]
-            target = SLOW if cid == 3 else (TO if on == FROM else FROM)
-            before = boots(lab)
-            args = ["upgrade", "--to", target, "-i", lab.inventory, "-b", baseline, *FAST, "--waves", "1,100%"]
-            resume = ["campaign", "resume", str(cid)]
-            while True:
-                delay = rng.uniform(*DELAY_S)
-                rc = run_until_killed(lab, args, delay) if kills < KILLS else finish(lab, args, cid)
-                if rc == 5:        # halted for a person (an inconclusive gate): resuming is the person accepting
-                    args = resume
-                    continue
-                if rc is not None:
-                    break
-                kills += 1
-                points.append(f"campaign {cid} +{delay:.1f}s ({step_in_progress(lab, cid)})")
-                if lab.fleetctl("campaign", "show", str(cid)).returncode == 0:
-                    args = resume  # else killed before the campaign was recorded: start it again
-            doc = check_campaign(lab, cid, before, versions)
-            expected = 4 if target == SLOW else 0
-            assert rc == expected, (cid, target, rc, doc["campaign"])
+        points: list[str] = []
+
+        def upgrade(to: str) -> list[str]:
+            return ["upgrade", "--to", to, "-i", lab.inventory, "-b", baseline, *FAST, "--waves", "1,100%"]
+
+        # 1. 550 -> 570: the canary down ~5 s from its reboot (~4 s into its activation), so that the kill 5 s into
+        # its activation lands while it reboots
+        before = boots(lab)
+        lab.inject("h100-01", "slow-reboot", "4")
+        activated = UPGRADE_KILLS.index(("step_started", "activate", 5.0)) + 1
+        interrupted = campaign(lab, rng, upgrade(TO), 1, UPGRADE_KILLS[:activated], points)
+        lab.inject("h100-01", "slow-reboot", "0")
+        interrupted += campaign(lab, rng, ["campaign", "resume", "1"], 1, UPGRADE_KILLS[activated:], points)
+        assert finish(lab, 1) == 0
+        doc = check_campaign(lab, 1, before, versions, interrupted)
+        assert [h["state"] for h in doc["hosts"]] == ["done"] * 3
+        assert all(steps_of(h) == UPGRADE_STEPS for h in doc["hosts"])
+        killed_in = {step for _, step in interrupted}
+
+        # 2. 570 -> 570.124.06, whose throughput regresses: the canary's gate fails and it rolls back
+        before = boots(lab)
+        interrupted = campaign(lab, rng, upgrade(SLOW), 2, ROLLBACK_KILLS, points)
+        assert finish(lab, 2) == 4
+        doc = check_campaign(lab, 2, before, versions, interrupted)
+        canary = hosts_of(doc)["h100-01"]
+        assert canary["state"] == "rolled_back" and steps_of(canary) == UPGRADE_STEPS[:-1] + ROLLBACK_STEPS
+        assert [hosts_of(doc)[h]["steps"] for h in hosts[1:]] == [[], []]
+        killed_in |= {step for _, step in interrupted}
         print("killed at: " + "; ".join(points))
+        assert PLAYBOOK_STEPS <= killed_in, sorted(PLAYBOOK_STEPS - killed_in)
+        for name in hosts:
+            assert_on(lab, name, TO)

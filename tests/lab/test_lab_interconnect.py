@@ -98,8 +98,9 @@ def test_each_fault_is_found_by_the_audit_and_fails_the_probe(lab):
 
 def test_a_canary_back_with_a_link_down_a_stuck_fabric_or_link_errors_is_rolled_back(lab, tmp_path):
     """h100-04 (a link that trains down under the new driver), h100-05 (a fabric that never completes under it) and
-    h100-06 (links counting errors under it, with a baseline that fails over 1000): each canary is caught by verify
-    and rolled back to the exact packages, its links and fabric whole again."""
+    h100-06 (links counting errors under it, with a baseline that fails over 1000), the canary wave of one campaign:
+    each canary is caught by its own verify and rolled back to the exact packages, its links and fabric whole
+    again. (One campaign, not one a host: the steps run for the three at once.)"""
     baseline = tmp_path / "baseline.yml"
     baseline.write_text("schema_version: 1\nname: lab-interconnect\ngroups:\n  all:\n"
                         "    driver: {branches: ['550', '570'], held: true}\n"
@@ -108,16 +109,18 @@ def test_a_canary_back_with_a_link_down_a_stuck_fabric_or_link_errors_is_rolled_
     lab.inject("h100-04", "nvlink-down", "--gpu", "0", "--link", "3", "--driver", TO)
     lab.inject("h100-05", "fabric-stuck", "--driver", TO)
     lab.inject("h100-06", "nvlink-errors", "--gpu", "1", "--count", "5000", "--driver", TO)
-    cases = (("h100-04", "NVLink links up"), ("h100-05", "gpu.fabric"), ("h100-06", "NVLink errors"))
-    for cid, (host, why) in enumerate(cases, start=1):
-        proc = lab.fleetctl("upgrade", "--to", TO, "-i", lab.inventory, "-l", host, "-b", str(baseline), *UPGRADE,
-                            timeout=900)
-        assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-2000:]
-        doc = json.loads(lab.fleetctl("campaign", "show", str(cid), "--format", "json").stdout)
-        assert doc["campaign"]["state"] == "rolled_back", doc["campaign"]
-        h = doc["hosts"][0]
+    cases = {"h100-04": "NVLink links up", "h100-05": "gpu.fabric", "h100-06": "NVLink errors"}
+    proc = lab.fleetctl("upgrade", "--to", TO, "-i", lab.inventory, "-l", ",".join(cases), "-b", str(baseline),
+                        *UPGRADE, "--waves", "100%", timeout=900)
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-2000:]
+    doc = json.loads(lab.fleetctl("campaign", "show", "1", "--format", "json").stdout)
+    assert doc["campaign"]["state"] == "rolled_back", doc["campaign"]
+    hosts = {h["name"]: h for h in doc["hosts"]}
+    assert sorted(hosts) == sorted(cases) and {h["wave"] for h in hosts.values()} == {1}  # all three canaries
+    for host, why in cases.items():
+        h = hosts[host]
         verify = next(s for s in h["steps"] if s["step"] == "verify")
-        assert verify["status"] == "fail" and why in (verify["reason"] or ""), verify
+        assert verify["status"] == "fail" and why in (verify["reason"] or ""), (host, verify)
         assert h["state"] == "rolled_back", h
         facts = lab.facts(host)
         assert facts["driver"]["module_version"] == FROM

@@ -1,9 +1,10 @@
 """The watched soak (issue 20), end to end through the CLI on one shared lab of 8 hosts (550.163.01, 2 GPUs each).
 
 The three campaigns use disjoint hosts or run one after the other, each with short soaks (seconds) and short
-probes: 1. a clean soak with a passing canary command; 2. fleetctl killed during the canary's soak, an Xid logged
-while it is down, `campaign resume`; 3. three waves where, during the second soak, one host's GPU falls off the
-bus, one host's canary command starts failing and one host's throughput drops.
+probes: 1 and 4, one campaign (the `sigtermed` fixture): SIGTERM mid-activation and `campaign resume`, then a clean
+soak with a passing canary command; 2. fleetctl killed during the canary's soak, an Xid logged while it is down,
+`campaign resume`; 3. three waves where, during the second soak, one host's GPU falls off the bus, one host's canary
+command starts failing and one host's throughput drops.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -72,32 +74,89 @@ def soak_records(doc: dict, host: str) -> dict:
     return doc["soak"]["hosts"][host]
 
 
-def test_a_clean_soak_with_a_passing_canary_command_goes_on(lab):
-    """12 s of soak, a check every 2 s: two checks at least, with room for a check of several seconds under CI's load
-    (a 6 s soak once held only one)."""
+@pytest.fixture(scope="module")
+def sigtermed(lab):
+    """One campaign for tests 1 and 4: h100-01 | h100-02 to the other version with a 12 s soak checked every 2 s and
+    the canary command; SIGTERM 1 s into the canary's activation playbook (systemd stopping a window's service,
+    issue 21), what is left then, and `campaign resume` to its end."""
     started, cid = time.monotonic(), next_campaign(lab)
-    proc = subprocess.run(upgrade(lab, TO, "h100-01,h100-02", "--waves", "1,100%", "--soak", "12s",
-                                  "--soak-interval", "2", "--canary", CANARY),
-                          capture_output=True, text=True, env=lab.env, cwd=REPO_ROOT, timeout=900,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    was = lab.facts("h100-01")["driver"]["module_version"]
+    to = TO if was == FROM else FROM
+    tag = f"soak-sigterm-{os.getpid()}"
+    proc = subprocess.Popen(upgrade(lab, to, "h100-01,h100-02", "--waves", "1,100%", "--soak", "12s",
+                                    "--soak-interval", "2", "--canary", CANARY),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                            env=dict(lab.env, FLEETCTL_TEST_TAG=tag),
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lab, cid, proc, lambda e: e["event"] == "step_started" and e["step"] == "activate")
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # Nothing of the activation's playbook left: not ansible-playbook, its workers, nor their ssh (an idle
+    # ControlPersist master stays its 60 s, as after any Ansible run).
+    left = [p for p in tagged(tag) if "[mux]" not in p]
+    stopped, stopped_events = show(lab, cid), events(lab, cid)
+    resumed = lab.fleetctl("campaign", "resume", str(cid), timeout=900)
+    print(f"\nsoak tests 1 and 4 (SIGTERM mid-playbook, resume, a clean soak with a canary command): "
+          f"{time.monotonic() - started:.1f}s")
+    return SimpleNamespace(cid=cid, to=to, proc=proc, out=out, err=err, left=left, stopped=stopped,
+                           stopped_events=stopped_events, resumed=resumed)
+
+
+def test_a_clean_soak_with_a_passing_canary_command_goes_on(lab, sigtermed):
+    """12 s of soak (the resumed campaign's), a check every 2 s: two checks at least, with room for a check of
+    several seconds under CI's load (a 6 s soak once held only one)."""
+    cid, resumed = sigtermed.cid, sigtermed.resumed
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr
     doc = show(lab, cid)
     assert doc["campaign"]["state"] == "done"
     canary = soak_records(doc, "h100-01")
     assert canary["checks"] >= 2 and canary["gates"] == 1 and canary["failed_canary_runs"] == 0
     assert canary["last"]["kind"] == "gate" and canary["last"]["status"] == "ok"
     assert "h100-02" not in doc["soak"]["hosts"]  # not changed before the soak: nothing to watch
-    assert "soak check after wave 1: 1 ok" in proc.stdout and "end-of-soak gate after wave 1: 1 ok" in proc.stdout
+    assert "soak check after wave 1: 1 ok" in resumed.stdout
+    assert "end-of-soak gate after wave 1: 1 ok" in resumed.stdout
     # the canary's runs were the operator's command (its program only is recorded)
     run = next(e for e in events(lab, cid) if e["event"] == "campaign_started")
     assert run["waves"] == [["h100-01"], ["h100-02"]]
     for host in ("h100-01", "h100-02"):
-        assert_on(lab, host, TO)
-    print(f"\nsoak test 1 (clean soak, canary command): {time.monotonic() - started:.1f}s")
+        assert_on(lab, host, sigtermed.to)
+
+
+def test_sigterm_mid_playbook_stops_the_campaign_between_steps_and_resume_finishes_it(lab, sigtermed):
+    """systemd stopping a window's service (issue 21): SIGTERM while the canary's activation playbook runs. One line,
+    exit 143, the step left `started` in the journal (no half-run's results used), then `campaign resume` runs that
+    step again and the campaign ends done, no step finished twice."""
+    cid, proc, out, err = sigtermed.cid, sigtermed.proc, sigtermed.out, sigtermed.err
+    assert proc.returncode == 143, out[-2000:] + err
+    assert sigtermed.left == []
+    assert err.splitlines()[-1] == (f"fleetctl: interrupted (SIGTERM): campaign {cid} stopped between steps; "
+                                    f"go on with: fleetctl campaign resume {cid}")
+    doc = sigtermed.stopped
+    assert doc["campaign"]["state"] == "running"
+    canary = hosts_of(doc)["h100-01"]
+    assert canary["state"] == "activate" and canary["steps"][-1]["status"] == "started"
+    assert sigtermed.stopped_events[-1]["event"] == "interrupted"
+    assert sigtermed.stopped_events[-1]["signal"] == "SIGTERM"
+    resumed = sigtermed.resumed
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr
+    doc = show(lab, cid)
+    assert doc["campaign"]["state"] == "done"
+    activate = next(s for s in hosts_of(doc)["h100-01"]["steps"] if s["step"] == "activate")
+    assert activate["status"] == "ok" and activate["attempts"] == 2
+    finished = [(e["host"], e["step"]) for e in events(lab, cid) if e["event"] == "step_finished"]
+    assert len(finished) == len(set(finished))
+    for host in ("h100-01", "h100-02"):
+        assert_on(lab, host, sigtermed.to)
 
 
 def test_an_xid_logged_while_fleetctl_was_down_is_seen_by_the_resumed_soak(lab):
-    """Test 1's hosts to the other version: the canary soaks for 10 minutes; fleetctl is killed after its first
+    """Tests 1 and 4's hosts to the other version: the canary soaks for 10 minutes; fleetctl is killed after its first
     check, the canary's GPU logs Xid 79, and the resumed campaign sees it: the canary is rolled back, wave 2 never
     starts."""
     started, cid = time.monotonic(), next_campaign(lab)
@@ -169,48 +228,3 @@ def test_faults_during_a_later_soak_roll_back_those_hosts_within_the_budget(lab)
     for host, version in (("h100-03", TO), ("h100-05", FROM), ("h100-06", FROM), ("h100-07", TO), ("h100-08", TO)):
         assert_on(lab, host, version)
     print(f"\nsoak test 3 (three faults in a later soak): {time.monotonic() - started:.1f}s")
-
-
-def test_sigterm_mid_playbook_stops_the_campaign_between_steps_and_resume_finishes_it(lab):
-    """systemd stopping a window's service (issue 21): SIGTERM while the canary's activation playbook runs. One line,
-    exit 143, the step left `started` in the journal (no half-run's results used), then `campaign resume` runs that
-    step again and the campaign ends done, no step finished twice."""
-    started, cid = time.monotonic(), next_campaign(lab)
-    was = lab.facts("h100-01")["driver"]["module_version"]
-    to = TO if was == FROM else FROM
-    tag = f"soak-sigterm-{os.getpid()}"
-    proc = subprocess.Popen(upgrade(lab, to, "h100-01,h100-02", "--waves", "1,100%", "--soak", "0"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                            env=dict(lab.env, FLEETCTL_TEST_TAG=tag),
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_for(lab, cid, proc, lambda e: e["event"] == "step_started" and e["step"] == "activate")
-        time.sleep(1)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 143, out[-2000:] + err
-    # Nothing of the activation's playbook left: not ansible-playbook, its workers, nor their ssh (an idle
-    # ControlPersist master stays its 60 s, as after any Ansible run).
-    assert [p for p in tagged(tag) if "[mux]" not in p] == []
-    assert err.splitlines()[-1] == (f"fleetctl: interrupted (SIGTERM): campaign {cid} stopped between steps; "
-                                    f"go on with: fleetctl campaign resume {cid}")
-    doc = show(lab, cid)
-    assert doc["campaign"]["state"] == "running"
-    canary = hosts_of(doc)["h100-01"]
-    assert canary["state"] == "activate" and canary["steps"][-1]["status"] == "started"
-    assert events(lab, cid)[-1]["event"] == "interrupted" and events(lab, cid)[-1]["signal"] == "SIGTERM"
-    resumed = lab.fleetctl("campaign", "resume", str(cid), timeout=900)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr
-    doc = show(lab, cid)
-    assert doc["campaign"]["state"] == "done"
-    activate = next(s for s in hosts_of(doc)["h100-01"]["steps"] if s["step"] == "activate")
-    assert activate["status"] == "ok" and activate["attempts"] == 2
-    finished = [(e["host"], e["step"]) for e in events(lab, cid) if e["event"] == "step_finished"]
-    assert len(finished) == len(set(finished))
-    for host in ("h100-01", "h100-02"):
-        assert_on(lab, host, to)
-    print(f"\nsoak test 4 (SIGTERM mid-playbook, resume): {time.monotonic() - started:.1f}s")
