@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import baseline as baseline_mod, inventory, probe
-from . import scheduler as scheduler_mod
 from .journal import Journal
 from .options import CampaignOptions
 
@@ -30,11 +29,7 @@ class Context:
     options: CampaignOptions
     befores: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> recorded "before"
     prometheus: Any = None  # promql.Client where the baseline's canary metrics are judged (docs/canary.md)
-    scheduler: scheduler_mod.Scheduler | None = None  # what the hosts drain through; None: the options' (of)
-
-    def __post_init__(self) -> None:
-        if self.scheduler is None:
-            self.scheduler = scheduler_mod.of(self.options)
+    scheduler: Any = None  # scheduler.Scheduler: what the hosts drain through (the engine's: scheduler.of(options))
 
     def probe_options(self, throughput: bool) -> probe.ProbeOptions:
         o = self.options.probe

@@ -16,7 +16,7 @@ from ..errors import InputError, OperationError
 from ..settings import duration_text
 from ..store import Store, now
 from ..timefmt import parse as parse_time, stamp
-from . import capacity, soak, steps, transitions
+from . import capacity, scheduler, soak, steps, transitions
 from .journal import Journal
 from .transitions import OUT_OF_SERVICE, WAIT, WAITING, CampaignState, HostState
 from .options import Campaign
@@ -84,7 +84,8 @@ class Engine:
             raise OperationError(f"campaign {self.cid}: host {missing[0]} is not in the inventory any more "
                                  f"(give the inventory the campaign was started with)")
         self.ctx = steps.Context(journal, self.cid, campaign.target, fleet, base, self.options,
-                                 prometheus=self.parts.prometheus, scheduler=self.parts.scheduler)
+                                 prometheus=self.parts.prometheus,
+                                 scheduler=self.parts.scheduler or scheduler.of(self.options))
         self.held_for: tuple[str, int] | None = None  # the campaign's (state, wave) its reservations were set for
         # Each host's unit of change: its multi-node NVLink domain, or itself (plans recorded before domains: itself)
         self.unit = {h["name"]: h.get("domain") or h["name"] for w in self.plan["waves"] for h in w["hosts"]}

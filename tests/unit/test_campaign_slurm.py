@@ -112,7 +112,8 @@ def context(states: dict[str, str], node_names: dict[str, str] | None = None, id
     hosts = tuple(Host(h, ("all",), {"fleetctl_node_name": (node_names or {}).get(h, h)}) for h in states)
     options = CampaignOptions(hooks=Hooks(slurm=True), idle=IdleOptions(timeout_s=idle_s, poll_s=1),
                               drain_mode=drain_mode)
-    ctx = Context(Journal(states), 7, "570.86.15", Fleet("inv", hosts, frozenset({"all"}), {}), None, options)
+    ctx = Context(Journal(states), 7, "570.86.15", Fleet("inv", hosts, frozenset({"all"}), {}), None, options,
+                  scheduler=scheduler.of(options))
     ctx.befores = {h: {"version": "550.163.01"} for h in states}
     return ctx
 
@@ -227,8 +228,8 @@ def test_each_drain_preset_is_a_scheduler_of_its_own_and_only_slurm_reserves(tmp
     kubernetes = scheduler.of(CampaignOptions(hooks=hooks.resolve("kubernetes", None, None)))
     assert (kubernetes.name, kubernetes.reserves, kubernetes.busy(ctx, ["good"])) == ("kubernetes", False, {})
     # an operator's templates: the drain step runs them, host by host; nothing is left out, nothing known busy
-    mine = dataclasses.replace(ctx, options=CampaignOptions(hooks=hooks.resolve(None, "sh -c 'test {host} = good'",
-                                                                                 None)), scheduler=None)
+    templates = CampaignOptions(hooks=hooks.resolve(None, "sh -c 'test {host} = good'", None))
+    mine = dataclasses.replace(ctx, options=templates, scheduler=scheduler.of(templates))
     assert mine.scheduler.name == "templates" and mine.scheduler.left_out(mine.fleet, ["good"]) == []
     out = steps.drain(mine, ["good", "bad"])
     assert out["good"].outcome == "ok" and out["bad"].outcome == "fail" and "exited 1" in out["bad"].reason

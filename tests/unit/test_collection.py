@@ -93,7 +93,8 @@ def test_the_roles_defaults_are_the_controllers(monkeypatch):
         assert defaults[f"gpu_probe_{option}"] == specs[f"gpu_probe_{option}"]["default"] == want, option
         assert documented[option]["default"] == argument_spec[option]["default"] == want, option
     defaults, specs = role("nvidia_driver")
-    for option, want in (("timeout_s", settings.IDLE_TIMEOUT.value), ("poll_s", IdleOptions.poll_s)):
+    # the role's own wait (fleetctl looks once per poll, its wait is the engine's): a campaign's default before it
+    for option, want in (("timeout_s", IdleOptions.timeout_s), ("poll_s", IdleOptions.poll_s)):
         assert defaults[f"nvidia_driver_idle_{option}"] == specs[f"nvidia_driver_idle_{option}"]["default"] == want
 
 

@@ -277,10 +277,11 @@ def test_wait_idle_reports_the_leak(monkeypatch):
     outcome = runner.HostOutcome("n1", "failed", "retries exhausted",
                                  {"fleetctl.gpu.gpu_users": {"users": [], "leaked": leaked, "nvml": "ok"}})
     monkeypatch.setattr(steps, "playbook", lambda *a, **k: {"n1": outcome})
-    ctx = types.SimpleNamespace(options=types.SimpleNamespace(idle=types.SimpleNamespace(timeout_s=300, poll_s=10)))
-    got = steps._wait_gpus_idle(ctx, ["n1"])["n1"]
-    assert got.outcome == "fail"
-    assert got.reason == "GPU 0 holds 2048 MiB with no process after 300s: a leaked context, reset the GPU"
+    ctx = types.SimpleNamespace(options=types.SimpleNamespace(idle=types.SimpleNamespace(timeout_s=300, poll_s=10)),
+                                scheduler=types.SimpleNamespace(busy=lambda ctx, hosts: {}))
+    got = steps.wait_idle(ctx, ["n1"])["n1"]
+    assert got.outcome == "wait"  # looked at again until --idle-timeout (the engine's), then failed with this reason
+    assert got.reason == "GPU 0 holds 2048 MiB with no process: a leaked context, reset the GPU"
 
 
 # ---- firmware against the inventory group ---------------------------------------------------------------------

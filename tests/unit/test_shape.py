@@ -343,7 +343,7 @@ def state_literals(root: Path = ROOT) -> list[str]:
                 allowed |= {id(k) for k in node.keys if k is not None}
             if isinstance(node, ast.Subscript):
                 allowed.add(id(node.slice))
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "event" and len(node.args) > 1:
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("event", "ended") and len(node.args) > 1:
                 allowed.add(id(node.args[1]))
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Note" and node.args:
                 allowed.add(id(node.args[0]))

@@ -189,7 +189,7 @@ def test_every_unit_verifies_clean_and_holds_what_was_asked(env, monkeypatch, ca
     assert config.load().values["drain"] == DRAIN
     assert upgrade[upgrade.index("--soak") + 1] == "10m"
     assert (params["samples"], params["no_preflight"], params["baseline"]) == (7, True, env["baseline"])
-    assert params["idle_timeout"] == 300  # 5m, not given: left to fleetctl's default, not written into the unit
+    assert params["idle_timeout"] is None  # not given: left to fleetctl's default (the window), not in the unit
     assert "--idle-timeout" not in upgrade
     resumed = systemd_cli.parse(cli.cli, resume).params
     assert resumed["interrupted"] is True and resumed["window"] == 10800

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ... import inventory
 from .. import hooks
+from .nodes import node_names
+from .slurm import Slurm
+from .templates import Kubernetes, Templates
 
 if TYPE_CHECKING:
     from ..context import Context, Outcome
@@ -56,15 +59,10 @@ class Scheduler(Protocol):
         inventory: `campaign abort` calls it."""
 
 
-def node_names(fleet: inventory.Fleet, hosts: list[str]) -> dict[str, str]:
-    """host -> the scheduler's node name (the `fleetctl_node_name` host variable, else the inventory name)."""
-    return {h: str(fleet.host(h).vars.get("fleetctl_node_name", h)) for h in hosts}
 
 
 def of(options: CampaignOptions) -> Scheduler:
     """The campaign's scheduler, from its drain options (hooks.resolve: --drain-preset, --drain, --undrain)."""
-    from .slurm import Slurm  # the implementations use the context's types, which carry a scheduler
-    from .templates import Kubernetes, Templates
     h = options.hooks
     if h.slurm:
         return Slurm()

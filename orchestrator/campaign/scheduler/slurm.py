@@ -31,7 +31,7 @@ from ...timefmt import parse, stamp
 from .. import transitions
 from ..context import Context, Outcome
 from ..journal import Journal
-from . import node_names
+from .nodes import node_names
 
 SLURMD_WAIT_S, RESPONDING_POLL_S = 120.0, 2.0  # before a resume: slurmd back in touch with slurmctld
 FAILED_JOB_STATES = ("NODE_FAIL", "FAILED")

@@ -12,7 +12,7 @@ from ...errors import InputError
 from .. import hooks
 from ..context import Context, Outcome
 from ..journal import Journal
-from . import node_names
+from .nodes import node_names
 
 
 class Templates:
