@@ -13,7 +13,10 @@ from tests.unit.test_campaign_engine import UPGRADE, Script, start, states, stor
 
 
 class Jobs(Script):
-    """Script, and each host's jobs run for LOOKS[host] looks of wait_idle (None: they never end)."""
+    """Script, and each host's jobs run for LOOKS[host] looks of wait_idle (None: they never end); UNTIL[host]: the
+    jobs also end once that host is done (a job that outlasts another host's whole change, on any machine's pace)."""
+
+    until: dict[str, str] = {}
 
     def __init__(self, looks: dict[str, int | None], **kw):
         super().__init__(**kw)
@@ -26,9 +29,12 @@ class Jobs(Script):
 
         def run(ctx, hosts):
             out = scripted(ctx, hosts)
+            done = {r["host"] for r in ctx.journal.hosts(ctx.campaign) if r["state"] == "done"}
             for h in hosts:
                 self.seen[h] = self.seen.get(h, 0) + 1
                 left = self.looks.get(h, 0)
+                if self.until.get(h) in done:
+                    continue
                 if left is None or self.seen[h] <= left:
                     out[h] = steps.Outcome(transitions.WAIT, f"job {h}1 still runs", {})
             return out
@@ -54,7 +60,8 @@ def out_of_service(journal, cid):
 
 
 def test_a_host_whose_job_ends_first_is_back_in_service_before_the_longest_job_ends(store):
-    script = Jobs({"a": 0, "b": 4, "c": 12})
+    script = Jobs({"a": 0, "b": 4, "c": 400})
+    script.until = {"c": "a"}  # c's job ends once a is back (else after 400 looks: a batch of the wave would be late)
     journal, cid, engine = start(store, script, ["a", "b", "c"], pace="host", idle={"timeout_s": 60, "poll_s": 0})
     assert engine.run() == "done"
     a, c = steps_of(journal, cid, "a"), steps_of(journal, cid, "c")
