@@ -53,8 +53,9 @@ waiting for its jobs (--idle-timeout: the trace's longest job and an hour). The 
 Reported per policy and N (node-hours, a host is one node):
   idle      drained and idle, the waste: campaign/capacity.py's figures, read off the journal (busy: drained while
             its jobs ran; change: from the install until back in service)
-  out idle  the cluster's own count: out of service (drained, or in a reservation begun) with no job on it, during
-            the campaign: idle and change, and what the journal cannot see (a reserved node idle before its drain)
+  cluster   the cluster's own count of the waste: node-hours out of service (drained, or in a reservation begun)
+            with no job, during the campaign, less the change: it sees what the journal cannot (a reserved node idle
+            before its drain, a host idle until the look that finds it so)
   duration  the campaign's, in simulated hours
   delayed   jobs that started later than in the same trace replayed without a campaign (and their share of the jobs
             that started after the campaign began, there), and their summed delay
@@ -655,7 +656,7 @@ def bench_size(n: int, args: argparse.Namespace, home: Path, profile: cProfile.P
           f"utilisation without a campaign {busy_share(trace, reference.started, n, args.warmup, last):.1%} "
           f"after the first {settings.duration_text(args.warmup)} (set up in {time.perf_counter() - t0:.1f} s)",
           flush=True)
-    print(f"{'policy':<12} {'idle node-h':>11} {'busy':>7} {'change':>7} {'out idle':>9} {'duration':>9} "
+    print(f"{'policy':<12} {'idle node-h':>11} {'cluster':>9} {'busy':>7} {'change':>7} {'duration':>9} "
           f"{'delayed':>15} {'delay':>10} {'wall':>7}", flush=True)
     rows = []
     for policy in args.policies:
@@ -664,8 +665,9 @@ def bench_size(n: int, args: argparse.Namespace, home: Path, profile: cProfile.P
         r = replay(trace, n, policy, args, made, fleet, base, reference.started, home)
         if profile:
             profile.disable()
-        print(f"{policy:<12} {r.idle_node_h:>11,.1f} {r.busy_node_h:>7,.0f} {r.change_node_h:>7,.0f} "
-              f"{r.out_idle_node_h:>9,.1f} {r.duration_h:>8.1f}h {r.delayed:>7} ({r.delayed / max(r.jobs, 1):>5.1%})"
+        print(f"{policy:<12} {r.idle_node_h:>11,.1f} {r.out_idle_node_h - r.change_node_h:>9,.1f} "
+              f"{r.busy_node_h:>7,.0f} {r.change_node_h:>7,.0f} {r.duration_h:>8.1f}h "
+              f"{r.delayed:>7} ({r.delayed / max(r.jobs, 1):>5.1%})"
               f" {r.delay_h:>9,.0f}h {r.wall_s:>6.1f}s" + ("" if r.state == "done" else f"  campaign {r.state}"),
               flush=True)
         rows.append(r)
@@ -684,18 +686,23 @@ def busy_share(trace: Trace, started: np.ndarray, n: int, since: float, until: f
 
 
 def verdict(rows: list[Result]) -> int:
-    """The targets at 1,024 nodes, where measured: exit 1 when one is missed."""
+    """The targets at 1,024 nodes, where measured, on the journal's idle node-hours (and the cluster's count of idle
+    out of service less the change beside them): exit 1 when one is missed."""
     at = {r.policy: r for r in rows if r.nodes == 1024}
     missed = []
+
+    def said(r: Result) -> str:
+        return f"{r.idle_node_h:,.1f} ({r.out_idle_node_h - r.change_node_h:,.1f} by the cluster's count)"
     if "wave" in at and "host" in at:
-        ratio = at["wave"].idle_node_h / max(at["host"].idle_node_h, 1e-9)
-        print(f"\n1,024 nodes: per-host pipelines waste {ratio:,.1f}x less than the batch (target: at least 5x)")
-        missed += [] if ratio >= 5 else ["per-host pipelines"]
+        met = at["wave"].idle_node_h >= 5 * at["host"].idle_node_h and at["wave"].idle_node_h > 0
+        print(f"\n1,024 nodes: per-host pipelines {said(at['host'])} idle node-hours against the batch's "
+              f"{said(at['wave'])} (target: at most a fifth){'' if met else ': MISSED'}")
+        missed += [] if met else ["per-host pipelines"]
     if "host" in at and "reservation" in at:
-        better = at["reservation"].idle_node_h < at["host"].idle_node_h
-        print(f"1,024 nodes: reservations {at['reservation'].idle_node_h:,.1f} idle node-hours against "
-              f"{at['host'].idle_node_h:,.1f} (target: fewer)")
-        missed += [] if better else ["reservations"]
+        met = at["reservation"].idle_node_h < at["host"].idle_node_h
+        print(f"1,024 nodes: reservations {said(at['reservation'])} against the per-host pipelines' "
+              f"{said(at['host'])} (target: fewer){'' if met else ': MISSED'}")
+        missed += [] if met else ["reservations"]
     return Exit.FINDINGS if missed else Exit.OK
 
 
