@@ -149,7 +149,7 @@ def wait_idle(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
 def _gpus_in_use(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     """One look at each host's GPUs: host -> `wait` with why it is not idle (a process holds a GPU, a leaked
     context), or `fail` where it could not be looked at; idle hosts are not named."""
-    outcomes = playbook(ctx, "gpu_idle.yml", hosts, {"fleetctl_idle_timeout_s": 0, "fleetctl_idle_poll_s": 1})
+    outcomes = playbook(ctx, "gpu_idle.yml", hosts, {"fleetctl_idle_timeout_s": 1, "fleetctl_idle_poll_s": 1})
     out = {}
     for name, o in outcomes.items():
         if o.status == "failed":
