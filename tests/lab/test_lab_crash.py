@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_upgrade import (FAST, FROM, ROLLBACK_STEPS, TO, UPGRADE_STEPS, assert_on, descendants, hosts_of,
+from tests.lab.test_lab_upgrade import (FAST, FROM, ROLLBACK_STEPS, TO, UPGRADE_STEPS, assert_on, hosts_of, kill_tree,
                                         show, steps_of, write_baseline)
 
 pytestmark = pytest.mark.lab
@@ -77,13 +76,7 @@ def kill_at(lab, args: list[str], cid: int, point: tuple, delay: float) -> int |
             time.sleep(0.05)
         return proc.wait(timeout=delay)
     except subprocess.TimeoutExpired:
-        for _ in range(3):  # children forked while we walk the tree are caught by the next pass
-            for pid in reversed(descendants(proc.pid)):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
+        kill_tree(proc.pid)
         return None
     finally:
         if proc.poll() is None:  # an assertion above: nothing of this run is left
@@ -123,7 +116,7 @@ def finish(lab, cid: int) -> int:
     try:
         return lab.fleetctl("campaign", "resume", str(cid), timeout=900).returncode
     except subprocess.TimeoutExpired as e:
-        home, hosts_dir = Path(lab.env["FLEETCTL_HOME"]), Path(lab.env["FLEETCTL_LAB_DIR"]) / "hosts"
+        hosts_dir = Path(lab.env["FLEETCTL_LAB_DIR"]) / "hosts"
         tails = {p.parent.name: p.read_text(errors="replace").splitlines()[-15:]
                  for p in sorted(hosts_dir.glob("*/supervisor.log"))}
         pytest.fail(f"campaign resume {cid} ran past 900 s\noutput: {e.stdout!r}\ncampaign log tail: "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import pytest
 
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
 from tests.lab.test_lab_soak import wait_for
-from tests.lab.test_lab_upgrade import assert_on, descendants, show
+from tests.lab.test_lab_upgrade import assert_on, kill_tree, show
 
 pytestmark = pytest.mark.lab
 
@@ -168,13 +167,7 @@ def test_both_domains_move_whole_across_a_kill_9_in_the_canary_domains_activatio
             time.sleep(0.2)
         assert proc.poll() is None, "the campaign ended before its activation"
     finally:
-        for _ in range(3):  # fleetctl, its ansible-playbook and their ssh clients, as the crash suite kills them
-            for pid in reversed(descendants(proc.pid)):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
+        kill_tree(proc.pid)  # fleetctl, its ansible-playbook and their ssh clients, as the crash suite kills them
         proc.wait()
     resumed = racks.fleetctl("campaign", "resume", str(cid), timeout=900)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

@@ -12,7 +12,6 @@ Three 550.163.01 H100 hosts and a fourth whose nouveau is not blacklisted (h100-
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import pytest
 from orchestrator.exitcodes import Exit
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
 from tests.lab.test_lab_crash import boots
-from tests.lab.test_lab_upgrade import FAST, FROM, TO, assert_on, descendants, show
+from tests.lab.test_lab_upgrade import FAST, FROM, TO, assert_on, kill_tree, show
 
 pytestmark = pytest.mark.lab
 
@@ -87,17 +86,6 @@ def test_a_resumed_activation_waits_for_the_reboot_already_asked_and_nouveau_win
     lab.reboot(RISKY)
     facts = lab.facts(RISKY)
     assert not facts["nouveau"]["loaded"] and facts["driver"]["module_version"] == TO
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL PID and everything it started (ansible-playbook, ssh): what systemd's KillMode=control-group does."""
-    for _ in range(3):  # children forked while we walk the tree are caught by the next pass
-        for child in reversed(descendants(pid)):
-            try:
-                os.kill(child, 9)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
 
 
 def test_kill_9_of_the_window_then_two_resumes_at_once_finish_the_campaign_once(lab):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -256,6 +257,17 @@ def descendants(pid: int) -> list[int]:
         out.append(p)
         todo += children.get(p, [])
     return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL PID and everything it started (ansible-playbook, ssh): what systemd's KillMode=control-group does."""
+    for _ in range(3):  # children forked while we walk the tree are caught by the next pass
+        for child in reversed(descendants(pid)):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 # ---- 6. unreachable mid-wave, install failure, GPU off the bus at reboot: per the budget ------------------
