@@ -199,7 +199,7 @@ DRAIN_MODE = Setting(name="drain_mode", flag="--drain-mode", kind="choice", choi
 LEAD = Setting(name="lead", flag="--lead", kind="duration", default="30m", metavar="DURATION", commands=UPGRADE,
                help="--drain-mode reservation: how long before the canary wave starts its reservation is made.")
 CAPACITY_BUDGET = Setting(name="capacity_budget", flag="--capacity-budget", kind="number", minimum=0, above=True,
-                          maximum=10**7, metavar="NODE_HOURS", commands=UPGRADE,
+                          maximum=10**7, metavar="NODE_HOURS", commands=(*UPGRADE, ("campaign", "resume")),
                           help="Node-hours the campaign may take from the fleet (hosts drained and idle, or in change; "
                                "a host is one node): no further host is drained while that would exceed it.")
 SAMPLES = Setting(name="samples", flag="--samples", kind="int", minimum=1, maximum=1000, default=10, file=False,

@@ -286,7 +286,8 @@ def campaign_row(journal: Journal, cid: int):
 
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
            window_s: float | None, live: Live | None,
-           notifier: notify.Notifier | None = None, *, argv: list[str], prometheus: Any = None) -> tuple[Exit, str]:
+           notifier: notify.Notifier | None = None, *, argv: list[str], prometheus: Any = None,
+           capacity_budget: float | None = None) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if c["state"] in transitions.CAMPAIGN_TERMINAL:
@@ -299,9 +300,19 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
     with runs.recorded(store, "campaign", argv, fleet, base, None) as run_:
         if window_s:
             journal.update_options(cid, window_end=later(window_s))
+        if capacity_budget is not None:
+            new_budget(journal, cid, capacity_budget)
         if c["state"] == CampaignState.HALTED:
             accept_held(journal, cid)
         return driven(store, journal, run_, cid, fleet, base, live, notifier, {"resumed": True}, prometheus)
+
+
+def new_budget(journal: Journal, cid: int, node_hours: float) -> None:
+    """`campaign resume --capacity-budget`: the campaign's capacity budget from now on (node-hours counted from its
+    start, as the first): one that halted on its budget goes on under a larger one. Recorded as an event."""
+    was = CampaignOptions.from_dict(json.loads(journal.campaign(cid)["options"])).capacity_budget_node_hours
+    journal.update_options(cid, capacity_budget_node_hours=node_hours)
+    journal.note(cid, "capacity_budget_changed", node_hours=node_hours, was=was)
 
 
 def interrupted(journal: Journal) -> list[int]:

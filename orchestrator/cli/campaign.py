@@ -112,16 +112,20 @@ def campaign_show(campaign_id, fmt, verbose) -> None:
 @options.inventory(options.OWN_INVENTORY_HELP)
 @options.baseline(options.OWN_BASELINE_HELP)
 @options.window("A new maintenance window from now.")
+@options.option(settings.CAPACITY_BUDGET, "A new capacity budget for the campaign, node-hours counted from its start "
+                "(one halted on its budget goes on under a larger one); needs a CAMPAIGN_ID.")
 @options.notifications
 @options.prometheus
 @documented("campaign resume")
-def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window) -> None:
+def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window, capacity_budget) -> None:
     """Continue a campaign after a crash, or after a halt (held hosts are accepted and undrained).
 
     Two resumes of one campaign at once: the second refuses before it changes anything.
     """
     if (campaign_id is None) == (not interrupted):
         raise click.UsageError("give a CAMPAIGN_ID or --interrupted (not both)")
+    if interrupted and capacity_budget is not None:
+        raise click.UsageError("--capacity-budget changes one campaign's budget: give its CAMPAIGN_ID, not --interrupted")
     with Store() as store:
         if interrupted:
             code, text = upgrade_mod.resume_interrupted(store, inventory_path, baseline, window,
@@ -130,7 +134,7 @@ def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window) 
         else:
             code, text = upgrade_mod.resume(store, campaign_id, inventory_path, baseline, window,
                                             campaign_view.live(terminal()), options.notifier(), argv=stored_argv(),
-                                            prometheus=options.prometheus_client())
+                                            prometheus=options.prometheus_client(), capacity_budget=capacity_budget)
     campaign_end(text, code)
 
 

@@ -10,7 +10,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from orchestrator import upgrade
 from orchestrator.campaign import capacity, journal as journal_mod
+from orchestrator.campaign.engine import Engine, Parts, accept_held
 from orchestrator.campaign.options import CampaignOptions
 from orchestrator.timefmt import stamp
 from tests.cli_helpers import fleetctl
@@ -176,3 +178,28 @@ def test_a_bad_capacity_budget_is_one_line_and_exit_2(tmp_path, value, why):
     proc = fleetctl("upgrade", "--to", "570.86.15", "--capacity-budget", value, "--dry-run", home=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "--capacity-budget" in proc.stderr and why in proc.stderr, proc.stderr
+
+
+def test_a_campaign_halted_on_its_budget_goes_on_when_resumed_with_a_larger_one(store, clock):  # noqa: F811
+    """Each host costs 0.25 node-hours (a minute idle, 14 in change): a budget of 0.3 takes one, then the campaign
+    halts with nothing out of service. `campaign resume --capacity-budget 1` (upgrade.new_budget, then the
+    resume's acceptance of a halt) records the change and the campaign finishes under it."""
+    script = Clocked(clock)
+    journal, cid, engine = start(store, script, ["a", "b"], pace="host", max_in_flight=1,
+                                 capacity_budget_node_hours=0.3)
+    assert engine.run() == "halted"
+    assert journal.campaign(cid)["reason"].startswith("wave 1: capacity budget: 0.2")
+    assert [r["state"] for r in journal.hosts(cid)] == ["done", "drain"]
+    upgrade.new_budget(journal, cid, 1.0)
+    accept_held(journal, cid)
+    resumed = Engine(journal, journal.handle(cid), engine.ctx.fleet, engine.ctx.base, Parts(steps=script))
+    assert resumed.run() == "done"
+    assert [(e["node_hours"], e["was"]) for e in journal.events(cid) if e["event"] == "capacity_budget_changed"] \
+        == [(1.0, 0.3)]
+    assert capacity.of_campaign(journal, cid)["budget"]["node_hours"] == 1.0
+
+
+def test_a_budget_for_every_interrupted_campaign_at_once_is_one_line_and_exit_2(tmp_path):
+    proc = fleetctl("campaign", "resume", "--interrupted", "--capacity-budget", "5", home=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--capacity-budget" in proc.stderr and "CAMPAIGN_ID" in proc.stderr, proc.stderr
