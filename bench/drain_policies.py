@@ -17,8 +17,10 @@ fleetctl, given as engine.Parts:
              and is done after its step's duration (--precheck, --install, --activate, --verify; --probe for
              probe_before, probe_after and the rollback's; drain, wait_idle and undrain none); Clock.wait moves time
              to the first batch done. While time moves, the cluster runs its jobs. The history's timestamps
-             (store.now) are the clock's, so the capacity read off the journal is in simulated time; the engine,
-             which looks for a signal every second (engine.LOOK_S), looks every idle poll (10 s) of simulated time.
+             (store.now) are the clock's, so the capacity read off the journal is in simulated time. No signal nor
+             abort comes: the engine looks when something can have changed (engine.Clock.look_s, unchanged_until:
+             a busy host is looked at again at the first idle poll after a job on a drained node ends), not every
+             second; the journal records the same as if it looked every second.
   scheduler  the cluster as Slurm (scheduler.Scheduler): drain (no new job on the node, its jobs run on), busy (the
              node still runs a job), undrain (in service again, out of its wave's reservation), and a reservation
              per wave (no job that would still run at its start starts on its nodes; jobs running go on).
@@ -47,8 +49,9 @@ waiting for its jobs (--idle-timeout: the trace's longest job and an hour). The 
   wave         --pace wave: a wave's hosts move step by step together: none is installed before the wave's longest
                job has ended (the batch, as before issue 43)
   host         --pace host: each host goes on from wait_idle as soon as its own jobs have ended
-  reservation  --pace host --drain-mode reservation: a wave's nodes reserved from the end of the soak before it
-               (the canary's from --lead after the campaign began)
+  reservation  --pace host --drain-mode reservation: a wave's nodes reserved from when its drain is due: the end
+               of the soak before it plus the wave before's precheck and probe_before (the canary's from --lead
+               after the campaign began, its checks run before)
 
 Reported per policy and N (node-hours, a host is one node):
   idle      drained and idle, the waste: campaign/capacity.py's figures, read off the journal (busy: drained while
@@ -206,6 +209,7 @@ class Cluster:
         self.ends: list[tuple[float, int]] = []  # heap of (end, job)
         self.job_on = np.full(n, -1, np.int64)  # the job on each node, -1: none
         self.planned_end = np.full(n, np.inf)  # each busy node's job's start + time limit: what backfill plans with
+        self.ends_at = np.full(n, np.inf)  # each busy node's job's end (its start + run time)
         self.drained = np.zeros(n, bool)
         self.reserved_from = np.full(n, np.inf)  # the start of the reservation holding the node
         self.reservations: dict[str, tuple[float, np.ndarray]] = {}
@@ -230,7 +234,7 @@ class Cluster:
             while self.ends and self.ends[0][0] <= t:
                 _, job = heapq.heappop(self.ends)
                 nodes = self.nodes_of.pop(job)
-                self.job_on[nodes], self.planned_end[nodes] = -1, np.inf
+                self.job_on[nodes], self.planned_end[nodes], self.ends_at[nodes] = -1, np.inf, np.inf
                 changed = True
             while self.next < len(submit) and submit[self.next] <= t:
                 self.queue.append(self.next)
@@ -313,6 +317,7 @@ class Cluster:
     def _start(self, job: int, nodes: np.ndarray, free: np.ndarray) -> None:
         tr = self.trace
         self.job_on[nodes], self.planned_end[nodes] = job, self.t + float(tr.limit[job])
+        self.ends_at[nodes] = self.t + float(tr.run[job])
         free[nodes] = False
         self.nodes_of[job] = nodes
         self.started[job] = self.t
@@ -354,7 +359,15 @@ class Cluster:
 # ---- the parts fleetctl's engine is given ----------------------------------------------------------------
 
 class SimClock(engine_mod.Clock):
-    """engine.Clock in simulated time (the module docstring): the cluster runs while time moves."""
+    """engine.Clock in simulated time (the module docstring): the cluster runs while time moves. No signal nor abort
+    comes, so the engine need not look every second (look_s); and a drained node gets no new job, so a host still
+    busy is not looked at again before a job on a drained node ends (unchanged_until): time jumps to the next event
+    that can change what the engine sees."""
+    look_s = HOUR
+
+    def unchanged_until(self, at: float) -> float:
+        running = self.cluster.ends_at[self.cluster.drained]
+        return float(running.min()) if len(running) else math.inf
 
     def __init__(self, cluster: Cluster, durations: dict[str, float]):
         self.cluster, self.durations = cluster, durations
@@ -476,14 +489,12 @@ def gpus_in_use(ctx: Any, hosts: list[str]) -> dict[str, Outcome]:
 
 
 @contextmanager
-def simulated(clock: SimClock, look_s: float) -> Iterator[None]:
+def simulated(clock: SimClock) -> Iterator[None]:
     """fleetctl in simulated time: the history's timestamps (store.now, wherever it is imported) are the clock's,
-    wait_idle's GPU look is the simulated hosts', and the engine, which looks for a signal at least every second
-    (engine.LOOK_S), looks every LOOK_S of simulated time (nothing but its own batches changes its hosts here)."""
+    and wait_idle's GPU look is the simulated hosts'."""
     swapped = [(m, "now", m.now, clock.stamp) for m in list(sys.modules.values())
                if m is not None and m.__name__.startswith("orchestrator") and getattr(m, "now", None) is store_mod.now]
-    swapped += [(steps, "_gpus_in_use", steps._gpus_in_use, gpus_in_use),
-                (engine_mod, "LOOK_S", engine_mod.LOOK_S, max(engine_mod.LOOK_S, look_s))]
+    swapped += [(steps, "_gpus_in_use", steps._gpus_in_use, gpus_in_use)]
     for module, name, _, value in swapped:
         setattr(module, name, value)
     try:
@@ -553,7 +564,7 @@ def replay(trace: Trace, n: int, policy: str, args: argparse.Namespace, made: di
     options = replace(options, max_in_flight=upgrade.in_flight_at_most(opts.max_in_flight, len(units)))
     cluster.advance(args.warmup)
     parts = Parts(steps=SimSteps(), observe=observe, clock=clock, scheduler=SimScheduler(cluster))
-    with simulated(clock, options.idle.poll_s), Store(home / f"history-{n}-{policy}.sqlite3") as store:
+    with simulated(clock), Store(home / f"history-{n}-{policy}.sqlite3") as store:
         journal = Journal(store)
         run_id, _ = store.begin_run("campaign", ["bench", policy], "bench", None, None)
         cid, _ = journal.create(run_id, made, options)

@@ -197,7 +197,8 @@ DRAIN_MODE = Setting(name="drain_mode", flag="--drain-mode", kind="choice", choi
                      help="With --drain-preset slurm: drain each wave as it starts, or reserve its nodes (a Slurm "
                           "maintenance reservation) from the end of the soak before it, so jobs end in time.")
 LEAD = Setting(name="lead", flag="--lead", kind="duration", default="30m", metavar="DURATION", commands=UPGRADE,
-               help="--drain-mode reservation: how long before the canary wave starts its reservation is made.")
+               help="--drain-mode reservation: how long after the campaign starts the canary wave's reservation, "
+                    "and its drain, start (its checks run meanwhile).")
 CAPACITY_BUDGET = Setting(name="capacity_budget", flag="--capacity-budget", kind="number", minimum=0, above=True,
                           maximum=10**7, metavar="NODE_HOURS", commands=(*UPGRADE, ("campaign", "resume")),
                           help="Node-hours the campaign may take from the fleet (hosts drained and idle, or in change; "

@@ -2,8 +2,9 @@
 
 One `sinfo --json` call reads every node (Slurm 22.05 has no `scontrol show node --json`; `sinfo --json` is the
 machine-readable form its own REST API uses, where `scontrol -o show node` puts a Reason with spaces in free text).
-Changes go through `scontrol update`. Every command runs with a timeout and honours SLURM_CONF; whatever goes wrong
-(a command missing, a timeout, a refusal, output fleetctl cannot read) is one SlurmError line, never a traceback.
+Changes go through `scontrol update` (a campaign's reboot: `scontrol reboot`, run on the node itself). Every
+command runs with a timeout and honours SLURM_CONF; whatever goes wrong (a command missing, a timeout, a refusal,
+output fleetctl cannot read) is one SlurmError line, never a traceback.
 
 The jobs that ended are read from Slurm's job completion log (below), the record the campaign's soak counts failed
 jobs from. Maintenance reservations (`--drain-mode reservation`) are read with `scontrol -o show reservation` (one
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -57,7 +59,13 @@ class Node:
 
     @property
     def drained_or_draining(self) -> bool:
-        return "DRAIN" in self.flags
+        """DRAIN, or FAIL (the same to the scheduler: no new job starts; fleetctl's reboot sets FAIL: below)."""
+        return bool(self.flags & {"DRAIN", "FAIL"})
+
+    @property
+    def reboot_pending(self) -> bool:
+        """A reboot asked of Slurm that it has not started (REBOOT_REQUESTED: it waits for the node's jobs)."""
+        return "REBOOT_REQUESTED" in self.flags
 
     @property
     def drained(self) -> bool:
@@ -207,10 +215,14 @@ def node(name: str, timeout: float = TIMEOUT_S) -> Node:
 
 # -- changing -----------------------------------------------------------------------------------------------------
 
-def _update(name: str, *settings: str, timeout: float = TIMEOUT_S) -> None:
+def _node_name(name: str) -> str:
     if not _NAME.fullmatch(name):
         raise SlurmError(f"not a Slurm node name: {one_line(name, 80)!r}")
-    _run(["scontrol", "update", f"nodename={name}", *settings], timeout)
+    return name
+
+
+def _update(name: str, *settings: str, timeout: float = TIMEOUT_S) -> None:
+    _run(["scontrol", "update", f"nodename={_node_name(name)}", *settings], timeout)
 
 
 def drain(name: str, reason: str, timeout: float = TIMEOUT_S) -> None:
@@ -221,6 +233,22 @@ def drain(name: str, reason: str, timeout: float = TIMEOUT_S) -> None:
 def resume(name: str, timeout: float = TIMEOUT_S) -> None:
     """Return NAME to service (Slurm refuses a node that is neither drained nor down: a SlurmError)."""
     _update(name, "state=resume", timeout=timeout)
+
+
+def reboot_command(name: str, reason: str) -> str:
+    """The shell command that reboots node NAME through Slurm, run on the node itself (root on a node may change
+    it): slurmctld shows it REBOOT_ISSUED, runs its RebootProgram, and keeps it out of service with REASON until it is
+    resumed. FAIL first, not DRAIN: Slurm clears DRAIN when the reboot completes, and `nextstate=DOWN` alone holds
+    no node where ReturnToService=2 returns it at slurmd's next ping. Slurm 22.05 accepts only nextstate=DOWN or
+    RESUME; it refuses the reboot without a RebootProgram in slurm.conf ("RebootProgram isn't defined")."""
+    node, why = shlex.quote(_node_name(name)), shlex.quote(f"reason={reason_text(reason) or 'fleetctl'}")
+    return (f"scontrol update nodename={node} state=fail {why} && "
+            f"scontrol reboot nextstate=DOWN {why} {node}")
+
+
+def cancel_reboot(name: str, timeout: float = TIMEOUT_S) -> None:
+    """Withdraw NAME's reboot that Slurm has not done yet (REBOOT_REQUESTED); its state and reason stay."""
+    _run(["scontrol", "cancel_reboot", _node_name(name)], timeout)
 
 
 # -- jobs that ended: the job completion log -----------------------------------------------------------------------

@@ -46,6 +46,7 @@ HOST_CONF_DIR = "/etc/slurm"         # inside a host: slurm.conf and gres.conf
 HOST_KEY = "/etc/munge/munge.key"    # inside a host: the lab's munge key
 HEALTH_CHECK = "/etc/slurm/health-check"  # inside a host: slurmd's HealthCheckProgram (a no-op until replaced)
 HEALTH_CHECK_INTERVAL_S = 10         # how often slurmd runs it on every node
+REBOOT_PROGRAM = "/usr/sbin/reboot"  # inside a host: what slurmd runs for `scontrol reboot`
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
 CONTROLLER_DAEMONS = ("slurmctld", "munged")
@@ -129,6 +130,8 @@ class Cluster:
             "SelectTypeParameters=CR_CPU",
             "GresTypes=gpu",
             "ReturnToService=2",
+            # `scontrol reboot`: slurmd runs the host's reboot (a lab host's shim asks its supervisor)
+            f"RebootProgram={REBOOT_PROGRAM}",
             f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
             f"MinJobAge={MIN_JOB_AGE_S}",
             # every node runs its own health check (an admin's, or `fleetctl check --slurm`), as on a real cluster

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -36,6 +37,14 @@ LOOK_S = 1.0  # the longest the engine waits without looking at its hosts (and a
 class Clock:
     """The time the engine reads and waits on, and how it runs a batch of steps beside the others (a simulated clock
     runs the engine in simulated time: bench/drain_policies.py)."""
+
+    look_s = LOOK_S  # the longest the engine waits without looking (for a signal, an abort, a host's change)
+
+    def unchanged_until(self, at: float) -> float:
+        """The monotonic time before which nothing the engine waits on outside it (a host's jobs) can change, as
+        seen at AT: a host still busy then is not looked at again before it. This clock cannot tell: AT. (A
+        simulated clock, which runs the cluster, can: the next end of a job on a drained node.)"""
+        return at
 
     def now(self) -> datetime:
         return datetime.now(timezone.utc)
@@ -90,6 +99,8 @@ class Engine:
         # Each host's unit of change: its multi-node NVLink domain, or itself (plans recorded before domains: itself)
         self.unit = {h["name"]: h.get("domain") or h["name"] for w in self.plan["waves"] for h in w["hosts"]}
         self.begun: set[tuple[str, str]] = set()  # (host, waiting step) written ahead by this advance
+        self.gives_up: dict[tuple[str, str], float] = {}  # (host, waiting step) -> when it stops waiting (monotonic)
+        self.read_befores: dict[str, tuple[str, Any]] = {}  # load_befores' decoded records
         self.paced: tuple[str, int] | None = None  # the last `paced` event's (why, hosts waiting)
         self.spent: str | None = None  # the capacity budget is spent with nothing out of service: why
         self.listening = threading.RLock()  # the listener hears one event at a time, from any batch's thread
@@ -124,7 +135,7 @@ class Engine:
                                     reason=f"the maintenance window closed at {self.options.window_end} "
                                            f"before wave {wave}")
             return
-        if untouched and self.before_its_reservation(c):
+        if untouched and self.before_its_reservation(c, members):
             return
         self.advance(members)
         if self.spent:
@@ -196,7 +207,7 @@ class Engine:
                 self.journal.record_soak(self.cid, gap, "check", self.parts.observe(self.ctx, hosts, False))
                 continue
             wake = min(deadline, due) if hosts else deadline  # nothing to watch: only the clock
-            self.clock.sleep(min(1.0, max(0.05, (wake - now_).total_seconds())))
+            self.clock.sleep(min(self.clock.look_s, max(0.05, (wake - now_).total_seconds())))
         held = soak.held(self.journal, self.cid, gap) if watching else {}
         if held:  # the canary metrics could not be judged and the baseline says hold: a person decides
             self.journal.transition(self.cid, "soak_held", reason=f"the soak after wave {gap} is held: "
@@ -247,11 +258,13 @@ class Engine:
     # ---- reservations (--drain-mode reservation) ------------------------------------------------------------
     def hold_nodes(self, c) -> None:
         """At each change of the campaign's state or wave, the reservations it holds (scheduler.reserve): the wave
-        about to start, or under way, holds its hosts not back in service yet, from its start (the canary wave's:
-        --lead after the campaign began; a later wave's: the end of the soak before it); any other is released, all
-        once the campaign stops or rolls back. Refused before the campaign touched a host (a name the scheduler
-        already holds, a scheduler that refuses), the campaign stops there: one line, an input error. Refused
-        later, the campaign says so (`reservation_failed`) and that wave's drain does without it."""
+        about to start, or under way, holds its hosts not back in service yet from when its drain is due (the canary
+        wave's: --lead after the campaign began; a later wave's: the end of the soak before it, plus what the steps
+        before the drain took on the wave before, held_from), so that nodes already idle do not wait in it through
+        their checks; any other is released, all once the campaign stops or rolls back. Refused before the campaign
+        touched a host (a name the scheduler already holds, a scheduler that refuses), the campaign stops there: one
+        line, an input error. Refused later, the campaign says so (`reservation_failed`) and that wave's drain does
+        without it."""
         if self.options.drain_mode != "reservation" or self.held_for == (c["state"], c["wave"]):
             return
         wave = c["wave"]
@@ -259,7 +272,7 @@ class Engine:
             if c["state"] in (CampaignState.RUNNING, CampaignState.SOAKING):
                 hosts = [r["host"] for r in self.journal.hosts(self.cid) if r["wave"] == wave
                          and not transitions.is_terminal(r["state"]) and r["state"] not in transitions.IN_ROLLBACK]
-                start = self.canary_start(c) if wave == 1 else parse_time(c["soak_until"] or now())
+                start = self.canary_start(c) if wave == 1 else self.held_from(c)
                 self.ctx.scheduler.release(self.journal, self.cid, keep=wave)
                 self.ctx.scheduler.reserve(self.ctx, wave, hosts, start)
             else:
@@ -274,18 +287,42 @@ class Engine:
         self.held_for = (c["state"], wave)
 
     def canary_start(self, c) -> datetime:
-        """When the canary wave starts in reservation mode: --lead after the campaign began, with its reservation."""
+        """When the canary wave's drain is due in reservation mode: --lead after the campaign began, with its
+        reservation."""
         return parse_time(c["created_at"]) + timedelta(seconds=self.options.lead_s)
 
-    def before_its_reservation(self, c) -> bool:
-        """The canary wave waits for its reservation to start (--drain-mode reservation): True while it does, after
-        a second's sleep at most (the campaign table looks again: an abort or the window's end still stop it)."""
+    def held_from(self, c) -> datetime:
+        """When a later wave's drain is due in reservation mode: the end of the soak before it, plus the least time a
+        host of the wave before spent in the steps before its drain (transitions.BEFORE_DRAIN, from the journal's
+        step records: the hosts drained). The least: a reservation begun a little early costs an idle node minutes,
+        one begun after the drain lets a job start that the drain must then wait for."""
+        spent: dict[str, timedelta] = {}
+        drained = set()
+        for s in self.journal.steps(self.cid):
+            if s["step"] == HostState.DRAIN:
+                drained.add(s["host"])
+            elif s["step"] in transitions.BEFORE_DRAIN and s["finished_at"]:
+                spent[s["host"]] = (spent.get(s["host"], timedelta())
+                                    + parse_time(s["finished_at"]) - parse_time(s["started_at"]))
+        before = {r["host"] for r in self.journal.hosts(self.cid) if r["wave"] == c["wave"] - 1}
+        took = min((t for h, t in spent.items() if h in before and h in drained), default=timedelta())
+        return parse_time(c["soak_until"] or now()) + took
+
+    def before_its_reservation(self, c, members: list[str]) -> bool:
+        """The canary wave's drain waits for its reservation to start (--drain-mode reservation): meanwhile its hosts
+        go through the steps before the drain (they only look: an abort still stops the wave cleanly). True while
+        a host of the wave waits so, after a look's sleep at most (the campaign table looks again: an abort or
+        the window's end still stop it)."""
         if self.options.drain_mode != "reservation" or c["wave"] != 1:
             return False
         left = (self.canary_start(c) - self.clock.now()).total_seconds()
-        if left > 0:
-            self.clock.sleep(min(1.0, left))
-        return left > 0
+        if left <= 0:
+            return False
+        self.advance(members, only=transitions.BEFORE_DRAIN)
+        if not any(r["state"] == HostState.DRAIN for r in self.journal.hosts(self.cid) if r["host"] in members):
+            return False  # none left to drain (each failed or was skipped): the wave's rules judge it now
+        self.clock.sleep(min(self.clock.look_s, left))
+        return True
 
     def untouched(self, wave: int) -> bool:
         """No host of WAVE has begun a step beyond looking (a drain, an install): it may still be stopped cleanly."""
@@ -300,28 +337,31 @@ class Engine:
         return later(seconds, self.clock.now())
 
     # ---- the host table ----------------------------------------------------------------------------------
-    def advance(self, names: list[str]) -> None:
-        """Move NAMES through the host table until each is in a terminal state. Hosts in the same state whose NVLink
-        domains are ready form a batch (one playbook run); batches of different states run at once, each in a
-        thread of its own (pace host: a host goes on as soon as its own jobs have ended); with pace wave one batch at
-        a time, the hosts in the earliest state, as the wave's hosts move together. A signal stops the batches under
-        way (their playbooks are cancelled) and none of their results is recorded: each host's step is written
-        ahead, and a resume runs it again."""
+    def advance(self, names: list[str], only: tuple[HostState, ...] | None = None) -> None:
+        """Move NAMES through the host table until each is in a terminal state (ONLY: until none is in one of these
+        states; the others wait). Hosts in the same state whose NVLink domains are ready form a batch (one playbook
+        run); batches of different states run at once, each in a thread of its own (pace host: a host goes on as soon
+        as its own jobs have ended); with pace wave one batch at a time, the hosts in the earliest state, as the
+        wave's hosts move together. A signal stops the batches under way (their playbooks are cancelled) and none of
+        their results is recorded: each host's step is written ahead, and a resume runs it again."""
         scope, running, looked = set(names), {}, {}
         self.begun, self.spent = set(), None  # a waiting step is written ahead once per run (a resume: attempts + 1)
+        self.gives_up = {}  # (host, waiting step) -> the monotonic time it stops waiting (--idle-timeout)
         if self.journal.listener != self.listen:  # every event heard one at a time, from any batch's thread
             self.heard, self.journal.listener = self.journal.listener, self.listen
         with interrupts.deferred(), ThreadPoolExecutor(BATCHES, "fleetctl-step") as pool:
             while True:
                 live = {r["host"]: r for r in self.journal.hosts(self.cid)
-                        if r["host"] in scope and not transitions.is_terminal(r["state"])}
+                        if r["host"] in scope and not transitions.is_terminal(r["state"])
+                        and (only is None or r["state"] in only)}
                 if not running and (not live or interrupts.requested() or self.spent):
                     return  # a signal: raised as the deferred block ends; the budget spent: run_wave halts
                 if not interrupts.requested():
                     for step, batch in self.ready(live, running, looked):
                         running[self.start_batch(pool, step, batch)] = (step, batch, self.clock.monotonic())
                 due = min((looked[h] + self.options.idle.poll_s for h in live if h in looked), default=None)
-                pause = LOOK_S if due is None else min(LOOK_S, max(0.05, due - self.clock.monotonic()))
+                look = self.clock.look_s
+                pause = look if due is None else min(look, max(0.05, due - self.clock.monotonic()))
                 if not running:
                     self.clock.sleep(pause)
                     continue
@@ -433,9 +473,14 @@ class Engine:
         for host in batch:
             o = results[host]
             if o.outcome == WAIT:
-                waited = (self.clock.now() - parse_time(self.journal.step_started(self.cid, host, step))).total_seconds()
-                if waited < self.options.idle.timeout_s:
-                    looked[host] = self.clock.monotonic()
+                at, gives_up = self.clock.monotonic(), self.gives_up.get((host, step))
+                if gives_up is None:  # --idle-timeout after the step began (written ahead: a resume keeps it)
+                    waited = self.clock.now() - parse_time(self.journal.step_started(self.cid, host, step))
+                    gives_up = self.gives_up[host, step] = at - waited.total_seconds() + self.options.idle.timeout_s
+                if at < gives_up:  # looked at again every idle poll, from the first that may find it changed
+                    poll, quiet = self.options.idle.poll_s, min(self.clock.unchanged_until(at), gives_up)
+                    first = quiet if poll <= 0 else at + math.ceil((quiet - at) / poll) * poll  # the first look then
+                    looked[host] = max(at, first - poll)
                     continue
                 o = steps.Outcome("fail", f"after {duration_text(self.options.idle.timeout_s)}: {o.reason}", o.detail)
             looked.pop(host, None)
@@ -464,7 +509,12 @@ class Engine:
 
     def load_befores(self) -> None:
         """What precheck recorded of each host, for the steps and the soak checks (read back: a resume has it)."""
-        self.ctx.befores = {r["host"]: json.loads(r["before"]) for r in self.journal.hosts(self.cid) if r["before"]}
+        rows = self.journal.befores(self.cid)
+        read = self.read_befores  # each record decoded once (host -> (its text, decoded))
+        for host, text in rows:
+            if host not in read or read[host][0] != text:
+                read[host] = (text, json.loads(text))
+        self.ctx.befores = {host: read[host][1] for host, _ in rows}
 
     def hosts_in_rollback(self) -> list[str]:
         return [r["host"] for r in self.journal.hosts(self.cid) if r["state"] in transitions.IN_ROLLBACK]

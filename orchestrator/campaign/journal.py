@@ -268,6 +268,11 @@ class Journal:
     def hosts(self, cid: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM campaign_hosts WHERE campaign_id=? ORDER BY position", (cid,)).fetchall()
 
+    def befores(self, cid: int) -> list[tuple[str, str]]:
+        """(host, what its precheck recorded, as JSON text) of each host that has a record."""
+        return self.db.execute("SELECT host, before FROM campaign_hosts WHERE campaign_id=? AND before IS NOT NULL"
+                               " AND before != '' ORDER BY position", (cid,)).fetchall()
+
     def steps(self, cid: int, host: str | None = None) -> list[sqlite3.Row]:
         if host is None:
             return self.db.execute("SELECT * FROM campaign_steps WHERE campaign_id=? ORDER BY id", (cid,)).fetchall()
@@ -401,6 +406,16 @@ class Journal:
         judged = self.latest_soak(cid, gap=gap, kind=kind, judged=True)
         return {"at": judged["at"], "gap": judged["gap"], "kind": judged["kind"],
                 "metrics": judged["detail"]["canary_metrics"]} if judged else None
+
+    def latest_soak_status(self, cid: int) -> dict[str, tuple[str, str | None]]:
+        """Host -> (status, reason) of its latest soak observation, for every host observed: one query."""
+        try:
+            rows = self.db.execute("SELECT s.host, s.status, s.reason FROM campaign_soak s JOIN (SELECT MAX(id) AS id"
+                                   " FROM campaign_soak WHERE campaign_id=? GROUP BY host) m ON s.id = m.id",
+                                   (cid,)).fetchall()
+        except sqlite3.OperationalError:  # a read-only history from before the watched soak
+            return {}
+        return {r[0]: (r[1], r[2]) for r in rows}
 
     def _soak(self, cid: int, host: str | None, gap: int | None, kind: str | None, tail: str) -> list[dict[str, Any]]:
         query, args = "SELECT * FROM campaign_soak WHERE campaign_id=?", [cid]

@@ -58,12 +58,8 @@ def watched(journal: Journal, cid: int) -> list[str]:
 
 def failing(journal: Journal, cid: int) -> dict[str, str]:
     """Watched hosts whose latest soak observation failed and that nothing has acted on yet: host -> reason."""
-    out = {}
-    for host in watched(journal, cid):
-        records = journal.soak_records(cid, host)
-        if records and records[-1]["status"] == "fail":
-            out[host] = records[-1]["reason"]
-    return out
+    latest = journal.latest_soak_status(cid)
+    return {h: latest[h][1] for h in watched(journal, cid) if h in latest and latest[h][0] == "fail"}
 
 
 def reference(ctx: Context, host: str) -> dict[str, Any]:

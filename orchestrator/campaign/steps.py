@@ -200,6 +200,9 @@ def _activate(ctx: Context, hosts: list[str], install_step: str,
     # No SSH pre-flight: after an interrupted run the host may be rebooting; the play waits for it.
     outcomes = playbook(ctx, "driver_activate.yml", hosts,
                         {"fleetctl_boot_ids": boot_ids, "fleetctl_versions": {h: version_of(h) for h in hosts},
+                         # a reboot through the scheduler (scontrol reboot) where it has one
+                         "fleetctl_reboot_commands": ctx.scheduler.reboot_commands(
+                             ctx, hosts, rollback=install_step == "rollback_install"),
                          "fleetctl_activation": {h: ctx.activation(h) for h in hosts},
                          # a reinstall stops them (prerm) and a reload or no-op activation does not start them
                          "fleetctl_running_units": {h: ctx.befores.get(h, {}).get("daemons", []) for h in hosts}},

@@ -148,6 +148,9 @@ HOOK_STEPS = tuple(r.step for r in HOST_TABLE if r.hook)
 ATTRIBUTES = {f.name: f.metadata["doc"] for f in fields(Row) if "doc" in f.metadata}  # what a step is, in words
 WAITING = tuple(r.state for r in HOST_TABLE if r.waits)
 WAIT = "wait"  # a waiting step's answer while the host's jobs still run: no transition, looked at again later
+# Before the drain: the steps a host goes through still in service (--drain-mode reservation holds a wave's nodes
+# from when its drain is due: after these).
+BEFORE_DRAIN = tuple(r.state for r in HOST_TABLE if ORDER[r.state] < ORDER[H.DRAIN])
 # Out of service: drained, not back yet (a state names the step done next: undrain is still drained).
 OUT_OF_SERVICE = tuple(r.state for r in HOST_TABLE if ORDER[H.DRAIN] < ORDER[r.state] <= ORDER[H.RELEASE]
                        or ORDER[H.ROLLBACK_DRAIN] < ORDER[r.state])

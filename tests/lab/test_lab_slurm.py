@@ -10,7 +10,10 @@ import io
 import subprocess
 import sys
 import tarfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -116,9 +119,36 @@ def submit(cluster, node: str, command: str) -> str:
     return slurm(cluster, "sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", command).stdout.strip()
 
 
+@contextmanager
+def watching(cluster) -> Iterator[list[slurm_mod.Node]]:
+    """Every node as slurmctld shows it, every 0.5 s while the block runs (what an operator's `sinfo` saw)."""
+    seen: list[slurm_mod.Node] = []
+    done = threading.Event()
+
+    def look():
+        while not done.wait(0.5):
+            proc = subprocess.run(["sinfo", "--json"], capture_output=True, text=True, env=cluster.env, timeout=30)
+            if proc.returncode == 0:
+                seen.extend(slurm_mod.parse_nodes(proc.stdout).values())
+    watcher = threading.Thread(target=look, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
+
+
+def boot_time(cluster, name: str) -> datetime:
+    """When slurmctld says node NAME last booted (slurmd's uptime at its registration)."""
+    line = slurm(cluster, "scontrol", "-o", "show", "node", name).stdout
+    return datetime.fromisoformat(line.split(" BootTime=")[1].split()[0]).astimezone(timezone.utc)
+
+
 def test_an_admins_drain_is_left_and_each_node_moves_as_its_own_job_ends(cluster, tmp_path):
     """One wave of four busy nodes (jobs of 20, 60, 120 and 180 s) and one an admin drained: each busy node is
-    upgraded and back in service as soon as its own job has ended, none killed, and what it cost is recorded."""
+    upgraded and back in service as soon as its own job has ended, none killed, and what it cost is recorded. Each
+    reboot goes through Slurm (scontrol reboot), and the node stays out of service until fleetctl resumes it."""
     baseline = write_baseline(tmp_path / "b.yml", 1)
     slurm(cluster, "scontrol", "update", "nodename=h100-03", "state=drain", "reason=RMA: GPU 3 ECC (ticket 4411)")
     lengths = {"h100-01": 20, "h100-02": 60, "h100-04": 120, "h100-05": 180}
@@ -126,8 +156,9 @@ def test_an_admins_drain_is_left_and_each_node_moves_as_its_own_job_ends(cluster
     wait_until(lambda: all(in_service(cluster, n)[0] in ("ALLOCATED", "MIXED") for n in lengths), 60,
                "the jobs running", lambda: {n: in_service(cluster, n) for n in lengths})
     try:
-        proc = cluster.fleetctl("upgrade", "--to", TO, "-i", cluster.inventory, "-b", baseline, *CAMPAIGN[:-2],
-                                "--waves", "100%", "--soak", "0", timeout=900)
+        with watching(cluster) as seen:
+            proc = cluster.fleetctl("upgrade", "--to", TO, "-i", cluster.inventory, "-b", baseline, *CAMPAIGN[:-2],
+                                    "--waves", "100%", "--soak", "0", timeout=900)
         doc = show(cluster, 1)
         assert proc.returncode == 1, proc.stdout + proc.stderr  # done, and a host left out at plan: off the target
         # left out at plan with the admin's state and reason, and left as it was
@@ -156,6 +187,15 @@ def test_an_admins_drain_is_left_and_each_node_moves_as_its_own_job_ends(cluster
         assert all(passes[n]["idle_s"] < 60 and passes[n]["change_s"] > 0 for n in lengths), passes
         text = " ".join(cluster.fleetctl("campaign", "show", "1").stdout.split())  # as a terminal wraps it
         assert "capacity in all: busy" in text and "(4 hosts, a node each)" in text, text
+        # each node's reboot was Slurm's: slurmctld rebooted it with the campaign's reason (not "reboot timed
+        # out", not lost to "Not responding"), after its own job, and never let a job onto it before the resume
+        ours = f"fleetctl campaign 1: {FROM} -> {TO}"
+        for n in lengths:
+            states = [s for s in seen if s.name == n and (s.reason or "").startswith(ours)]
+            assert any(s.reason == f"{ours} : reboot issued : reboot complete" and "FAIL" in s.flags
+                       for s in states), (n, {(s.state, s.reason) for s in states})
+            assert all(s.drained_or_draining for s in states), (n, {(s.state, s.reason) for s in states})
+            assert boot_time(cluster, n) >= ended[jobs[n]]["end"] - timedelta(seconds=1), n
         # every node fleetctl drained is in service again, on the target
         for name in lengths:
             assert in_service(cluster, name) == ("IDLE", False, None)
@@ -227,14 +267,17 @@ def test_reservation_mode_holds_the_next_wave_while_the_canary_soaks_and_lets_go
                    and show(cluster, cid)["campaign"]["state"] == "soaking", 300, "the soak after the canary wave")
         doc = show(cluster, cid)
         assert [[h["name"] for h in w["hosts"]] for w in doc["plan"]["waves"]] == [["h100-01"], ["h100-02"]]
-        first = min(s["started_at"] for s in hosts_of(doc)["h100-01"]["steps"])
-        assert parse(first) >= parse(doc["campaign"]["created_at"]) + timedelta(seconds=5)  # at its reservation
-        # while the canary soaks, wave 2's node is held from the soak's end: its maintenance reservation
+        canary = {s["step"]: s for s in hosts_of(doc)["h100-01"]["steps"]}
+        assert parse(canary["drain"]["started_at"]) >= parse(doc["campaign"]["created_at"]) + timedelta(seconds=5)
+        # while the canary soaks, wave 2's node is held from when its drain is due: the soak's end plus what the
+        # canary's checks before its drain took
         (held,) = reservations(cluster, cid).values()
         assert (held.name, held.nodelist, held.state) == (f"fleetctl-c{cid}-w2", "h100-02", "INACTIVE")
         assert {"MAINT", "IGNORE_JOBS"} <= held.flags
-        assert abs(datetime.fromisoformat(held.start).astimezone(timezone.utc) - parse(doc["soak"]["until"])) \
-            <= timedelta(seconds=1)
+        checks = sum((parse(canary[s]["finished_at"]) - parse(canary[s]["started_at"])
+                      for s in ("precheck", "probe_before")), timedelta())
+        assert abs(datetime.fromisoformat(held.start).astimezone(timezone.utc) - parse(doc["soak"]["until"])
+                   - checks) <= timedelta(seconds=1)
         # a job that would still run then does not start on it, and squeue says why
         job = slurm(cluster, "sbatch", "--parsable", "-w", "h100-02", "--time=10", "-o", "/dev/null", "--wrap",
                     "sleep 1").stdout.strip()
@@ -264,7 +307,8 @@ def test_reservation_mode_holds_the_next_wave_while_the_canary_soaks_and_lets_go
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 5, out[-3000:]
         assert reservations(cluster, cid + 1) == {}
-        assert all(h["steps"] == [] for h in show(cluster, cid + 1)["hosts"])  # nothing was touched
+        assert all(s["step"] in ("precheck", "probe_before") for h in show(cluster, cid + 1)["hosts"]
+                   for s in h["steps"])  # nothing was touched: the canary's checks ran while it waited
         assert slurm_mod.parse_reservations(slurm(cluster, "scontrol", "-o", "show", "reservation").stdout)[
             "rma-ticket-4411"].nodelist == "h100-03"
     finally:

@@ -4,9 +4,13 @@ answers `wait` while a host's jobs still run."""
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
 
 from orchestrator.campaign import steps, transitions
+from orchestrator.campaign.engine import Clock
 from orchestrator.timefmt import parse as parse_time
 
 from tests.unit.test_campaign_engine import UPGRADE, Script, start, states, store  # noqa: F401 (store: the fixture)
@@ -159,3 +163,34 @@ def test_a_spent_capacity_budget_halts_the_campaign_before_it_drains_another_hos
     assert states(journal, cid) == {"a": "done", "b": "drain", "c": "drain"}  # nothing more taken out of service
     paced = [e["reason"] for e in journal.events(cid) if e["event"] == "paced"]
     assert any("--max-in-flight 1" in p for p in paced) and any("capacity budget" in p for p in paced)
+
+
+def test_a_clock_that_knows_when_a_hosts_jobs_end_spares_the_looks_before_and_finds_it_at_the_same_poll(store):
+    """engine.Clock.unchanged_until (a simulated clock's: bench/drain_policies.py): a host still busy is looked at
+    again at the first idle poll after the time the clock gives, not at each poll before; it is found idle at the
+    very poll it would have been found at."""
+    class Ends(Script):
+        end: float | None = None  # when the host's job ends (monotonic): 1.5 s after its first look
+
+        def __getitem__(self, step):
+            scripted = super().__getitem__(step)
+
+            def run(ctx, hosts):
+                self.end = self.end or time.monotonic() + 1.5
+                out = scripted(ctx, hosts)
+                return out if time.monotonic() >= self.end else {
+                    h: steps.Outcome(transitions.WAIT, "job a1 still runs", {}) for h in hosts}
+            return run if step == "wait_idle" else scripted
+
+    class Knows(Clock):
+        def unchanged_until(self, at):
+            return script.end
+
+    script = Ends()
+    journal, cid, engine = start(store, script, ["a"], pace="host", idle={"timeout_s": 60, "poll_s": 1})
+    engine.clock = Knows()
+    assert engine.run() == "done"
+    looks = [t for step, t in script.calls if step == "wait_idle"]
+    assert len(looks) == 2  # the first look, and the poll after 1.5 s (not the one at 1 s)
+    wait = steps_of(journal, cid, "a")["wait_idle"]
+    assert timedelta(seconds=1.5) <= at(wait, "finished_at") - at(wait, "started_at") < timedelta(seconds=2.5)

@@ -6,6 +6,7 @@ lab's (tests/lab/test_lab_slurm.py)."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -63,12 +64,13 @@ def test_each_wave_is_held_from_its_start_the_canary_waits_for_its_own_and_all_g
     assert engine.run() == "done"
     created = parse(journal.campaign(cid)["created_at"])
     soak_until = next(e["soak_until"] for e in journal.events(cid) if e["event"] == "wave_passed")
+    checks = sum((parse(s["finished_at"]) - parse(s["started_at"]) for s in journal.steps(cid, "a")[:2]), timedelta())
     assert holds.calls == [("release", 1), ("reserve", 1, ("a",), created + timedelta(seconds=0.6)),
-                           ("release", 2), ("reserve", 2, ("b", "c"), parse(soak_until)),  # while wave 1 soaks
+                           ("release", 2), ("reserve", 2, ("b", "c"), parse(soak_until) + checks),  # wave 1 soaks
                            ("release", 2), ("reserve", 2, ("b", "c"), holds.calls[5][3]),  # wave 2 under way
                            ("release", None)]
-    first = journal.steps(cid, "a")[0]
-    assert parse(first["started_at"]) >= created + timedelta(seconds=0.6)  # the canary began with its reservation
+    drain = journal.steps(cid, "a")[2]
+    assert drain["step"] == "drain" and parse(drain["started_at"]) >= created + timedelta(seconds=0.6)  # with its hold
 
 
 @pytest.mark.parametrize("held, refusal, said", [
@@ -100,3 +102,34 @@ def test_a_campaign_aborted_while_nobody_drives_it_lets_go_of_its_reservations(s
     assert list(f.held) == ["rma-ticket-4411", "fleetctl-c1-w1"]
     assert upgrade.abort(store, cid) == f"campaign {cid}: aborted\n"
     assert list(f.held) == ["rma-ticket-4411"] and f.asked[-1] == ("delete", "fleetctl-c1-w1")
+
+
+class Slow(Script):
+    """Every step ok; probe_before takes 0.3 s."""
+
+    def __getitem__(self, step):
+        run = super().__getitem__(step)
+
+        def slow(ctx, hosts):
+            time.sleep(0.3)
+            return run(ctx, hosts)
+        return slow if step == "probe_before" else run
+
+
+def test_a_reservation_starts_when_its_waves_drain_is_due_not_when_its_checks_begin(store):
+    holds = Holds()
+    journal, cid, engine = campaign(store, Slow(), ["a"], ["b", "c"], scheduler=holds, lead_s=0.6, soak_s=[0.3])
+    assert engine.run() == "done"
+    created = parse(journal.campaign(cid)["created_at"])
+    steps = {s["step"]: s for s in journal.steps(cid, "a")}
+    # the canary's checks ran while its lead ran out; its drain came with its reservation
+    assert parse(steps["precheck"]["started_at"]) < created + timedelta(seconds=0.6)
+    assert parse(steps["drain"]["started_at"]) >= created + timedelta(seconds=0.6)
+    # wave 2 is held from the soak's end plus what the canary's checks before its drain took (0.3 s and more)
+    soak_until = parse(next(e["soak_until"] for e in journal.events(cid) if e["event"] == "wave_passed"))
+    checks = sum((parse(steps[s]["finished_at"]) - parse(steps[s]["started_at"]) for s in ("precheck", "probe_before")),
+                 timedelta())
+    start = next(c[3] for c in holds.calls if c[:2] == ("reserve", 2))  # made while wave 1 soaks
+    assert checks >= timedelta(seconds=0.3) and start == soak_until + checks
+    drained = min(parse(journal.steps(cid, h)[2]["started_at"]) for h in ("b", "c"))
+    assert drained >= start - timedelta(milliseconds=50)  # its nodes are held from about when they are drained

@@ -6,6 +6,7 @@ and slurmd."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -79,12 +80,18 @@ class FakeSlurm:
         self.asked.append(("resume", name))
         self.state[name] = captured(self.testdata, "idle", name)
 
+    def cancel_reboot(self, name, timeout=0):
+        self.asked.append(("cancel_reboot", name))
+        base = self.state[name]
+        self.state[name] = dataclasses.replace(base, state=base.state.replace("+REBOOT_REQUESTED", ""),
+                                               flags=base.flags - {"REBOOT_REQUESTED"})
+
 
 @pytest.fixture
 def fake(monkeypatch, testdata):
     def install(**states):
         f = FakeSlurm(testdata, **states)
-        for attr in ("nodes", "drain", "resume", "reservations", "hostnames", "create_reservation",
+        for attr in ("nodes", "drain", "resume", "cancel_reboot", "reservations", "hostnames", "create_reservation",
                      "update_reservation", "delete_reservation"):
             monkeypatch.setattr(slurm, attr, getattr(f, attr))
         return f
@@ -218,6 +225,43 @@ def test_a_node_whose_slurmd_never_answers_after_the_change_stays_drained_and_fa
     assert out["n1"].outcome == "ok" and out["n2"].outcome == "fail"
     assert "slurmd on n2 has not answered slurmctld" in out["n2"].reason and "stays drained" in out["n2"].reason
     assert ("resume", "n2") not in f.asked and f.state["n2"].drained_or_draining
+
+
+def ran(command: str, tmp_path) -> list[list[str]]:
+    """The argv of each scontrol COMMAND runs, as a shell on the node runs it (a recording scontrol on PATH)."""
+    log = tmp_path / "argv"
+    (tmp_path / "scontrol").write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" >> {log}; printf "\\n" >> {log}\n')
+    (tmp_path / "scontrol").chmod(0o755)
+    subprocess.run(["/bin/sh", "-c", command], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=True, timeout=10)
+    return [line.rstrip("\0").split("\0") for line in log.read_text().splitlines()]
+
+
+def test_the_activation_reboots_the_campaigns_own_nodes_through_slurm_and_leaves_anyone_elses_alone(fake, tmp_path):
+    f = fake(n1="drained-after-job", n2="drained-admin", n3="rebooted-down")
+    ctx = context({"a1": "activate", "a2": "activate", "a3": "rollback_activate"},
+                  node_names={"a1": "n1", "a2": "n2", "a3": "n3"})
+    change = ctx.scheduler.reboot_commands(ctx, ["a1", "a2"], rollback=False)
+    assert sorted(change) == ["a1"]  # an admin's drain: the host reboots by itself, the node's state is theirs
+    reason = "reason=fleetctl campaign 7: 550.163.01 -> 570.86.15"
+    # FAIL, not DRAIN: Slurm clears DRAIN when the reboot completes, and with ReturnToService=2 the node would be
+    # back in service at its next ping, before the verify
+    assert ran(change["a1"], tmp_path) == [["update", "nodename=n1", "state=fail", reason],
+                                           ["reboot", "nextstate=DOWN", reason, "n1"]]
+    back = ctx.scheduler.reboot_commands(ctx, ["a3"], rollback=True)
+    assert ran(back["a3"], tmp_path)[-1] == [
+        "reboot", "nextstate=DOWN", "reason=fleetctl campaign 7: 570.86.15 -> 550.163.01 (rollback)", "n3"]
+    assert f.asked == []  # asked by the node itself, as the activation reboots it
+    kubernetes = scheduler.of(CampaignOptions(hooks=hooks.resolve("kubernetes", None, None)))
+    assert kubernetes.reboot_commands(ctx, ["a1"], rollback=False) == {}  # its own `shutdown -r`
+
+
+def test_undrain_resumes_a_node_its_reboot_left_down_or_failed_and_withdraws_a_reboot_not_done(fake):
+    f = fake(n1="rebooted-down", n2="rebooted-rts2", n3="reboot-requested", n4="drained-admin")
+    ctx = context({h: "undrain" for h in ("n1", "n2", "n3", "n4")})
+    out = ctx.scheduler.undrain(ctx, ["n1", "n2", "n3", "n4"])
+    assert all(out[n].outcome == "ok" and out[n].detail["slurm"]["resumed"] for n in ("n1", "n2", "n3")), out
+    assert f.asked == [("resume", "n1"), ("resume", "n2"), ("cancel_reboot", "n3"), ("resume", "n3")]
+    assert not out["n4"].detail["slurm"]["resumed"]  # an admin's: left
 
 
 # ---- one interface: which scheduler a campaign drains through --------------------------------------------------

@@ -31,9 +31,13 @@ class InitSystem:
     """Uses set_every_gpu (HostBase), reset_driver_state (the supervisor's Host) and booted_module (KernelModules)."""
 
     # -- processes ----------------------------------------------------------------------------------------------
-    def spawn(self, *argv: str, name: str) -> int:
+    def spawn(self, *argv: str, name: str, fresh_uptime: bool = False) -> int:
+        """ARGV in the host's root. FRESH_UPTIME: in a time namespace of its own whose boot clock starts now, so
+        its uptime (sysinfo, /proc/uptime) is this boot's, not the machine's."""
+        since_boot = ["unshare", "--time", f"--boottime=-{int(time.clock_gettime(time.CLOCK_BOOTTIME))}",
+                      "--fork"] if fresh_uptime else []
         logfile = open(self.dir / f"{name}.log", "ab")
-        proc = subprocess.Popen(["chroot", str(self.root), *argv], env=HOST_ENV, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([*since_boot, "chroot", str(self.root), *argv], env=HOST_ENV, stdin=subprocess.DEVNULL,
                                 stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
         logfile.close()
         return proc.pid
@@ -127,7 +131,8 @@ class InitSystem:
         if not socket_inside.exists():
             raise RuntimeError(f"munged did not start (see {self.dir / 'munged.log'})")
         self.mount_cgroup_for_slurmd()
-        pid = self.spawn(*slurm.slurmd_argv(self.name), name="slurmd")
+        # slurmd reports its boot time from its uptime: this boot's, so slurmctld sees a `scontrol reboot` complete
+        pid = self.spawn(*slurm.slurmd_argv(self.name), name="slurmd", fresh_uptime=True)
         log(f"munged and slurmd started (slurmd pid {pid})")
 
     def mount_cgroup_for_slurmd(self) -> None:

@@ -42,8 +42,14 @@ class Scheduler(Protocol):
         """One look, never waiting: host -> why the scheduler still has work on it; a host not named is idle as
         far as the scheduler knows (the GPU check follows)."""
 
+    def reboot_commands(self, ctx: Context, hosts: list[str], rollback: bool) -> dict[str, str]:
+        """host -> the shell command the activation runs on it to reboot it through the scheduler (the scheduler
+        then shows it rebooting, and keeps it out of service until undrain); a host not named reboots by itself
+        (the role's `shutdown -r`). ROLLBACK: the rollback's activation."""
+
     def undrain(self, ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-        """The hosts back in service: only what this campaign took out."""
+        """The hosts back in service: only what this campaign took out; a reboot it asked that has not happened is
+        withdrawn."""
 
     def failed_jobs(self, ctx: Context, hosts: list[str]) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
         """For the soak: host -> the jobs that failed on it since its undrain; and what kept them from being read

@@ -6,8 +6,12 @@
   the step's record. A node taken out of service by someone else since the plan is left alone (the host fails).
 - busy (wait_idle): whether Slurm reports a job allocated on the node (DRAINING, not DRAINED); the engine looks again
   until --idle-timeout; the GPU-process check runs after it as a second opinion.
+- activate: the node's reboot goes through Slurm, asked on the node itself (`slurm.reboot_command`: FAIL, then
+  `scontrol reboot nextstate=DOWN` with the campaign's reason): slurmctld shows it rebooting, and it stays out of
+  service until the undrain. A node someone else took out of service is not changed: its host reboots by itself.
 - undrain (also of a rollback, a release and an accepted held host): only a node whose reason is still this
-  campaign's own is resumed, once its slurmd answers slurmctld again (after the activation's reboot; one that does
+  campaign's own is resumed (a reboot the activation asked that Slurm has not done is withdrawn first:
+  `scontrol cancel_reboot`), once its slurmd answers slurmctld again (after the activation's reboot; one that does
   not within SLURMD_WAIT_S fails its host and stays drained); one whose reason someone changed is left as it is,
   and the campaign says so (the `slurm_node_left` event, a notification).
 - soak: jobs that ended on a watched node since its change, as Slurm's job completion log records them: NODE_FAIL
@@ -95,9 +99,7 @@ class Slurm:
                              Outcome("fail", f"taken out of service in Slurm since the plan, left as it is: "
                                              f"{node.describe()}", detail))
                 continue
-            was = ctx.befores.get(host, {}).get("version")
-            text = (slurm.campaign_reason(ctx.campaign, ctx.target, f"{was or '?'} (rollback)") if rollback
-                    else slurm.campaign_reason(ctx.campaign, was, ctx.target))
+            text = reason(ctx, host, rollback)
             try:
                 slurm.drain(name, text)
             except slurm.SlurmError as e:
@@ -114,6 +116,14 @@ class Slurm:
         return {h: (f"Slurm has no node {n}" if n not in nodes else
                     f"Slurm still has jobs on {n}: {nodes[n].describe()}")
                 for h, n in names.items() if n not in nodes or not nodes[n].drained}
+
+    def reboot_commands(self, ctx: Context, hosts: list[str], rollback: bool) -> dict[str, str]:
+        """`scontrol reboot` for each host whose node the campaign holds (its own reason); a node someone else
+        took out of service meanwhile is not changed: its host reboots by itself."""
+        names = node_names(ctx.fleet, hosts)
+        nodes = slurm.nodes(sorted(set(names.values())))
+        return {h: slurm.reboot_command(n, reason(ctx, h, rollback)) for h, n in names.items()
+                if n in nodes and slurm.owned_by_campaign(nodes[n], ctx.campaign)}
 
     def undrain(self, ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
         names = node_names(ctx.fleet, hosts)
@@ -132,6 +142,8 @@ class Slurm:
                                         {"slurm": {"node": name, "resumed": False, "state": node.state}})
                     continue
                 try:
+                    if node.reboot_pending:  # the activation's reboot did not happen (a failed or aborted change)
+                        slurm.cancel_reboot(name)
                     slurm.resume(name)
                 except slurm.SlurmError as e:
                     out[host] = Outcome("fail", f"slurm: {e}", {"slurm": {"node": name, "state": node.state}})
@@ -195,6 +207,13 @@ class Slurm:
             for name in held:
                 if name in mine:
                     slurm.delete_reservation(name)
+
+
+def reason(ctx: Context, host: str, rollback: bool) -> str:
+    """The campaign's reason for HOST's node: `fleetctl campaign N: A -> B`, a rollback's `B -> A (rollback)`."""
+    was = ctx.befores.get(host, {}).get("version")
+    return (slurm.campaign_reason(ctx.campaign, ctx.target, f"{was or '?'} (rollback)") if rollback
+            else slurm.campaign_reason(ctx.campaign, was, ctx.target))
 
 
 def taken_out(node: slurm.Node, ours: set[str]) -> bool:

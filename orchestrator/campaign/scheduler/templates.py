@@ -35,6 +35,9 @@ class Templates:
     def busy(self, ctx: Context, hosts: list[str]) -> dict[str, str]:
         return {}
 
+    def reboot_commands(self, ctx: Context, hosts: list[str], rollback: bool) -> dict[str, str]:
+        return {}
+
     def undrain(self, ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
         return self._run(ctx, hosts, self.hooks.undrain)
 
