@@ -72,6 +72,8 @@ BY_COMMAND: dict[str, tuple[Exit, ...]] = {
     "report": (Exit.OK,),
     "report verify": (Exit.OK, Exit.FINDINGS),
     "metrics": (Exit.OK,),
+    "hosts": (Exit.OK,),
+    "hosts show": (Exit.OK,),
     "config show": (Exit.OK,),
     "completion": (Exit.OK,),
     "systemd install": (Exit.OK, Exit.UNAVAILABLE),

@@ -5,7 +5,7 @@ test holds the file equal) and the defaults of the options objects (probe.ProbeO
 upgrade.UpgradeOptions). The fleetctl.gpu collection ships on its own and keeps its own role defaults: a test holds
 them equal to these.
 
-A duration (every time flag and key) is seconds, or a number with a unit: 90, 90s, 5m, 2h, 1.5h. The options
+A duration (every time flag and key) is seconds, or a number with a unit: 90, 90s, 5m, 2h, 1.5h, 14d. The options
 objects and the history hold seconds.
 """
 
@@ -24,8 +24,8 @@ from .promql import TRIES as PROMQL_TRIES
 
 MAX_DURATION_S = 366 * 86400
 FORKS_CAP = 64  # hosts worked on at once by default, at most: more processes would hurt the control node
-DURATION = r"[0-9]+(\.[0-9]+)?[smh]?"
-UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+DURATION = r"[0-9]+(\.[0-9]+)?[smhd]?"
+UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 DURATION_EXAMPLES = "90, 90s, 5m or 2h"
 KINDS = ("text", "int", "number", "choice", "duration", "durations", "objects")
 
@@ -100,7 +100,7 @@ class Setting:
         return value
 
     def duration(self, value: str | float | int) -> float:
-        """'90', '90s', '5m', '2h' (or a number of seconds) -> seconds, within the setting's bounds."""
+        """'90', '90s', '5m', '2h', '14d' (or a number of seconds) -> seconds, within the setting's bounds."""
         shown = repr(value) if len(repr(value)) <= 40 else "the value"  # not a page of a file given by mistake
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             seconds = float(value)
@@ -108,7 +108,7 @@ class Setting:
             match = re.fullmatch(DURATION, value) if isinstance(value, str) else None
             if match is None:
                 raise ValueError(f"{shown} is not a duration ({DURATION_EXAMPLES})")
-            seconds = float(value.rstrip("smh")) * UNITS[value[-1] if value[-1] in "smh" else ""]
+            seconds = float(value.rstrip("smhd")) * UNITS[value[-1] if value[-1] in "smhd" else ""]
         low = self.minimum or 0.0
         if seconds != seconds or seconds < low or (self.above and seconds == low):
             raise ValueError(f"{shown} is not {'above' if self.above else 'at least'} {duration_text(low)}")
@@ -237,6 +237,8 @@ PROMETHEUS_TIMEOUT = Setting(name="prometheus_timeout", flag="--prometheus-timeo
                              maximum=600, default="10s", metavar="DURATION", commands=PROMETHEUS,
                              help=f"For each read of a Prometheus answer and the query's evaluation; a request gets "
                                   f"{PROMQL_TRIES} tries.")
+WITHIN = Setting(name="within", flag="--within", kind="duration", above=True, default="14d", metavar="DURATION",
+                 file=False, commands=(("hosts",),), help="The window of incidents counted: the last DURATION.")
 WINDOW_DURATION = Setting(name="duration", flag="--duration", kind="duration", above=True, metavar="DURATION",
                           file=False, commands=(("systemd", "install"),), help="How long the window lasts: 3h, 90m.")
 WINDOW_MARGIN = Setting(name="margin", flag="--margin", kind="duration", metavar="DURATION", file=False,

@@ -12,8 +12,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def fleetctl(*args, home, timeout=180):
-    env = dict(os.environ, FLEETCTL_HOME=str(home), COLUMNS="200", FLEETCTL_CONFIG=os.devnull)  # no user's config
+def fleetctl(*args, home, timeout=180, env=None):
+    """ENV: variables set for it besides the history's."""
+    env = dict(os.environ, FLEETCTL_HOME=str(home), COLUMNS="200", FLEETCTL_CONFIG=os.devnull,  # no user's config
+               **(env or {}))
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout, cwd=REPO)
 

@@ -8,6 +8,7 @@ reference/config.md        schemas/config.schema.json (from orchestrator/setting
 reference/notification.md  orchestrator/notify_events.py's NOTES, then schemas/notification.schema.json
 reference/exit-codes.md    orchestrator/exitcodes.py
 reference/metrics.md       the metrics orchestrator/prometheus.py exports
+reference/incidents.md     the ledger's incident classes (orchestrator/ledger.py CLASSES)
 reference/cli.md is a page of its own: mkdocs-click renders the click commands there. The root group imports its
 commands on first use (cli/main.py), and mkdocs-click lists a group's commands from `commands` once that holds any,
 so on_config has the root load every command first.
@@ -210,7 +211,16 @@ def notifications_page() -> str:
     return f"{head}\n\n{events}{rest}"
 
 
+def incidents_page() -> str:
+    from orchestrator.ledger import CLASSES
+    rows = [(f"`{c.name}`", c.what, c.reads) for c in CLASSES.values()]
+    return ("# Incident classes\n\nThe classes of the ledger's incidents ([each host's record](../hosts.md)), made "
+            "from `orchestrator/ledger.py` (`CLASSES`) at each build.\n\n"
+            + table(("class", "what", "derived from"), rows))
+
+
 PAGES = {
+    "incidents.md": incidents_page,
     "controls.md": controls_page,
     "steps.md": steps_page,
     "exit-codes.md": exit_codes_page,

@@ -25,6 +25,7 @@ from ..sanitize import error_line
 BUILTIN = {"audit": ("audit", "audit"), "check": ("check", "check"), "probe": ("probe", "probe"),
            "plan": ("plan", "plan"), "upgrade": ("campaign", "upgrade"), "campaign": ("campaign", "campaign"),
            "rollback": ("campaign", "rollback"), "report": ("report", "report"), "metrics": ("metrics", "metrics"),
+           "hosts": ("hosts", "hosts"),
            "config": ("config", "config_group"), "completion": ("completion", "completion"),
            "systemd": ("systemd", "systemd_group")}
 

@@ -171,6 +171,6 @@ def test_config_show_says_where_each_value_came_from(tmp_path):
         assert doc["file"] is None and {v["source"] for v in doc["values"].values()} == {"default"}
     bad = run_cli("config", "show", "--forks", "0", home=home, config_path=path)
     assert bad.returncode == 2 and bad.stderr == "fleetctl: error: --forks: 0 is less than the minimum of 1\n"
-    bad = run_cli("config", "show", "--idle-timeout", "2d", home=home, config_path=path)
+    bad = run_cli("config", "show", "--idle-timeout", "2w", home=home, config_path=path)
     assert bad.returncode == 2 and bad.stderr == \
-        "fleetctl: error: --idle-timeout: '2d' is not a duration (90, 90s, 5m or 2h)\n"
+        "fleetctl: error: --idle-timeout: '2w' is not a duration (90, 90s, 5m or 2h)\n"

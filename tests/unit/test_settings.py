@@ -36,6 +36,8 @@ def commands(group: click.Group = cli, path: tuple[str, ...] = ()):
     for name in group.list_commands(None):
         sub = group.get_command(None, name)
         if isinstance(sub, click.Group):
+            if sub.invoke_without_command:  # a command too, with options of its own (`report`, `hosts`)
+                yield (*path, name), sub
             yield from commands(sub, (*path, name))
         else:
             yield (*path, name), sub

@@ -16,7 +16,8 @@ PACKAGE = "orchestrator"
 ROOT = Path(__file__).resolve().parents[2]
 CLI = f"{PACKAGE}.cli"
 UI_LIBRARIES = ("click", "rich")
-HISTORY = (f"{PACKAGE}.store", f"{PACKAGE}.chain", f"{PACKAGE}.campaign.journal")  # the only modules with SQL
+HISTORY = (f"{PACKAGE}.store", f"{PACKAGE}.chain", f"{PACKAGE}.campaign.journal",  # the only modules with SQL
+           f"{PACKAGE}.ledger")  # the ledger: an index of the history beside it
 TIMESTAMPS = f"{PACKAGE}.timefmt"  # the only module parsing the history's timestamps (a Z is UTC)
 SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER|DROP|PRAGMA|BEGIN|WITH \w+ AS)\b")
 

@@ -347,7 +347,7 @@ BAD = [
     (["--duration", "nan"], "Invalid value for '--duration': 'nan'"),
     (["--margin", "-5m"], "Invalid value for '--margin'"),
     (["--soak-grace", "forever"], "Invalid value for '--soak-grace'"),
-    (["--idle-timeout", "2d"], "Invalid value for '--idle-timeout'"),
+    (["--idle-timeout", "2w"], "Invalid value for '--idle-timeout'"),
     (["--window", "Blursday 25:00"], "--window 'Blursday 25:00': not a systemd calendar expression"),
     (["--window", "2001-01-01"], "never elapses"),
     (["--window", ""], "--window '': not a systemd calendar expression"),
