@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from . import inputs, promql, resources, schemas
+from . import inputs, offenders, promql, resources, schemas
 from .errors import InputError, yaml_error
 
 DEFAULT_PATH = resources.data_path("default-baseline.yml")
@@ -137,7 +137,7 @@ def load(path: str | Path | None, cached: bool = False) -> Baseline:
     where, key = non_string_key(doc)
     if where:
         raise InputError(f"{inputs.shown(path)}: {where}: key {key} is not a string (quote it in the YAML)")
-    problem = canary_problem(doc["groups"])
+    problem = canary_problem(doc["groups"]) or offenders.problem(doc["groups"])
     if problem:
         raise InputError(f"{inputs.shown(path)}: {problem}")
     return Baseline(path=path, name=doc.get("name", path.stem), digest="sha256:" + hashlib.sha256(raw).hexdigest(),

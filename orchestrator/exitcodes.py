@@ -71,6 +71,7 @@ BY_COMMAND: dict[str, tuple[Exit, ...]] = {
     "rollback": (Exit.ROLLED_BACK, Exit.NEEDS_PERSON, Exit.UNAVAILABLE),
     "report": (Exit.OK,),
     "report verify": (Exit.OK, Exit.FINDINGS),
+    "report drivers": (Exit.OK,),
     "metrics": (Exit.OK,),
     "hosts": (Exit.OK,),
     "hosts show": (Exit.OK,),

@@ -342,6 +342,27 @@ class Ledger:
             (max_gap_s / 86400, since or "", until or "9999"))
         return [{"host": h, "driver": d, "model": m, "gpu_days": round(g, 6)} for h, d, m, g in cur]
 
+    def incident_counts(self, since: str | None = None, until: str | None = None) -> list[dict[str, Any]]:
+        """Incidents per driver, GPU model and class in [SINCE, UNTIL), those with a driver: the model is the host's
+        at its latest observation up to the incident. [{driver, model, class, count}]"""
+        cur = self.db.execute(
+            "SELECT driver, (SELECT o.model FROM observations o WHERE o.host = i.host AND o.at <= i.at"
+            " ORDER BY o.at DESC LIMIT 1) AS model, class, COUNT(*) FROM incidents i"
+            " WHERE at >= ? AND at < ? AND driver IS NOT NULL GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+            (since or "", until or "9999"))
+        return [{"driver": d, "model": m, "class": c, "count": n} for d, m, c, n in cur]
+
+    def moves(self, since: str | None = None, until: str | None = None) -> list[dict[str, Any]]:
+        """Hosts seen on one driver, then on another at their next observation, in [SINCE, UNTIL): per GPU model
+        (at the second), from and to, how many hosts. [{model, from, to, hosts}]"""
+        cur = self.db.execute(
+            "SELECT model, prev, driver, COUNT(DISTINCT host) FROM"
+            " (SELECT host, driver, model, LAG(driver) OVER (PARTITION BY host ORDER BY at) AS prev"
+            "  FROM observations WHERE at >= ? AND at < ?)"
+            " WHERE prev IS NOT NULL AND driver IS NOT NULL AND prev != driver GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+            (since or "", until or "9999"))
+        return [{"model": m, "from": a, "to": b, "hosts": n} for m, a, b, n in cur]
+
     def known(self, host: str) -> bool:
         """Whether the history observed HOST at all (an incident or an observation)."""
         return bool(self.db.execute("SELECT 1 FROM observations WHERE host=? UNION ALL SELECT 1 FROM incidents"

@@ -55,9 +55,10 @@ NOTES = (
          "gate, with what was seen; no later wave starts, the campaign rolls it back", (("critical", ""),)),
     Note("rolled_back", ("rollback_finished",), "the rollback finished",
          (("warning", ""), ("critical", "a host's rollback failed"))),
-    Note("halted", ("host_held", "soak_held"), "an inconclusive gate twice (hosts held for a person), or canary "
-         "metrics that could not be judged at the end of a soak (`canary.on_missing: hold`); `action`: `fleetctl "
-         "campaign resume N` (accept them) or `fleetctl rollback N`", (("critical", ""),)),
+    Note("halted", ("host_held", "soak_held", "breaker_tripped"), "an inconclusive gate twice (hosts held for a "
+         "person), canary metrics that could not be judged at the end of a soak (`canary.on_missing: hold`), or the "
+         "campaign's failures within a window reached its circuit breaker (`campaign.breaker`), the hosts named; "
+         "`action`: `fleetctl campaign resume N` (accept them, go on) or `fleetctl rollback N`", (("critical", ""),)),
     Note("window_closed", ("window_closed", "capacity_spent"), "no wave starts after `--window`, or no host is "
          "drained past `--capacity-budget`; `action`: `fleetctl campaign resume N --window 2h` or `fleetctl rollback "
          "N`", (("warning", ""),)),
@@ -272,9 +273,12 @@ class CampaignNotes:
         gates = self.journal.soak_records(self.cid, gap=self.journal.campaign(self.cid)["wave"] - 1, kind="gate") \
             if r["event"] == "soak_held" else []
         seen = min((o for o in gates if o["detail"].get("hold")), key=lambda o: o["host"], default=None)
+        look = (f"look at the failed hosts ({names(sorted(r.get('failures') or {}))}): {self.show()}; then go on"
+                if r["event"] == "breaker_tripped" else
+                f"look at the held hosts ({names(held)}): {self.show()}; then accept them and go on")
         return self.event(
             r, "halted", "critical", f"{self.head()} halted for a person: {r.get('reason')}",
-            f"look at the held hosts ({names(held)}): {self.show()}; then accept them and go on: "
+            f"{look}: "
             f"fleetctl campaign resume {self.cid}; or roll the campaign back: fleetctl rollback {self.cid}",
             reason=r.get("reason"), **self.metrics(seen))
 

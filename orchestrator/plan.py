@@ -21,15 +21,16 @@ n sits at i/n of the way through the sequence (ties: inventory group order). So 
 group (the canary is the first group's first host, then wave 2 reaches the other SKUs early), and a small group is
 spread over the ramp instead of being used up in the first waves.
 
-Eligibility, first reason wins: unreachable; facts not collected; the baseline does not bless the target for the
-host's groups; no driver installed (nothing to move from, nor to roll back to); unhealthy (a critical fail or error
-in driver.loaded, driver.version_match or any gpu.* control); next boot at risk (nouveau loaded or not blacklisted,
-or no matching nvidia module for the kernel it boots next: the new driver would not bind after the reboot); then
-hosts already running the target are skipped; last, the target itself: the host's facts as they would be on it
-(version, branch, the CUDA the branch supports, the flavor its packages install, the fabric manager moved with it)
-judged by the controls that declare the "target" role (controls.with_role) with the host's own policy; one failing at
-or above the baseline's `campaign.fail_on` (default medium) excludes the host (target_not_blessed), with the message
-the audit would give after the change. The campaign's precheck applies the same rules to fresh facts.
+Eligibility, first reason wins: a repeat offender (offenders.py: the baseline's incidents.repeat_offender against
+the history's ledger; the reason is its evidence); unreachable; facts not collected; the baseline does not bless the
+target for the host's groups; no driver installed (nothing to move from, nor to roll back to); unhealthy (a critical
+fail or error in driver.loaded, driver.version_match or any gpu.* control); next boot at risk (nouveau loaded or not
+blacklisted, or no matching nvidia module for the kernel it boots next: the new driver would not bind after the
+reboot); then hosts already running the target are skipped; last, the target itself: the host's facts as they would
+be on it (version, branch, the CUDA the branch supports, the flavor its packages install, the fabric manager moved
+with it) judged by the controls that declare the "target" role (controls.with_role) with the host's own policy; one
+failing at or above the baseline's `campaign.fail_on` (default medium) excludes the host (target_not_blessed), with
+the message the audit would give after the change. The campaign's precheck applies the same rules to fresh facts.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any, Mapping
 
 import copy
 
-from . import audit, baseline as baseline_mod, controls, domains, promql, runs, schemas, settings
+from . import audit, baseline as baseline_mod, controls, domains, offenders, promql, runs, schemas, settings
 from .inventory import primary_group
 from .campaign import packages
 from .errors import InputError
@@ -267,6 +268,19 @@ def budget(index: int, size: int, policies: list[dict[str, Any]], unit: str = "h
                     + ("s" if fail_at != 1 else "")}
 
 
+def breaker(policies: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The campaign's circuit breaker (baseline campaign.breaker) of its hosts' POLICIES: the campaign halts once
+    its hosts that failed within the window reach max(failures, percent of the hosts whose change began within
+    it) (campaign/engine.py, Engine.breaker); with several, the strictest wins (fewest failures, then the lowest
+    percent, then the longest window). None: no breaker."""
+    found = {(b["failures"], b.get("percent", 0), -settings.UNITS[b["within"][-1]] * float(b["within"][:-1]),
+              b["within"]) for pol in policies if (b := pol.get("campaign", {}).get("breaker"))}
+    if not found:
+        return None
+    failures, percent, within_s, within = min(found)
+    return {"failures": failures, "percent": percent or None, "within_s": -within_s, "within": within}
+
+
 # ---- the plan ------------------------------------------------------------------------------------
 
 def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]], base: baseline_mod.Baseline,
@@ -326,7 +340,8 @@ def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]], ba
                       "budget": budget(index, size, [base.policy_for(h["groups"]) for h in hosts], unit),
                       "hosts": hosts})
     return {"target": target, "ramp": [str(s) for s in ramp], "group_order": group_order, "waves": waves,
-            "skipped": skipped, "excluded": excluded, "target_groups": target_groups(target, entries, excluded)}
+            "skipped": skipped, "excluded": excluded, "target_groups": target_groups(target, entries, excluded),
+            "breaker": breaker([base.policy_for(h["groups"]) for h in eligible])}
 
 
 # ---- canary metrics --------------------------------------------------------------------------------
@@ -433,7 +448,8 @@ def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None
     metrics = canary_metrics(fleet, base, prometheus)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as run_:
         hosts = audit.collect(fleet, base, opts.forks, opts.preflight)
-        plan = build(target, ramp, hosts, base, domains.group(fleet, {h["name"]: h["facts"] for h in hosts}))
+        plan = build(target, ramp, hosts, base, domains.group(fleet, {h["name"]: h["facts"] for h in hosts}),
+                     offenders.left_out(store, [(h["name"], h["groups"]) for h in hosts], base))
         if metrics:
             plan["canary"] = {"metrics": metrics, "control": control_cohorts(plan), "judged_by_soak": True}
         unreachable = sum(1 for h in hosts if not h["reachable"])

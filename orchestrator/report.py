@@ -221,9 +221,14 @@ def charts(report: dict[str, Any]) -> dict[str, str]:
 SUMMARY_CHARS = 200  # a reason longer than this (one recorded before 0.2) shows folded, its start as the summary
 
 
+def environment() -> jinja2.Environment:
+    """The HTML exports' templates (orchestrator/templates), autoescaped."""
+    return jinja2.Environment(loader=jinja2.PackageLoader("orchestrator", "templates"),
+                              autoescape=jinja2.select_autoescape(["html", "j2"]))
+
+
 def to_html(report: dict[str, Any]) -> str:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("orchestrator", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]))
+    env = environment()
     env.filters["summary"] = lambda text: one_line(text or "", SUMMARY_CHARS)
     env.filters["figures"] = metric_figures
     env.filters["capacity"] = capacity.text

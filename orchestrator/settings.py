@@ -239,6 +239,10 @@ PROMETHEUS_TIMEOUT = Setting(name="prometheus_timeout", flag="--prometheus-timeo
                                   f"{PROMQL_TRIES} tries.")
 WITHIN = Setting(name="within", flag="--within", kind="duration", above=True, default="14d", metavar="DURATION",
                  file=False, commands=(("hosts",),), help="The window of incidents counted: the last DURATION.")
+DRIVERS_WITHIN = Setting(name="drivers_within", flag="--within", param="within", kind="duration", above=True,
+                         metavar="DURATION", file=False, commands=(("report", "drivers"),),
+                         help="The window of observations and incidents counted: the last DURATION (default: the "
+                              "whole history).")
 WINDOW_DURATION = Setting(name="duration", flag="--duration", kind="duration", above=True, metavar="DURATION",
                           file=False, commands=(("systemd", "install"),), help="How long the window lasts: 3h, 90m.")
 WINDOW_MARGIN = Setting(name="margin", flag="--margin", kind="duration", metavar="DURATION", file=False,

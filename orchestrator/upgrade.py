@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable
 
-from . import (audit, baseline as baseline_mod, domains, gate, interrupts, inventory, notify, notify_events, plan,
-               runner, runs, settings)
+from . import (audit, baseline as baseline_mod, domains, gate, interrupts, inventory, notify, notify_events,
+               offenders, plan, runner, runs, settings)
 from .campaign import capacity, hooks, packages, progress, scheduler, soak, steps, transitions
 from .campaign.transitions import CampaignState, HostState
 from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
@@ -100,14 +100,17 @@ def in_flight_at_most(value: str | None, units: int) -> int | None:
     return max(1, units * number // 100) if share else number
 
 
-def make_plan(opts: UpgradeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline, ramp,
+def make_plan(opts: UpgradeOptions, store: Store, fleet: inventory.Fleet, base: baseline_mod.Baseline, ramp,
               locks: dict[str, int], options: CampaignOptions) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The plan (as `fleetctl plan` makes it), hosts locked by another campaign excluded, and those the campaign's
-    scheduler leaves out (with fleetctl's Slurm drains: nodes someone else took out of service, left as they are)."""
+    """The plan (as `fleetctl plan` makes it, repeat offenders left out), hosts locked by another campaign excluded,
+    and those the campaign's scheduler leaves out (with fleetctl's Slurm drains: nodes someone else took out of
+    service, left as they are)."""
     entries = audit.collect(fleet, base, opts.forks, opts.preflight)
     out = [{"name": e["name"], "code": "in_campaign", "reason": f"in campaign {locks[e['name']]} (host lock)"}
            for e in entries if e["name"] in locks]
-    out += scheduler.of(options).left_out(fleet, [e["name"] for e in entries if e["name"] not in locks])
+    out += offenders.left_out(store, [(e["name"], e["groups"]) for e in entries if e["name"] not in locks], base)
+    taken = {h["name"] for h in out}
+    out += scheduler.of(options).left_out(fleet, [e["name"] for e in entries if e["name"] not in taken])
     made = plan.build(plan.parse_target(opts.target), ramp, entries, base,
                       domains.group(fleet, {e["name"]: e["facts"] for e in entries}), out)
     return made, entries
@@ -211,7 +214,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     metrics = plan.canary_metrics(fleet, base, prometheus)  # a query that does not parse: before any host is touched
     journal = Journal(store)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as planning:
-        made, entries = make_plan(opts, fleet, base, ramp, journal.locks(), options)
+        made, entries = make_plan(opts, store, fleet, base, ramp, journal.locks(), options)
         if metrics:
             made["canary"] = {"metrics": metrics, "control": plan.control_cohorts(made), "judged_by_soak": True}
         hosts = sum(w["size"] for w in made["waves"])

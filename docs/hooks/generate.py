@@ -213,10 +213,13 @@ def notifications_page() -> str:
 
 def incidents_page() -> str:
     from orchestrator.ledger import CLASSES
-    rows = [(f"`{c.name}`", c.what, c.reads) for c in CLASSES.values()]
+    from orchestrator.offenders import DEFAULT_CLASSES
+    rows = [(f"`{c.name}`", c.what, c.reads, "yes" if c.name in DEFAULT_CLASSES else "")
+            for c in CLASSES.values()]
     return ("# Incident classes\n\nThe classes of the ledger's incidents ([each host's record](../hosts.md)), made "
-            "from `orchestrator/ledger.py` (`CLASSES`) at each build.\n\n"
-            + table(("class", "what", "derived from"), rows))
+            "from `orchestrator/ledger.py` (`CLASSES`) at each build. *Repeat offender*: counted by a baseline's "
+            "`incidents.repeat_offender` that names no `classes` ([repeat offenders](../hosts.md#repeat-offenders)).\n\n"
+            + table(("class", "what", "derived from", "repeat offender"), rows))
 
 
 PAGES = {

@@ -19,7 +19,7 @@ from ..store import Store, now
 from ..timefmt import parse as parse_time, stamp
 from . import capacity, scheduler, soak, steps, transitions
 from .journal import Journal
-from .transitions import OUT_OF_SERVICE, WAIT, WAITING, CampaignState, HostState
+from .transitions import IN_ROLLBACK, OUT_OF_SERVICE, WAIT, WAITING, CampaignState, HostState
 from .options import Campaign
 
 
@@ -32,6 +32,7 @@ def later(seconds: float, start: datetime | None = None) -> str:
 
 BATCHES = 16  # batches of steps under way at once, at most (each its own playbook run or hooks)
 LOOK_S = 1.0  # the longest the engine waits without looking at its hosts (and at a signal)
+BREAKER_NAMES = 5  # the failed hosts the circuit breaker's line names, at most (the event has them all)
 
 
 class Clock:
@@ -163,6 +164,8 @@ class Engine:
             self.journal.move(self.cid, "host_rollback", {"roll_back": lone}, reason="failed within the wave's budget")
             self.advance(lone)
             return self.run_wave(self.journal.campaign(self.cid))
+        if self.tripped(wave=wave):
+            return
         held = [h for h, r in rows.items() if r["state"] == HostState.HELD]
         if held:
             self.journal.transition(self.cid, "host_held", wave=wave,
@@ -253,7 +256,42 @@ class Engine:
                                 host_reasons=reasons, soak_until=c["soak_until"],
                                 reason=f"failed during the soak, within the wave's budget: {text}")
         self.advance(sorted(failures))
-        return False
+        return self.tripped()
+
+    def tripped(self, **data: Any) -> bool:
+        """The campaign's circuit breaker (the plan's `breaker`, from the baseline's campaign.breaker): once the hosts
+        that failed a step of the upgrade or the soak within the window ending now (the journal's time) reach
+        max(failures, percent of the hosts whose install began within it), the campaign halts (`breaker_tripped`,
+        with those hosts). A failure counts toward one trip only: after a resume, only hosts a trip has not named."""
+        b = self.plan.get("breaker")
+        if not b:
+            return False
+        since = parse_time(now()).timestamp() - b["within_s"]
+        named = {h for e in self.journal.events(self.cid) if e["event"] == "breaker_tripped" for h in e["failures"]}
+        failed: dict[str, tuple[float, str]] = {}  # host -> (when, what failed: the step or the soak, and why)
+        changed = set()
+        for s in self.journal.steps(self.cid):
+            at = parse_time(s["finished_at"] or s["started_at"]).timestamp()
+            if s["step"] == HostState.INSTALL and parse_time(s["started_at"]).timestamp() >= since:
+                changed.add(s["host"])
+            if s["status"] == "fail" and s["step"] in transitions.HOST_ROWS and s["step"] not in IN_ROLLBACK:
+                failed.setdefault(s["host"], (at, f"{s['step']}: {s['reason'] or 'failed'}"))
+        for o in self.journal.soak_records(self.cid):
+            if o["status"] == "fail":
+                failed.setdefault(o["host"], (parse_time(o["at"]).timestamp(), f"soak: {o['reason'] or 'failed'}"))
+        counted = sorted((at, h, what) for h, (at, what) in failed.items() if at >= since and h not in named)
+        share = math.ceil(b["percent"] * len(changed) / 100) if b["percent"] else 0
+        limit = max(b["failures"], share)
+        if len(counted) < limit:
+            return False
+        rule = (f"max({b['failures']} hosts, {b['percent']:g}% of {len(changed)} hosts changed within {b['within']})"
+                f" = {limit}" if b["percent"] else f"{limit}")
+        shown = ", ".join(f"{h} ({what})" for _, h, what in counted[:BREAKER_NAMES])
+        more = f" (+{len(counted) - BREAKER_NAMES} more hosts)" if len(counted) > BREAKER_NAMES else ""
+        self.journal.transition(self.cid, "breaker_tripped", failures={h: what.split(":")[0] for _, h, what in counted},
+                                reason=f"the circuit breaker tripped: {len(counted)} hosts failed within "
+                                       f"{b['within']} (halts at >= {rule}): {shown}{more}", **data)
+        return True
 
     # ---- reservations (--drain-mode reservation) ------------------------------------------------------------
     def hold_nodes(self, c) -> None:

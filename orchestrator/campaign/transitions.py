@@ -226,6 +226,10 @@ CAMPAIGN_TABLE = {
     # --capacity-budget spent with no host out of service: waiting gives nothing back; a person decides (abort,
     # rollback, or resume to try again: each resume drains no host the budget does not allow)
     (C.RUNNING, "capacity_spent"):        C.HALTED,
+    # the circuit breaker (baseline campaign.breaker): the campaign's failures within its window, across waves each
+    # within its own budget, reached its limit; a person decides (resume goes on, counting only later failures)
+    (C.RUNNING, "breaker_tripped"):       C.HALTED,
+    (C.SOAKING, "breaker_tripped"):       C.HALTED,
     (C.HALTED, "resumed"):                C.RUNNING,
     (C.HALTED, "abort_requested"):        C.ABORTED,
     (C.HALTED, "rollback_requested"):     C.ROLLING_BACK,

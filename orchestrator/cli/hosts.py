@@ -8,7 +8,7 @@ import json
 import click
 from rich.table import Table
 
-from .. import ledger as ledger_mod, settings
+from .. import baseline as baseline_mod, inputs, ledger as ledger_mod, offenders, settings
 from ..errors import InputError
 from ..exitcodes import documented
 from ..store import Store
@@ -19,15 +19,22 @@ from .render import safe
 
 @click.group(invoke_without_command=True)
 @options.option(settings.WITHIN)
+@click.option("--repeat-offenders", is_flag=True,
+              help="Only the repeat offenders, to send for repair: by the baseline's incidents.repeat_offender (its "
+                   "all group's), each with its evidence. --within is the policy's then.")
+@options.baseline("Baseline YAML whose repeat-offender policy applies (the embedded one sets none: "
+                  "docs/hosts.md shows one).")
 @options.fmt("table", "json")
 @click.pass_context
 @documented("hosts")
-def hosts(ctx, within, fmt) -> None:
+def hosts(ctx, within, repeat_offenders, baseline, fmt) -> None:
     """Each host with incidents in the window (Xid, ECC, a GPU lost, NVLink down, a failed probe or gate, a
     rollback, unreachable at a campaign step): how many of each class, the time since the last one and the mean time
     between them, most incidents first. Read from the history's ledger (docs/hosts.md), caught up first."""
     if ctx.invoked_subcommand is not None:
         return
+    if repeat_offenders:
+        return offenders_list(baseline, fmt)
     with Store(readonly=True) as store, ledger_mod.Ledger(store) as ledger:
         rows = ledger_mod.hosts_summary(ledger, within)
     if fmt == "json":
@@ -46,6 +53,32 @@ def hosts(ctx, within, fmt) -> None:
         console = terminal()
         console.print(table) if rows else click.echo(
             f"no host has incidents in the last {span}")
+
+
+def offenders_list(path: str | None, fmt: str) -> None:
+    """`fleetctl hosts --repeat-offenders`: the hosts the baseline's policy (its all group's) calls repeat
+    offenders."""
+    base = baseline_mod.load(path)
+    policy = offenders.policy(base.policy_for([]))
+    if policy is None:
+        raise InputError(f"{inputs.shown(base.path)}: sets no incidents.repeat_offender for its all group "
+                         "(docs/hosts.md)")
+    with Store(readonly=True) as store, ledger_mod.Ledger(store) as ledger:
+        rows = offenders.listed(ledger, policy)
+    if fmt == "json":
+        with to_stdout():
+            click.echo(json.dumps({"policy": {"count": policy.count, "within_s": policy.within_s,
+                                              "classes": list(policy.classes)}, "hosts": rows}, indent=2))
+        return
+    said = f"{policy.count} incidents in {offenders.span(policy.within_s)}"
+    table = Table(title=safe(f"fleetctl hosts --repeat-offenders - {len(rows)} host(s) with at least {said} "
+                             f"({', '.join(policy.classes)})", "table.title"), title_justify="left")
+    for name in ("Host", "Evidence", "Last"):
+        table.add_column(name, overflow="fold")
+    for h in rows:
+        table.add_row(safe(h["host"]), safe(h["evidence"]), safe(h["last"]))
+    with to_stdout():
+        terminal().print(table) if rows else click.echo(f"no repeat offender: none has {said}")
 
 
 @hosts.command("show")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sqlite3
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from .. import settings
 from ..exitcodes import Exit, documented
 from ..files import writable
 from ..store import Store
@@ -78,3 +80,57 @@ def report_verify(head, signature, signed_file, key) -> None:
                    "the process that ran them is gone (a crash, kill -9, a history that could not be written); "
                    "unfinished runs are not in the chain, and the next recorded run closes them as interrupted")
     sys.exit(Exit.HISTORY if damage or verdict is None else Exit.OK if verdict.ok else Exit.FINDINGS)
+
+
+@report.command("drivers")
+@options.fmt("table", "json", "csv", "html")
+@options.output("Write the report to FILE instead of stdout.")
+@options.option(settings.DRIVERS_WITHIN)
+@click.option("--since", metavar="DATE", help="Count from DATE (YYYY-MM-DD, UTC) or an ISO timestamp instead.")
+@documented("report drivers")
+def report_drivers(fmt, output, within, since) -> None:
+    """Which driver is best: per driver version and GPU model, the hosts and GPU-days observed and the incidents of
+    each class per 1,000 GPU-days (exact Poisson 95% intervals); and each version against the one it replaced, as a
+    rate ratio with its 95% interval and p-value (the exact conditional test). From the history's ledger
+    (docs/hosts.md, "Which driver is best")."""
+    from ..errors import InputError
+    from ..report import parse_day
+    if since is not None and within is not None:
+        raise InputError("--since and --within: give one of them")
+    since = parse_day(since, "--since")
+    writable(output)
+    from rich.console import Console
+    from rich.table import Table
+
+    from .. import drivers, ledger as ledger_mod
+    from .output import terminal, to_stdout
+    from .render import clean, safe
+    with Store(readonly=True) as store, ledger_mod.Ledger(store) as ledger:
+        doc = drivers.build(ledger, since, within)
+    if fmt != "table":
+        render = {"json": lambda d: json.dumps(d, indent=2) + "\n", "csv": drivers.to_csv, "html": drivers.to_html}
+        emit(render[fmt](doc), output)
+        return
+    if not doc["drivers"]:
+        emit("no observations of any host on a driver in the window\n", output)
+        return
+    table = Table(title=safe(f"fleetctl report drivers - incidents per 1,000 GPU-days (95% CI), since "
+                             f"{doc['generated']['since'] or 'the first record'}", "table.title"),
+                  title_justify="left")
+    for column in ("Driver", "GPU model", "Hosts", "GPU-days", "Replaced", "Incidents: count, rate (95% CI)"):
+        table.add_column(column, overflow="fold")
+    for r in doc["drivers"]:
+        table.add_row(safe(r["driver"]), safe(r["model"]), str(r["hosts"]), f"{r['gpu_days']:,.0f}",
+                      safe(f"{r['replaced']} ({r['replaced_how']})" if r["replaced"] else "-"),
+                      safe(drivers.classes_text(r)))
+    lines = [c["line"] for c in doc["comparisons"]] or ["no version replaced another with incidents on either"]
+    text = "Each version against the one it replaced (rate ratio, 95% CI, exact conditional test):\n" + \
+        "".join(f"{clean(line)}\n" for line in lines)
+    if output:  # the table as plain text
+        console = Console(file=io.StringIO(), width=160, color_system=None)
+        console.print(table)
+        emit(console.file.getvalue() + text, output)
+        return
+    with to_stdout():
+        terminal().print(table)
+        click.echo(text, nl=False)

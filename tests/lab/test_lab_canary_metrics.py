@@ -7,7 +7,9 @@ the canary during the soak (below the soak's own Xid threshold): more Xids per G
 back; 3. the canary's tensor activity 6% lower on the new driver, and the whole fleet 6% slower from its first soak
 check on: rolled back, the rollback's probe excused the drift; 4. Prometheus stopped during the soak: the campaign
 holds, resumed with Prometheus back it completes; 5. the whole fleet 6% slower from the next campaign's first soak
-check on, a canary command running: its self-comparisons fail, its canary against the controls passes: no rollback.
+check on, a canary command running: its self-comparisons fail, its canary against the controls passes: no rollback;
+6. h100-03 logs Xid 79 in three boots, each audited: the next plan leaves it out as a repeat offender (issue 44),
+out of the control cohort.
 """
 
 from __future__ import annotations
@@ -224,3 +226,27 @@ def test_a_fleet_wide_drift_during_the_soak_is_no_regression(lab):
                                                                                           "xid": "pass"}
     for host in HOSTS:
         assert_on(lab, host, LATER)
+
+
+def test_a_host_that_logs_xid_79_three_times_across_audits_is_left_out_of_the_next_plan_and_its_control_cohort(
+        lab, tmp_path):
+    """Issue 44: h100-03 falls off the bus (Xid 79) in three boots, each seen by an audit (one incident each: a
+    reboot clears the kernel log); by the baseline's incidents.repeat_offender (3 within 14 days) the next plan
+    leaves it out, named with its evidence, and the canary's control cohort is the other hosts of later waves."""
+    for _ in range(3):
+        lab.inject("h100-03", "xid", "79", "--gpu", "0")
+        lab.audit("-l", "h100-03")
+        lab.reboot("h100-03")
+    policy = tmp_path / "offenders.yml"
+    policy.write_text(open(lab.baseline).read() + "    incidents:\n      repeat_offender: {count: 3, within: 14d}\n")
+    proc = lab.fleetctl("plan", "--to", TO, "-i", lab.inventory, "-b", str(policy), "--waves", "1,100%",
+                        "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    made = json.loads(proc.stdout)
+    [left] = [h for h in made["excluded"] if h["name"] == "h100-03"]
+    assert (left["code"], left["reason"]) == ("repeat_offender", "repeat offender: 3 incidents in 14 days: Xid 79 x3")
+    assert [[h["name"] for h in w["hosts"]] for w in made["waves"]] == [["h100-01"], ["h100-02", "h100-04"]]
+    [controls] = made["canary"]["control"]["1"].values()
+    assert controls == ["h100-02", "h100-04"]
+    listed = lab.fleetctl("hosts", "--repeat-offenders", "-b", str(policy), "--format", "json")
+    assert [h["host"] for h in json.loads(listed.stdout)["hosts"]] == ["h100-03"], listed.stderr

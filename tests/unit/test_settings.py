@@ -93,7 +93,8 @@ def test_every_option_made_from_a_setting_is_the_settings_own():
     takers = defaultdict(set)
     for path, cmd in commands():
         for param in cmd.params:
-            s = next((by_flag[o] for o in param.opts if o in by_flag), None)
+            s = next((s for s in settings.SETTINGS if s.flag in param.opts and path in s.commands),  # --within: 2
+                     next((by_flag[o] for o in param.opts if o in by_flag), None))
             if s is None or (path, s.flag) == (("systemd", "install"), "--window") or path == ("config", "show") \
                     or param.hidden:
                 continue
