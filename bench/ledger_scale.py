@@ -10,9 +10,9 @@ the test clock ($FLEETCTL_TEST_CLOCK). Each host record has the facts the ledger
 driver, the boot id, Xid events) and the findings of the controls it reads; about 1 host in 200 logs an Xid 79 at
 each audit (a new boot); the odd-numbered hosts move from OLD to NEW halfway. Then times the ledger's first build
 (every record read once), `fleetctl hosts` and `fleetctl hosts show` as a user runs them (a subprocess) after one
-more audit (the catch-up of one record, and the history's integrity check every command runs after a write), again
-with nothing new, and once the check is recorded (by a command that may write the history), and `fleetctl report
-drivers` (its ledger queries and statistics in process, and the command). Prints the figures."""
+more audit (the catch-up of one record), again with nothing new, and after a write by something other than fleetctl
+(the history's integrity check due), and `fleetctl report drivers` (its ledger queries and statistics in process,
+and the command). Prints the figures."""
 
 from __future__ import annotations
 
@@ -95,10 +95,9 @@ def run(home: Path, hosts: int, audits: int) -> None:
     after_write = timed("hosts", "--within", "14d", "--format", "json", home=home)
     again = timed("hosts", "--within", "14d", home=home)
     show = timed("hosts", "show", "gpu-00001", home=home)
-    # a command that may write the history: its check is recorded (HISTORY.checked)
-    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from orchestrator.store import Store; "
-                    "Store(Path(sys.argv[1])).close()", str(home / "history.sqlite3")], check=True, cwd=REPO)
-    checked = timed("hosts", "--within", "14d", home=home)
+    # as after a write by something other than fleetctl (a restore, sqlite3): the next command checks the whole file
+    Path(f"{home / 'history.sqlite3'}.checked").unlink()
+    check_due = timed("hosts", "--within", "14d", home=home)
     report_cmd = timed("report", "drivers", "--format", "json", home=home)
     with Store(home / "history.sqlite3", readonly=True, check=False) as store:
         audit_at = timefmt.stamp(START + timedelta(days=audits + 1))
@@ -117,8 +116,9 @@ def run(home: Path, hosts: int, audits: int) -> None:
     print(f"{hosts} hosts x {audits + 1} audits ({records} host records, {size / 2**20:.0f} MiB, {incidents} "
           f"incidents): write {write_s:.0f}s; ledger first build {build_s:.1f}s ({1e6 * build_s / records:.0f} us "
           f"per record); fleetctl hosts after one more audit {after_write:.2f}s, again {again:.2f}s; "
-          f"hosts show {show:.2f}s; with the check already recorded {checked:.2f}s; of which the ledger's catch-up "
-          f"and query {query_s * 1000:.0f} ms and the history's integrity check (every command's, once per write) "
+          f"hosts show {show:.2f}s; after a write by something else (the check due) {check_due:.2f}s; of which the "
+          f"ledger's catch-up and query {query_s * 1000:.0f} ms and the history's integrity check (every command's, "
+          f"once per write by something else) "
           f"{check_s:.2f}s; report drivers ({comparisons} comparisons) {report_s:.2f}s in process, the command "
           f"{report_cmd:.2f}s")
 

@@ -42,7 +42,8 @@ MEANINGS = {
     Exit.USAGE: "usage or input error",
     Exit.UNREACHABLE: "hosts unreachable",
     Exit.ROLLED_BACK: "the campaign rolled back",
-    Exit.HALTED: "the campaign halted for a person (inconclusive gate, window closed) or was aborted",
+    Exit.HALTED: "the campaign halted for a person (inconclusive gate, window closed, circuit breaker) or was "
+                  "aborted",
     Exit.NEEDS_PERSON: "a host's rollback failed: it needs a person",
     Exit.UNAVAILABLE: "not carried out: Slurm, systemd or ansible-playbook failed, or another fleetctl holds the "
                       "campaign or a host",

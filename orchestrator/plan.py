@@ -395,6 +395,16 @@ def canary_summary(report: dict[str, Any]) -> str | None:
     return "canary metrics, judged by the soak against the control cohort: " + "; ".join(said)
 
 
+def breaker_summary(report: dict[str, Any]) -> str | None:
+    """The plan's circuit breaker in one line, or None where the baseline sets none."""
+    b = report.get("breaker")
+    if not b:
+        return None
+    share = f", {b['percent']:g}% of the hosts changed within it" if b.get("percent") else ""
+    return (f"circuit breaker: the campaign halts (exit 5) once max({b['failures']} failed hosts{share}) failed "
+            f"within {b['within']}, across waves")
+
+
 def cohort(host: dict[str, Any]) -> str:
     """The cohort a plan's host is judged within by the canary metrics: its group and GPU model ("gpu (NVIDIA
     H100 80GB HBM3)"; the group alone where the model is unknown)."""

@@ -139,6 +139,9 @@ def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: C
                 f"{options.soak_interval_s:g}s, the throughput gate at its end" if length else " (not watched)"))
     for h in made["skipped"] + made["excluded"]:
         lines.append(f"not in the campaign: {h['name']}: {h['reason']}")
+    breaker = plan.breaker_summary(made)
+    if breaker is not None:
+        lines.append(breaker)
     canary = plan.canary_summary(made)
     if canary is not None:
         lines.append(canary)

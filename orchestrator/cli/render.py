@@ -167,8 +167,14 @@ def plan_canary_line(report: dict[str, Any]) -> Text | None:
     return Text(clean_line(line), style="yellow") if line else None
 
 
+def plan_breaker_line(report: dict[str, Any]) -> Text | None:
+    line = plan_mod.breaker_summary(report)
+    return Text(clean_line(line)) if line else None
+
+
 def print_plan(report: dict[str, Any], console: Console) -> None:
-    parts = [plan_table(report), plan_left_out_table(report), plan_canary_line(report), plan_summary_line(report)]
+    parts = [plan_table(report), plan_left_out_table(report), plan_canary_line(report), plan_breaker_line(report),
+             plan_summary_line(report)]
     console.print(Group(*[p for p in parts if p is not None]))
 
 

@@ -181,3 +181,22 @@ def test_the_plan_records_the_breaker_of_its_hosts_groups(device_facts, tmp_path
         "failures": 2, "percent": 5, "within_s": 3600, "within": "1h"}
     assert plan.build("570.86.15", plan.parse_ramp("100%"), entries[1:], base)["breaker"] == {
         "failures": 3, "percent": 5, "within_s": 7200, "within": "2h"}
+
+
+def test_a_dry_run_or_plan_shows_the_breaker(device_facts, tmp_path):  # noqa: F811 (the fixture)
+    from rich.console import Console
+
+    from orchestrator.cli import render
+    path = tmp_path / "matrix.yml"
+    path.write_text("schema_version: 1\ngroups:\n  all:\n    driver: {branches: ['550', '570']}\n"
+                    "    campaign: {breaker: {failures: 2, percent: 5, within: 1h}}\n")
+    base = baseline_mod.load(path)
+    entries = [entry("h100-1", ["gpu", "h100"], on(device_facts, "550.163.01"), base)]
+    console = Console(record=True, width=200)
+    report = plan.build("570.86.15", plan.parse_ramp("100%"), entries, base)
+    report["summary"] = {"hosts": 1, "eligible": 1, "waves": 1, "skipped": 0, "excluded": 0, "unreachable": 0,
+                         "exit_code": 0, "duration_s": 1.0}
+    report["run"] = {"id": 1, "baseline": {"name": "matrix"}}
+    render.print_plan(report, console)
+    assert ("circuit breaker: the campaign halts (exit 5) once max(2 failed hosts, 5% of the hosts changed within "
+            "it) failed within 1h, across waves") in console.export_text()

@@ -119,8 +119,9 @@ def test_an_intact_history_verifies_by_both(tmp_path, pristine):
 
 def test_a_history_found_whole_is_checked_again_only_once_its_files_change(tmp_path, pristine, monkeypatch):
     """integrity_check reads the whole file: a later process (WHOLE empty again) skips it while the history and its
-    log are as they were when a check found them whole, and checks again after any write, or a copy put in place. A
-    read-only open (report, metrics, hosts) keeps what it found too: the reads after a write pay one check."""
+    log are as they were when a check found them whole or a process that found them whole last wrote them, and checks
+    again after any other write, or a copy put in place. A read-only open (report, metrics, hosts) keeps what it found
+    too: the reads after such a write pay one check."""
     from orchestrator import store as store_mod
     path = tmp_path / "history.sqlite3"
     path.write_bytes(pristine)
@@ -136,8 +137,13 @@ def test_a_history_found_whole_is_checked_again_only_once_its_files_change(tmp_p
         return len(checks) - before
     assert opened() == 1 and (tmp_path / "history.sqlite3.checked").exists()
     assert opened() == 0 and opened(readonly=True) == 0
-    with Store(path) as store:  # a write: the next process checks again
+    with Store(path) as store:  # fleetctl's own write, by a process that found it whole: kept as checked
         store.begin_run("audit", [], "test", None, None)
+    assert opened(readonly=True) == 0 and opened() == 0
+    db = sqlite3.connect(path)  # a write by anything else: the next process checks again
+    with db:
+        db.execute("UPDATE runs SET operator = 'someone'")
+    db.close()
     assert opened(readonly=True) == 1 and opened(readonly=True) == 0 and opened() == 0
     path.write_bytes(pristine)  # another file in its place
     assert opened() == 1
