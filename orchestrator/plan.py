@@ -166,6 +166,25 @@ def blessing_problem(base: baseline_mod.Baseline, groups: list[str], target: str
     return None
 
 
+def blessed_for_some(fleet, base: baseline_mod.Baseline, target: str) -> None:
+    """InputError (exit 2) when no host of FLEET may take TARGET by its groups' matrix: judged from the inventory
+    and the baseline alone, before any host is contacted (a dry run then says what the run would)."""
+    problems = [problem for h in fleet.hosts if (problem := blessing_problem(base, list(h.groups), target))]
+    if fleet.hosts and len(problems) == len(fleet.hosts):
+        first = max(set(problems), key=problems.count)
+        raise InputError(f"no host may take {target}: {first}" + (
+            f" ({problems.count(first)} of {len(problems)} hosts; others alike)" if len(problems) > 1 else ""))
+
+
+def implied_exit(made: dict[str, Any]) -> Exit:
+    """The code a plan implies where no campaign's outcome decides it (`fleetctl plan`, a dry run, nothing to
+    upgrade): 3 where a host is unreachable, 1 where hosts are left out with a reason (off the target: an unattended
+    window must not report success), else 0."""
+    if any(h["code"] == "unreachable" for h in made["excluded"]):
+        return Exit.UNREACHABLE
+    return Exit.FINDINGS if made["excluded"] else Exit.OK
+
+
 def health_problems(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Critical fails (or unverifiable controls) that make a host unsafe to touch: driver state and GPU health."""
     return [f for f in findings if f["status"] in ("fail", "error") and f["severity"] == "critical"
@@ -455,6 +474,7 @@ def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None
     target = parse_target(opts.target)
     ramp = parse_ramp(opts.waves)
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
+    blessed_for_some(fleet, base, target)
     metrics = canary_metrics(fleet, base, prometheus)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as run_:
         hosts = audit.collect(fleet, base, opts.forks, opts.preflight)

@@ -40,13 +40,18 @@ def history_error(path: Path, e: BaseException) -> HistoryError:
     """One line naming the history file and the cause."""
     text = str(e)
     low = text.lower()
+    variable, directory = home_from()
     if getattr(e, "errno", None) == errno.ENAMETOOLONG:
-        variable, directory = home_from()
         return HistoryError(f"the history's path is longer than the file system allows (255 bytes a name, 4096 in "
                             f"all): {variable}={one_line(directory, 100)}; set {variable} to a shorter directory")
+    where = f"{one_line(str(directory), 100)} (from ${variable})" if path.parent == directory else None
+    if getattr(e, "errno", None) == errno.ENOTDIR:
+        return HistoryError(f"{path}: the history's directory {where or path.parent} is not a directory" + (
+            "; set FLEETCTL_HOME to a directory fleetctl may write" if where else ""))
     if "readonly" in low or "read-only" in low or isinstance(e, PermissionError):
         why = "it is read-only here (file, directory or file system); fleetctl report, metrics and campaign show " \
-              "read it as it is"
+              "read it as it is" + (f"; to keep one elsewhere, set FLEETCTL_HOME to a writable directory (now "
+                                    f"{where})" if where else "")
     elif "full" in low or "i/o" in low or "too large" in low:
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]  # a write past it fails (EFBIG) as on a full disk
         why = f"it cannot be written ({text}): " + (

@@ -17,7 +17,7 @@ from .campaign.journal import Journal, driven_elsewhere
 from .campaign.options import IDLE_TIMEOUT_S, CampaignOptions, IdleOptions, ProbeSettings
 from .errors import InputError, OperationError
 from .exitcodes import Exit
-from .store import Store
+from .store import Store, operator
 from .timefmt import parse as parse_time
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +214,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     plan.parse_target(opts.target)
     options = campaign_options(opts)
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
+    plan.blessed_for_some(fleet, base, opts.target)  # a dry run too: exit 2 before any host is contacted
     metrics = plan.canary_metrics(fleet, base, prometheus)  # a query that does not parse: before any host is touched
     journal = Journal(store)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as planning:
@@ -222,10 +223,9 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
             made["canary"] = {"metrics": metrics, "control": plan.control_cohorts(made), "judged_by_soak": True}
         hosts = sum(w["size"] for w in made["waves"])
         refused = not hosts and made["excluded"] and all(h["code"] in plan.REFUSED for h in made["excluded"])
-        # The command's code where no campaign starts; hosts left out with a reason are off the target: an
-        # unattended window must not report success.
-        code = Exit.OK if dry_run or hosts else Exit.USAGE if refused else \
-            Exit.FINDINGS if made["excluded"] else Exit.OK
+        # The command's code where no campaign starts, and a dry run's: what the plan implies (its facts may refuse
+        # every host the matrix let through: exit 2 then too).
+        code = Exit.USAGE if refused else plan.implied_exit(made) if dry_run or not hosts else Exit.OK
         summary = {"hosts": len(entries), "eligible": hosts, "waves": len(made["waves"]), "dry_run": dry_run}
         store.finish_run(planning.id, code, {**summary, "plan": made, "exit_code": code}, entries)
     if dry_run:
@@ -261,6 +261,8 @@ def driven(store: Store, journal: Journal, run_: runs.Run, cid: int, fleet: inve
             raise  # between two steps: runs.recorded marks the run interrupted
         stopped = e
     code = exit_code(journal, cid)
+    if summary.get("rollback") and code == Exit.ROLLED_BACK:
+        code = Exit.OK  # `fleetctl rollback` did what it was asked: a systemd OnFailure= must not fire
     closing = {**summary, "campaign": cid, "state": journal.campaign(cid)["state"], "exit_code": code}
     if stopped is None:
         store.close_run(run_.id, code, closing)
@@ -293,7 +295,7 @@ def campaign_row(journal: Journal, cid: int):
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
            window_s: float | None, live: Live | None,
            notifier: notify.Notifier | None = None, *, argv: list[str], prometheus: Any = None,
-           capacity_budget: float | None = None) -> tuple[Exit, str]:
+           capacity_budget: float | None = None, judgement: dict[str, Any] | None = None) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if c["state"] in transitions.CAMPAIGN_TERMINAL:
@@ -308,6 +310,8 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
             journal.update_options(cid, window_end=later(window_s))
         if capacity_budget is not None:
             new_budget(journal, cid, capacity_budget)
+        if judgement:
+            journal.note(cid, "judged", **judgement)
         if c["state"] == CampaignState.HALTED:
             accept_held(journal, cid)
         return driven(store, journal, run_, cid, fleet, base, live, notifier, {"resumed": True}, prometheus)
@@ -345,9 +349,27 @@ def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: 
     return max(codes), "".join(texts)
 
 
+def judge(store: Store, cid: int, decision: str, reason: str | None, inventory_path: str | None,
+          baseline_path: str | None, live: Live | None, notifier: notify.Notifier | None = None, *,
+          argv: list[str], prometheus: Any = None) -> tuple[Exit, str]:
+    """`fleetctl campaign judge ID --promote|--rollback`: a person's decision on a campaign halted for one (an
+    inconclusive gate, a canary metric not judged, the breaker, a closed window, the capacity budget), recorded as a
+    `judged` event (the decision, who decided, why, and the halt it answers), then carried out: promote as `campaign
+    resume` goes on (held hosts accepted, the next wave), rollback as `fleetctl rollback`."""
+    c = campaign_row(Journal(store), cid)
+    if c["state"] != CampaignState.HALTED:
+        raise InputError(f"campaign {cid} is {c['state']}: only a campaign halted for a person is judged "
+                         f"(fleetctl campaign show {cid})")
+    judgement = {"decision": decision, "by": operator(), "reason": reason, "halted": c["reason"]}
+    if decision == "promote":
+        return resume(store, cid, inventory_path, baseline_path, None, live, notifier, argv=argv,
+                      prometheus=prometheus, judgement=judgement)
+    return rollback(store, cid, inventory_path, baseline_path, live, notifier, argv=argv, judgement=judgement)
+
+
 def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
              live: Live | None, notifier: notify.Notifier | None = None, *,
-             argv: list[str]) -> tuple[Exit, str]:
+             argv: list[str], judgement: dict[str, Any] | None = None) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if ("%s" % c["state"], "rollback_requested") not in transitions.CAMPAIGN_TABLE:
@@ -357,7 +379,10 @@ def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: 
     journal.claim(cid)  # refused while another fleetctl drives it
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
     with runs.recorded(store, "campaign", argv, fleet, base, None) as run_:
-        request_rollback(journal, cid, "manual rollback (fleetctl rollback)")
+        if judgement:
+            journal.note(cid, "judged", **judgement)
+        request_rollback(journal, cid, f"rolled back by {judgement['by']}'s judgement (fleetctl campaign judge)"
+                         if judgement else "manual rollback (fleetctl rollback)")
         return driven(store, journal, run_, cid, fleet, base, live, notifier, {"rollback": True})
 
 

@@ -138,6 +138,33 @@ def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window, 
     campaign_end(text, code)
 
 
+@campaign.command("judge")
+@options.campaign_id()
+@click.option("--promote", "decision", flag_value="promote",
+              help="Go on: the held hosts are accepted and the next wave starts (as campaign resume).")
+@click.option("--rollback", "decision", flag_value="rollback",
+              help="Roll back every host the campaign changed (as fleetctl rollback).")
+@click.option("--reason", metavar="TEXT", help="Why, recorded with the decision (one line, at most 500 characters).")
+@options.inventory(options.OWN_INVENTORY_HELP)
+@options.baseline(options.OWN_BASELINE_HELP)
+@options.notifications
+@options.prometheus
+@documented("campaign judge")
+def campaign_judge(campaign_id, decision, reason, inventory_path, baseline) -> None:
+    """Decide a campaign halted for a person (an inconclusive gate, a canary metric not judged, the breaker, a
+    closed window, the capacity budget): --promote or --rollback, recorded with who decided and why, then carried
+    out. `campaign resume` of a halted campaign promotes without a recorded judgement."""
+    if decision is None:
+        raise click.UsageError("give --promote or --rollback")
+    if reason is not None and (len(reason) > 500 or not reason.isprintable()):
+        raise click.BadParameter("one printable line of at most 500 characters", param_hint="--reason")
+    with Store() as store:
+        code, text = upgrade_mod.judge(store, campaign_id, decision, reason, inventory_path, baseline,
+                                       campaign_view.live(terminal()), options.notifier(), argv=stored_argv(),
+                                       prometheus=options.prometheus_client())
+    campaign_end(text, code)
+
+
 @campaign.command("abort")
 @options.campaign_id()
 @documented("campaign abort")

@@ -91,6 +91,9 @@ def cli(ctx) -> None:
 
     Flags default to the config file's values ($FLEETCTL_CONFIG, ~/.config/fleetctl/config.yml or
     /etc/fleetctl/config.yml): `fleetctl config show`.
+
+    The history (every audit, plan, campaign and report's record) lives in $FLEETCTL_HOME, else
+    $XDG_STATE_HOME/fleetctl, else ~/.local/state/fleetctl.
     """
     if ctx.invoked_subcommand != "check":  # check reads no configuration file (it runs on the nodes)
         from . import config

@@ -193,9 +193,14 @@ def test_prometheus_stopped_during_the_soak_holds_the_campaign_and_resumed_it_co
     assert "Prometheus" in reason and lab.prometheus.split("//")[1] in reason and "canary.on_missing: hold" in reason
     assert_on(lab, "h100-01", TO) and assert_on(lab, "h100-02", FROM)
     wait_for_series(lab.prometheus, len(HOSTS))
-    resumed = lab.fleetctl("campaign", "resume", str(cid), "--prometheus-url", lab.prometheus, timeout=900)
+    resumed = lab.fleetctl("campaign", "judge", str(cid), "--promote", "--reason", "Prometheus was down for its "
+                           "upgrade", "--prometheus-url", lab.prometheus, timeout=900)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert show(lab, cid)["campaign"]["state"] == "done"
+    doc = show(lab, cid)
+    assert doc["campaign"]["state"] == "done"
+    judged = [e for e in events(lab, cid) if e["event"] == "judged"]
+    assert [(e["decision"], e["reason"], e["halted"]) for e in judged] == [
+        ("promote", "Prometheus was down for its upgrade", reason)] and judged[0]["by"].startswith("root"), judged
     for host in HOSTS:
         assert_on(lab, host, TO)
 

@@ -368,7 +368,7 @@ def test_module_reload_upgrades_and_rolls_back_without_rebooting(tmp_path):
         lab.inject("h100-02", "drm-in-use", "--restore")
         boots = {h: boot_id(lab, h) for h in names}
         back = lab.fleetctl("rollback", "1", "-b", str(baseline), timeout=900)
-        assert back.returncode == 4, back.stdout[-3000:] + back.stderr
+        assert back.returncode == 0, back.stdout[-3000:] + back.stderr  # a rollback that did its work succeeded
         hosts = hosts_of(show(lab))
         for h in names:
             assert hosts[h]["state"] == "rolled_back"
@@ -413,7 +413,7 @@ def test_dnf_hosts_upgrade_and_roll_back_held_by_versionlock(tmp_path):
         assert rpm_state(lab, "h100-01")["packages"]["nvidia-driver"] == f"{TO}-0lab1"
 
         back = lab.fleetctl("rollback", "1", timeout=900)
-        assert back.returncode == 4, back.stdout[-3000:] + back.stderr
+        assert back.returncode == 0, back.stdout[-3000:] + back.stderr
         for h in names:
             s = rpm_state(lab, h)
             assert s["packages"]["nvidia-driver"] == f"{FROM}-0lab1" and s["module"] == FROM, s

@@ -203,3 +203,23 @@ def test_a_budget_for_every_interrupted_campaign_at_once_is_one_line_and_exit_2(
     proc = fleetctl("campaign", "resume", "--interrupted", "--capacity-budget", "5", home=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "--capacity-budget" in proc.stderr and "CAMPAIGN_ID" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, why", [
+    (["1"], "give --promote or --rollback"),
+    (["1", "--promote", "--reason", "x" * 501], "--reason"),
+    (["1", "--promote"], "no campaign 1 in the history"),
+])
+def test_campaign_judge_takes_a_decision_on_a_campaign_in_the_history(tmp_path, args, why):
+    proc = fleetctl("campaign", "judge", *args, home=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and why in proc.stderr, proc.stderr
+
+
+def test_campaign_judge_refuses_a_campaign_not_halted_for_a_person(store, clock):  # noqa: F811 (the fixture)
+    """Only a halted campaign waits for a person's judgement; one that finished is refused in one line, unchanged."""
+    journal, cid, engine = start(store, Clocked(clock), ["a"], pace="host")
+    assert engine.run() == "done"
+    proc = fleetctl("campaign", "judge", str(cid), "--rollback", home=store.path.parent)
+    assert proc.returncode == 2 and proc.stderr == (f"fleetctl: error: campaign {cid} is done: only a campaign halted "
+                                                    f"for a person is judged (fleetctl campaign show {cid})\n")
+    assert journal.campaign(cid)["state"] == "done"

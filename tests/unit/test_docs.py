@@ -8,6 +8,7 @@ import html
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,15 +31,35 @@ def site(tmp_path_factory):
     """The site, built as CI builds it; a page's text by its path (`reference/controls`), without its tags and
     without white space (a code span's tags stand between words and brackets)."""
     out = tmp_path_factory.mktemp("site")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    proc = build(REPO, out)
     assert proc.returncode == 0, proc.stderr
 
     def page(path: str) -> str:
         text = (out / path / "index.html").read_text() if path else (out / "index.html").read_text()
         return squash(html.unescape(re.sub(r"<[^>]+>", "", text)))
     return page
+
+
+def build(root: Path, out: Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` in ROOT as a user runs it: without --quiet, which raises the log level past the
+    warnings strict mode aborts on (a dead link would pass). Its output is kept out of the test's log."""
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=root,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(REPO)})
+
+
+def test_a_dead_link_fails_the_build(tmp_path):
+    """What the site's build stands for: a link to an anchor that is not there aborts it, naming the link."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copytree(REPO / "docs", root / "docs")
+    shutil.copy(REPO / "mkdocs.yml", root)
+    for name in ("orchestrator", "collections", "schemas", "README.md"):
+        (root / name).symlink_to(REPO / name)
+    page = root / "docs" / "baseline.md"
+    page.write_text(page.read_text() + "\nSee [nothing](reference/baseline.md#no-such-anchor).\n")
+    proc = build(root, tmp_path / "site")
+    assert proc.returncode == 1 and "#no-such-anchor" in proc.stderr, proc.stderr
 
 
 def squash(text: str) -> str:

@@ -13,6 +13,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +122,38 @@ def test_a_run_a_dead_process_left_running_is_explained_then_closed_as_interrupt
         row = store.run(run_id)
         assert row["status"] == "interrupted" and "its process was gone" in json.loads(row["summary"])["error"]
         assert chain.verify(store.db).ok
+
+
+def as_someone_else():
+    """Run as an unprivileged user where the tests run as root (CI): a directory's mode binds them."""
+    if os.getuid() == 0:
+        os.setgid(65534)
+        os.setuid(65534)
+
+
+@pytest.mark.parametrize("made", ["file", "read-only"])
+def test_a_home_that_cannot_hold_the_history_is_one_line_naming_the_variable_and_the_fix(made):
+    """Issue 46: FLEETCTL_HOME a file gave `[Errno 20] Not a directory`; a read-only one did not say what to set."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # where another user may look
+        home = Path(tmp) / "home"
+        if made == "file":
+            home.write_text("not a directory\n")
+        else:
+            home.mkdir(mode=0o555)
+        env = dict(os.environ, FLEETCTL_HOME=str(home), FLEETCTL_CONFIG=os.devnull)
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "audit"], capture_output=True, text=True,
+                              env=env, cwd=REPO, timeout=120, preexec_fn=as_someone_else)
+        assert not (home / "history.sqlite3").exists()
+    assert proc.returncode == 74 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"fleetctl: error: {home}/history.sqlite3: the history"), proc.stderr
+    assert f"{home} (from $FLEETCTL_HOME)" in proc.stderr, proc.stderr
+    fix = "set FLEETCTL_HOME to a " + ("directory fleetctl may write" if made == "file" else "writable directory")
+    assert fix in proc.stderr, proc.stderr
+
+
+def test_the_help_says_where_the_history_lives():
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--help"], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, env=dict(os.environ, COLUMNS="200"))
+    assert "The history (every audit, plan, campaign and report's record) lives in $FLEETCTL_HOME, else" in \
+        " ".join(proc.stdout.split())

@@ -478,3 +478,39 @@ def test_verify_fails_a_control_that_passed_at_the_precheck_and_judges_the_targe
         "persistence.daemon: nvidia-persistenced is not running (it was pass at the pre-check)",
         "driver.cuda_support: driver 550 supports CUDA up to 12.4"]
     assert steps.changed_controls(entry_, {}) == []  # a campaign recorded before the precheck kept every finding
+
+
+def six_refusing_hosts(tmp_path) -> Path:
+    """Six hosts whose SSH port refuses every connection."""
+    inv = tmp_path / "refusing.ini"
+    inv.write_text("[gpu]\n" + "".join(f"gpu{n} ansible_host=127.0.0.1 ansible_port=1\n" for n in range(6)))
+    return inv
+
+
+@pytest.mark.parametrize("command", [["plan"], ["upgrade", "--dry-run"], ["upgrade", "--yes"]])
+@pytest.mark.parametrize("where", ["localhost", "refusing"])
+def test_a_target_no_baseline_blesses_is_refused_before_any_host_is_contacted(home, tmp_path, command, where):
+    """`upgrade --dry-run && upgrade --yes` cannot pass on a target the matrix refuses: the target is judged against
+    each host's groups in the baseline before the SSH pre-flight, and no run is recorded."""
+    inventory = ["-i", str(six_refusing_hosts(tmp_path))] if where == "refusing" else []
+    before = [tuple(r) for r in runs(home)]
+    proc = fleetctl(*command, "--to", "999.99.99", *inventory, home=home, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("fleetctl: error: no host may take 999.99.99: baseline does not bless 999.99.99 "
+                                  "for group all (driver.branches: 535, 550, 570, 580)"), proc.stderr
+    assert ("(6 of 6 hosts; others alike)" in proc.stderr) == (where == "refusing")
+    assert [tuple(r) for r in runs(home)] == before and proc.stdout == ""
+
+
+def test_a_dry_run_exits_with_the_code_its_plan_implies(home, tmp_path):
+    """Six unreachable hosts: 3, as `fleetctl plan` says, not 0 ("0 hosts in 0 waves"); localhost without a driver,
+    left out: 1, as the run itself would end."""
+    unreachable = fleetctl("upgrade", "--to", "580.95.05", "--dry-run", "-i", str(six_refusing_hosts(tmp_path)),
+                           home=home, timeout=120)
+    assert unreachable.returncode == 3, unreachable.stdout + unreachable.stderr
+    assert "0 hosts in 0 waves" in unreachable.stdout and unreachable.stdout.count("unreachable") == 6
+    planned = fleetctl("plan", "--to", "580.95.05", "-i", str(six_refusing_hosts(tmp_path)), home=home, timeout=120)
+    assert planned.returncode == 3
+    left_out = fleetctl("upgrade", "--to", "580.95.05", "--dry-run", home=home, timeout=120)
+    real = fleetctl("upgrade", "--to", "580.95.05", "--yes", home=home, timeout=120)
+    assert left_out.returncode == real.returncode == 1, left_out.stderr + real.stderr
