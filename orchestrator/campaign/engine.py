@@ -145,17 +145,14 @@ class Engine:
         rows = {h["host"]: h for h in self.journal.hosts(self.cid) if h["wave"] == wave}
         failed = sorted((h for h, r in rows.items() if r["state"] in transitions.FAILED),
                         key=lambda h: (rows[h]["reason"] or "").startswith(DOMAIN_PEER))  # who failed first
-        budget = self.plan["waves"][wave - 1]["budget"]
-        units, unit = {self.unit.get(h, h) for h in failed}, budget.get("unit", "host")
-        if failed and len(units) >= budget["fail_at"]:
+        units = {self.unit.get(h, h) for h in failed}
+        if over := self.over_budget(wave, failed, rows):
             everyone = self.journal.hosts(self.cid)
             moves = {"roll_back": [r["host"] for r in everyone
                                    if self.options.rollback_scope == "campaign" or r["wave"] == wave],
                      "cancel": [r["host"] for r in everyone if r["wave"] > wave]}
-            of = len({self.unit.get(h, h) for h in rows})
             self.journal.transition(self.cid, "wave_failed", moves=moves, wave=wave,
-                                    reason=f"wave {wave} failed ({len(units)} of {of} {unit}s, "
-                                           f"{budget['rule']}): {first_host(failed, rows)}")
+                                    reason=f"wave {wave} failed {over}: {first_host(failed, rows)}")
             return
         # within budget: only the failed hosts go back (with every host of their NVLink domains), the campaign goes on
         lone = [h for h, r in rows.items() if r["changed"] and self.unit.get(h, h) in units
@@ -222,6 +219,16 @@ class Engine:
         else:
             self.journal.transition(self.cid, "soaked", wave=c["wave"])
 
+    def over_budget(self, wave: int, failed: list[str], members: dict[str, Any]) -> str | None:
+        """Whether the FAILED hosts of WAVE (its MEMBERS, by name) reach its budget, counted in its unit (a host, or
+        an NVLink domain: self.unit): "(F of M units, the rule)", or None within it."""
+        budget = self.plan["waves"][wave - 1]["budget"]
+        units = {self.unit.get(h, h) for h in failed}
+        if not failed or len(units) < budget["fail_at"]:
+            return None
+        of = len({self.unit.get(h, h) for h in members})
+        return f"({len(units)} of {of} {budget.get('unit', 'host')}s, {budget['rule']})"
+
     def soak_failed(self, failures: dict[str, str]) -> bool:
         """Watched hosts failed a soak observation: each against its own wave's budget (the canary: any failure).
         Over a budget the campaign rolls back as for a failed wave (True); within, those hosts roll back alone and
@@ -235,12 +242,9 @@ class Engine:
         over = []
         for wave in sorted({r["wave"] for r in rows if r["host"] in failures}):
             members = [r for r in rows if r["wave"] == wave]
-            failed = {self.unit.get(r["host"], r["host"]) for r in members
-                      if r["state"] in transitions.FAILED or r["host"] in failures}
-            budget = self.plan["waves"][wave - 1]["budget"]
-            of, unit = len({self.unit.get(r["host"], r["host"]) for r in members}), budget.get("unit", "host")
-            if len(failed) >= budget["fail_at"]:
-                over.append(f"wave {wave} ({len(failed)} of {of} {unit}s, {budget['rule']})")
+            failed = [r["host"] for r in members if r["state"] in transitions.FAILED or r["host"] in failures]
+            if said := self.over_budget(wave, failed, {r["host"]: r for r in members}):
+                over.append(f"wave {wave} {said}")
         reasons = {h: r for h, r in failures.items()}
         text = first_host(sorted(failures), {h: {"reason": r} for h, r in failures.items()})
         if over:
