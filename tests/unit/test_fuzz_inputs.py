@@ -784,7 +784,13 @@ def test_odd_version_strings_from_a_host_give_findings(toolkit, package_versions
     facts["container_runtime"]["toolkit_version"] = toolkit
     facts["driver"]["packages"] = [{"name": "nvidia-container-toolkit", "version": v, "manager": "dpkg",
                                     "role": "container_toolkit", "held": False} for v in package_versions]
-    host_entry(facts)
+    entry = host_entry(facts)
+    # every control judged (none turned into an error by the odd text), the toolkit's naming what the host printed
+    assert entry["error"] is None and len(entry["findings"]) > 10, entry
+    assert not [f for f in entry["findings"] if f["status"] == "error"], entry["findings"]
+    (toolkit_finding,) = [f for f in entry["findings"] if f["control"] == "runtime.toolkit"]
+    if toolkit is not None:
+        assert toolkit_finding["status"] in ("pass", "fail") and toolkit in toolkit_finding["message"], toolkit_finding
 
 
 @st.composite
