@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from . import __version__
+from .campaign.transitions import Record
 
 GENESIS = "sha256:" + "0" * 64
 SCHEMA = """
@@ -65,11 +66,11 @@ def content(db: sqlite3.Connection, kind: str, ref: str) -> dict[str, Any] | Non
         return None
     out: dict[str, Any] = {"event": event[0]}
     data = json.loads(event[0]["data"])
-    if event[0]["event"] == "step_finished":  # the step's outcome and evidence are final once it finished
+    if event[0]["event"] == Record.STEP_FINISHED:  # the step's outcome and evidence are final once it finished
         out["step"] = _rows(db, "SELECT campaign_id, host, step, status, started_at, finished_at, reason, detail"
                                 " FROM campaign_steps WHERE campaign_id=? AND host=? AND step=?",
                             (cid, event[0]["host"], data["step"]))
-    if event[0]["event"] == "campaign_started":
+    if event[0]["event"] == Record.CAMPAIGN_STARTED:
         out["campaign"] = _rows(db, "SELECT id, run_id, target, plan, created_at FROM campaigns WHERE id=?", (cid,))
     return out
 

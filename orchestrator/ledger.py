@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import timefmt
-from .campaign.transitions import HostState
+from .campaign.transitions import HostState, Record
 
 
 @dataclass(frozen=True)
@@ -270,12 +270,12 @@ class Ledger:
         at, event, host, data = row[0], row[1], row[2], json.loads(row[3])
         source = f"campaign:{cid}:{seq}"
         reason = str(data.get("reason") or "")
-        if event == "step_finished" and data.get("outcome") == "fail":
+        if event == Record.STEP_FINISHED and data.get("outcome") == "fail":
             if reason.startswith("unreachable"):
                 self._add(at, host, "unreachable_at_step", None, f"{data.get('step')}: {reason}"[:300], source, ref)
             elif data.get("step") in GATE_STEPS:
                 self._add(at, host, "gate_failed", None, f"{data.get('step')}: {reason}"[:300], source, ref)
-        elif event == "soak_check_failed":
+        elif event == Record.SOAK_CHECK_FAILED:
             self._add(at, host, "gate_failed", None, f"soak {data.get('kind')}: {reason}"[:300], source, ref)
         if data.get("state") in HOST_STATES:
             self._add(at, host, HOST_STATES[data["state"]], None, f"campaign {cid}: {reason or data['state']}"[:300],

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from . import __version__
 from .audit import blocking
 from .campaign import capacity, transitions
-from .campaign.transitions import HostState
+from .campaign.transitions import HostState, Record
 from .campaign.journal import Journal
 from .exitcodes import Exit
 from .notify import Dispatch, Failure, Notifier, warn
@@ -43,27 +43,29 @@ class Note:
 
 
 NOTES = (
-    Note("started", ("campaign_started",), "a campaign was created", (("info", ""),)),
-    Note("wave_passed", ("wave_passed",), "a wave passed and the next starts after the soak", (("info", ""),)),
-    Note("host_failed", ("step_finished",), "a host's step failed (once per host, and once more if its rollback "
+    Note("started", (Record.CAMPAIGN_STARTED,), "a campaign was created", (("info", ""),)),
+    Note("wave_passed", (Record.WAVE_PASSED,), "a wave passed and the next starts after the soak", (("info", ""),)),
+    Note("host_failed", (Record.STEP_FINISHED,), "a host's step failed (once per host, and once more if its rollback "
          "fails), with the step's reason", (("warning", ""), ("critical", "a rollback step failed"))),
-    Note("node_left", ("slurm_node_left",), "`--drain-preset slurm`: fleetctl did not resume a node it had drained, "
-         "its Slurm state or reason no longer this campaign's; `action`: who resumes it", (("warning", ""),)),
-    Note("wave_failed", ("wave_failed", "soak_failed"), "a wave reached its failure budget (also by hosts failing "
-         "the soak): the campaign rolls back on its own", (("warning", ""),)),
-    Note("soak_failed", ("soak_check_failed",), "a host on the new driver failed a soak check or the end-of-soak "
+    Note("node_left", (Record.SLURM_NODE_LEFT,), "`--drain-preset slurm`: fleetctl did not resume a node it had "
+         "drained, its Slurm state or reason no longer this campaign's; `action`: who resumes it", (("warning", ""),)),
+    Note("wave_failed", (Record.WAVE_FAILED, Record.SOAK_FAILED), "a wave reached its failure budget (also by hosts "
+         "failing the soak): the campaign rolls back on its own", (("warning", ""),)),
+    Note("soak_failed", (Record.SOAK_CHECK_FAILED,), "a host on the new driver failed a soak check or the end-of-soak "
          "gate, with what was seen; no later wave starts, the campaign rolls it back", (("critical", ""),)),
-    Note("rolled_back", ("rollback_finished",), "the rollback finished",
+    Note("rolled_back", (Record.ROLLBACK_FINISHED,), "the rollback finished",
          (("warning", ""), ("critical", "a host's rollback failed"))),
-    Note("halted", ("host_held", "soak_held", "breaker_tripped"), "an inconclusive gate twice (hosts held for a "
-         "person), canary metrics that could not be judged at the end of a soak (`canary.on_missing: hold`), or the "
-         "campaign's failures within a window reached its circuit breaker (`campaign.breaker`), the hosts named; "
-         "`action`: `fleetctl campaign resume N` (accept them, go on) or `fleetctl rollback N`", (("critical", ""),)),
-    Note("window_closed", ("window_closed", "capacity_spent"), "no wave starts after `--window`, or no host is "
-         "drained past `--capacity-budget`; `action`: `fleetctl campaign resume N --window 2h` or `fleetctl rollback "
-         "N`", (("warning", ""),)),
-    Note("aborted", ("abort_requested",), "`fleetctl campaign abort` stopped it between waves", (("warning", ""),)),
-    Note("done", ("last_wave_passed",), "the last wave passed", (("info", ""), ("warning", "hosts failed or were "
+    Note("halted", (Record.HOST_HELD, Record.SOAK_HELD, Record.BREAKER_TRIPPED), "an inconclusive gate twice (hosts "
+         "held for a person), canary metrics that could not be judged at the end of a soak (`canary.on_missing: "
+         "hold`), or the campaign's failures within a window reached its circuit breaker (`campaign.breaker`), the "
+         "hosts named; `action`: `fleetctl campaign resume N` (accept them, go on) or `fleetctl rollback N`",
+         (("critical", ""),)),
+    Note("window_closed", (Record.WINDOW_CLOSED, Record.CAPACITY_SPENT), "no wave starts after `--window`, or no "
+         "host is drained past `--capacity-budget`; `action`: `fleetctl campaign resume N --window 2h` or `fleetctl "
+         "rollback N`", (("warning", ""),)),
+    Note("aborted", (Record.ABORT_REQUESTED,), "`fleetctl campaign abort` stopped it between waves",
+         (("warning", ""),)),
+    Note("done", (Record.LAST_WAVE_PASSED,), "the last wave passed", (("info", ""), ("warning", "hosts failed or were "
          "left out at plan"), ("critical", "a host's rollback failed"))),
     Note("findings", (), "`audit` or `probe` did not pass: controls failing at or above `--fail-on`, unhealthy or "
          "inconclusive hosts, unreachable hosts",
@@ -100,7 +102,7 @@ class CampaignNotes:
         self.dispatch: Dispatch = notifier.dispatch()
         self.reported: set[tuple[str, bool]] = set()  # (host, in rollback): one host_failed each
         history = journal.events(cid)
-        if [e["event"] for e in history] == ["campaign_started"]:  # created before this listener was added
+        if [e["event"] for e in history] == [Record.CAMPAIGN_STARTED]:  # created before this listener was added
             self(history[0])
 
     def __call__(self, record: dict[str, Any]) -> None:
@@ -124,9 +126,9 @@ class CampaignNotes:
         the listeners with the next flush, so the JSONL log keeps the history's order."""
         for failure in self.dispatch.take_failures():
             if later:
-                self.journal.note_later(self.cid, "notification_failed", **failure.record())
+                self.journal.note_later(self.cid, Record.NOTIFICATION_FAILED, **failure.record())
             else:
-                self.journal.note(self.cid, "notification_failed", **failure.record())
+                self.journal.note(self.cid, Record.NOTIFICATION_FAILED, **failure.record())
 
     def finish(self) -> None:
         """The campaign stopped (done, rolled back, halted): every event sent or failed, failures recorded."""
@@ -148,7 +150,7 @@ class CampaignNotes:
     def payload(self, r: dict[str, Any]) -> dict[str, Any] | None:
         """The event of journal record R (BY_RECORD), worded by the method of its name, or None."""
         event = BY_RECORD.get(r["event"])
-        if event is None or (r["event"] == "step_finished" and r.get("outcome") != "fail"):
+        if event is None or (r["event"] == Record.STEP_FINISHED and r.get("outcome") != "fail"):
             return None
         return getattr(self, event)(r)
 
@@ -271,10 +273,10 @@ class CampaignNotes:
         held = [h["host"] for h in self.journal.hosts(self.cid) if h["state"] == HostState.HELD]
         # a held soak (soak_held): the end-of-soak gate of the first held host, which the reason names
         gates = self.journal.soak_records(self.cid, gap=self.journal.campaign(self.cid)["wave"] - 1, kind="gate") \
-            if r["event"] == "soak_held" else []
+            if r["event"] == Record.SOAK_HELD else []
         seen = min((o for o in gates if o["detail"].get("hold")), key=lambda o: o["host"], default=None)
         look = (f"look at the failed hosts ({names(sorted(r.get('failures') or {}))}): {self.show()}; then go on"
-                if r["event"] == "breaker_tripped" else
+                if r["event"] == Record.BREAKER_TRIPPED else
                 f"look at the held hosts ({names(held)}): {self.show()}; then accept them and go on")
         return self.event(
             r, "halted", "critical", f"{self.head()} halted for a person: {r.get('reason')}",
@@ -283,7 +285,7 @@ class CampaignNotes:
             reason=r.get("reason"), **self.metrics(seen))
 
     def window_closed(self, r):
-        go_on = ("stop here: fleetctl campaign abort {cid}" if r["event"] == "capacity_spent" else
+        go_on = ("stop here: fleetctl campaign abort {cid}" if r["event"] == Record.CAPACITY_SPENT else
                  "go on in a new window: fleetctl campaign resume {cid} --window 2h").format(cid=self.cid)
         return self.event(r, "window_closed", "warning", f"{self.head()} halted: {r.get('reason')}",
                           f"{go_on}; or roll back: fleetctl rollback {self.cid}", reason=r.get("reason"))

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from . import (audit, baseline as baseline_mod, domains, gate, interrupts, inventory, notify, notify_events,
                offenders, plan, runner, runs, settings)
 from .campaign import capacity, hooks, packages, progress, scheduler, soak, steps, transitions
-from .campaign.transitions import CampaignState, HostState
+from .campaign.transitions import CampaignState, HostState, Record
 from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .campaign.options import IDLE_TIMEOUT_S, CampaignOptions, IdleOptions, ProbeSettings
@@ -184,7 +184,7 @@ def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod
         if journal.campaign(cid)["state"] not in transitions.CAMPAIGN_AT_WORK:
             raise  # it had stopped: only its last notifications were cut short (notification_failed says which)
         with interrupts.deferred():
-            journal.note(cid, "interrupted", signal=e.name, state=journal.campaign(cid)["state"])
+            journal.note(cid, Record.INTERRUPTED, signal=e.name, state=journal.campaign(cid)["state"])
         e.hint = f"campaign {cid} stopped between steps; go on with: fleetctl campaign resume {cid}"
         raise
 
@@ -311,7 +311,7 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
         if capacity_budget is not None:
             new_budget(journal, cid, capacity_budget)
         if judgement:
-            journal.note(cid, "judged", **judgement)
+            journal.note(cid, Record.JUDGED, **judgement)
         if c["state"] == CampaignState.HALTED:
             accept_held(journal, cid)
         return driven(store, journal, run_, cid, fleet, base, live, notifier, {"resumed": True}, prometheus)
@@ -322,7 +322,7 @@ def new_budget(journal: Journal, cid: int, node_hours: float) -> None:
     start, as the first): one that halted on its budget goes on under a larger one. Recorded as an event."""
     was = CampaignOptions.from_dict(json.loads(journal.campaign(cid)["options"])).capacity_budget_node_hours
     journal.update_options(cid, capacity_budget_node_hours=node_hours)
-    journal.note(cid, "capacity_budget_changed", node_hours=node_hours, was=was)
+    journal.note(cid, Record.CAPACITY_BUDGET_CHANGED, node_hours=node_hours, was=was)
 
 
 def interrupted(journal: Journal) -> list[int]:
@@ -372,7 +372,7 @@ def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: 
              argv: list[str], judgement: dict[str, Any] | None = None) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
-    if ("%s" % c["state"], "rollback_requested") not in transitions.CAMPAIGN_TABLE:
+    if ("%s" % c["state"], Record.ROLLBACK_REQUESTED) not in transitions.CAMPAIGN_TABLE:
         raise InputError(f"campaign {cid} is {c['state']}: "
                          + ("resume it first" if c["state"] in transitions.CAMPAIGN_AT_WORK
                             else "nothing to roll back"))
@@ -380,7 +380,7 @@ def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: 
     fleet, base = load_for(store, journal, cid, inventory_path, baseline_path)
     with runs.recorded(store, "campaign", argv, fleet, base, None) as run_:
         if judgement:
-            journal.note(cid, "judged", **judgement)
+            journal.note(cid, Record.JUDGED, **judgement)
         request_rollback(journal, cid, f"rolled back by {judgement['by']}'s judgement (fleetctl campaign judge)"
                          if judgement else "manual rollback (fleetctl rollback)")
         return driven(store, journal, run_, cid, fleet, base, live, notifier, {"rollback": True})
@@ -404,7 +404,7 @@ def abort(store: Store, cid: int) -> str:
     if midway:
         raise InputError(f"campaign {cid} stopped with hosts mid-way: {', '.join(midway)}; "
                          f"resume it (fleetctl campaign resume {cid}) or roll it back after")
-    journal.transition(cid, "abort_requested", reason="aborted by the operator",
+    journal.transition(cid, Record.ABORT_REQUESTED, reason="aborted by the operator",
                        moves={"abandon": [r["host"] for r in journal.hosts(cid)]})
     return f"campaign {cid}: aborted\n" + release_reservations(journal, cid)
 
@@ -497,7 +497,7 @@ def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
     soaks (planning before the first event is not in the span)."""
     steps: dict[str, dict[str, float]] = {}
     for e in events:
-        if e["event"] == "batch_finished":
+        if e["event"] == Record.BATCH_FINISHED:
             t = steps.setdefault(e["step"], {"batch_s": 0.0, "ansible_s": 0.0, "batches": 0})
             t["batch_s"] += e["batch_s"]
             t["ansible_s"] += e["ansible_s"]
@@ -505,11 +505,12 @@ def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
     stamp = lambda e: parse_time(e["at"]).timestamp()  # noqa: E731
     soak, soak_from = 0.0, None
     for e in events:
-        if e["event"] == "wave_passed":
+        if e["event"] == Record.WAVE_PASSED:
             soak_from = stamp(e)
-        elif e["event"] in ("soaked", "soak_failed", "window_closed", "abort_requested") and soak_from is not None:
+        elif soak_from is not None and e["event"] in (Record.SOAKED, Record.SOAK_FAILED, Record.WINDOW_CLOSED,
+                                                      Record.ABORT_REQUESTED):
             soak, soak_from = soak + stamp(e) - soak_from, None
-    worked = [e for e in events if e["event"] != "notification_failed"]  # recorded after the last delivery try
+    worked = [e for e in events if e["event"] != Record.NOTIFICATION_FAILED]  # recorded after the last delivery try
     span = stamp(worked[-1]) - stamp(worked[0]) if worked else 0.0
     hooks_s = sum(t["batch_s"] for k, t in steps.items() if k in HOOK_STEPS)
     in_ansible = sum(t["ansible_s"] for t in steps.values())

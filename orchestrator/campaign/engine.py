@@ -19,7 +19,7 @@ from ..store import Store, now
 from ..timefmt import parse as parse_time, stamp
 from . import capacity, scheduler, soak, steps, transitions
 from .journal import Journal
-from .transitions import IN_ROLLBACK, OUT_OF_SERVICE, WAIT, WAITING, CampaignState, HostState
+from .transitions import IN_ROLLBACK, OUT_OF_SERVICE, WAIT, WAITING, CampaignState, HostState, Record
 from .options import Campaign
 
 
@@ -120,7 +120,7 @@ class Engine:
                 self.soak(c)
             elif c["state"] == CampaignState.ROLLING_BACK:
                 self.advance(self.hosts_in_rollback())
-                self.journal.transition(self.cid, "rollback_finished", summary=self.tally())
+                self.journal.transition(self.cid, Record.ROLLBACK_FINISHED, summary=self.tally())
             else:
                 return CampaignState(c["state"])
 
@@ -129,10 +129,10 @@ class Engine:
         members = [h["host"] for h in self.journal.hosts(self.cid) if h["wave"] == wave]
         untouched = self.untouched(wave)
         if untouched and c["abort_requested"]:
-            self.journal.transition(self.cid, "abort_requested", reason="aborted by the operator", wave=wave)
+            self.journal.transition(self.cid, Record.ABORT_REQUESTED, reason="aborted by the operator", wave=wave)
             return
         if untouched and self.window_closed():
-            self.journal.transition(self.cid, "window_closed", wave=wave,
+            self.journal.transition(self.cid, Record.WINDOW_CLOSED, wave=wave,
                                     reason=f"the maintenance window closed at {self.options.window_end} "
                                            f"before wave {wave}")
             return
@@ -140,7 +140,7 @@ class Engine:
             return
         self.advance(members)
         if self.spent:
-            self.journal.transition(self.cid, "capacity_spent", wave=wave, reason=f"wave {wave}: {self.spent}")
+            self.journal.transition(self.cid, Record.CAPACITY_SPENT, wave=wave, reason=f"wave {wave}: {self.spent}")
             return
         rows = {h["host"]: h for h in self.journal.hosts(self.cid) if h["wave"] == wave}
         failed = sorted((h for h, r in rows.items() if r["state"] in transitions.FAILED),
@@ -151,26 +151,27 @@ class Engine:
             moves = {"roll_back": [r["host"] for r in everyone
                                    if self.options.rollback_scope == "campaign" or r["wave"] == wave],
                      "cancel": [r["host"] for r in everyone if r["wave"] > wave]}
-            self.journal.transition(self.cid, "wave_failed", moves=moves, wave=wave,
+            self.journal.transition(self.cid, Record.WAVE_FAILED, moves=moves, wave=wave,
                                     reason=f"wave {wave} failed {over}: {first_host(failed, rows)}")
             return
         # within budget: only the failed hosts go back (with every host of their NVLink domains), the campaign goes on
         lone = [h for h, r in rows.items() if r["changed"] and self.unit.get(h, h) in units
                 and r["state"] in (HostState.FAILED, HostState.DONE)]
         if lone:
-            self.journal.move(self.cid, "host_rollback", {"roll_back": lone}, reason="failed within the wave's budget")
+            self.journal.move(self.cid, Record.HOST_ROLLBACK, {"roll_back": lone},
+                              reason="failed within the wave's budget")
             self.advance(lone)
             return self.run_wave(self.journal.campaign(self.cid))
         if self.tripped(wave=wave):
             return
         held = [h for h, r in rows.items() if r["state"] == HostState.HELD]
         if held:
-            self.journal.transition(self.cid, "host_held", wave=wave,
+            self.journal.transition(self.cid, Record.HOST_HELD, wave=wave,
                                     reason=f"inconclusive gate, measured twice: {first_host(held, rows)}")
         elif wave == len(self.plan["waves"]):
-            self.journal.transition(self.cid, "last_wave_passed", wave=wave, summary=self.tally())
+            self.journal.transition(self.cid, Record.LAST_WAVE_PASSED, wave=wave, summary=self.tally())
         else:
-            self.journal.transition(self.cid, "wave_passed", wave=wave + 1,
+            self.journal.transition(self.cid, Record.WAVE_PASSED, wave=wave + 1,
                                     soak_until=self.later(self.options.soak_length(wave)), failed=failed)
 
     def soak(self, c) -> None:
@@ -188,7 +189,7 @@ class Engine:
                     return
                 continue
             if self.journal.campaign(self.cid)["abort_requested"]:
-                self.journal.transition(self.cid, "abort_requested", reason="aborted by the operator")
+                self.journal.transition(self.cid, Record.ABORT_REQUESTED, reason="aborted by the operator")
                 return
             hosts = soak.watched(self.journal, self.cid) if watching else []
             now_ = self.clock.now()
@@ -210,14 +211,14 @@ class Engine:
             self.clock.sleep(min(self.clock.look_s, max(0.05, (wake - now_).total_seconds())))
         held = soak.held(self.journal, self.cid, gap) if watching else {}
         if held:  # the canary metrics could not be judged and the baseline says hold: a person decides
-            self.journal.transition(self.cid, "soak_held", reason=f"the soak after wave {gap} is held: "
+            self.journal.transition(self.cid, Record.SOAK_HELD, reason=f"the soak after wave {gap} is held: "
                                     + first_host(sorted(held), {h: {"reason": r} for h, r in held.items()}))
         elif self.window_closed():
-            self.journal.transition(self.cid, "window_closed",
+            self.journal.transition(self.cid, Record.WINDOW_CLOSED,
                                     reason=f"the maintenance window closed at {self.options.window_end} "
                                            f"before wave {c['wave']}")
         else:
-            self.journal.transition(self.cid, "soaked", wave=c["wave"])
+            self.journal.transition(self.cid, Record.SOAKED, wave=c["wave"])
 
     def over_budget(self, wave: int, failed: list[str], members: dict[str, Any]) -> str | None:
         """Whether the FAILED hosts of WAVE (its MEMBERS, by name) reach its budget, counted in its unit (a host, or
@@ -252,11 +253,11 @@ class Engine:
             moves = {"roll_back": [r["host"] for r in rows
                                    if self.options.rollback_scope == "campaign" or r["wave"] in failed_waves],
                      "cancel": [r["host"] for r in rows if r["wave"] >= c["wave"]]}
-            self.journal.transition(self.cid, "soak_failed", moves=moves, host_reasons=reasons, wave=c["wave"] - 1,
+            self.journal.transition(self.cid, Record.SOAK_FAILED, moves=moves, host_reasons=reasons, wave=c["wave"] - 1,
                                     reason=f"the soak after wave {c['wave'] - 1} failed, over the budget of "
                                            f"{', '.join(over)}: {text}")
             return True
-        self.journal.transition(self.cid, "soak_host_failed", moves={"roll_back": list(failures)},
+        self.journal.transition(self.cid, Record.SOAK_HOST_FAILED, moves={"roll_back": list(failures)},
                                 host_reasons=reasons, soak_until=c["soak_until"],
                                 reason=f"failed during the soak, within the wave's budget: {text}")
         self.advance(sorted(failures))
@@ -271,7 +272,8 @@ class Engine:
         if not b:
             return False
         since = parse_time(now()).timestamp() - b["within_s"]
-        named = {h for e in self.journal.events(self.cid) if e["event"] == "breaker_tripped" for h in e["failures"]}
+        named = {h for e in self.journal.events(self.cid) if e["event"] == Record.BREAKER_TRIPPED
+                 for h in e["failures"]}
         failed: dict[str, tuple[float, str]] = {}  # host -> (when, what failed: the step or the soak, and why)
         changed = set()
         for s in self.journal.steps(self.cid):
@@ -292,7 +294,8 @@ class Engine:
                 f" = {limit}" if b["percent"] else f"{limit}")
         shown = ", ".join(f"{h} ({what})" for _, h, what in counted[:BREAKER_NAMES])
         more = f" (+{len(counted) - BREAKER_NAMES} more hosts)" if len(counted) > BREAKER_NAMES else ""
-        self.journal.transition(self.cid, "breaker_tripped", failures={h: what.split(":")[0] for _, h, what in counted},
+        self.journal.transition(self.cid, Record.BREAKER_TRIPPED,
+                                failures={h: what.split(":")[0] for _, h, what in counted},
                                 reason=f"the circuit breaker tripped: {len(counted)} hosts failed within "
                                        f"{b['within']} (halts at >= {rule}): {shown}{more}", **data)
         return True
@@ -322,10 +325,10 @@ class Engine:
         except (InputError, OperationError) as e:
             if c["state"] == CampaignState.RUNNING and wave == 1 and self.untouched(wave):
                 reason = f"--drain-mode reservation: {e}"
-                self.journal.transition(self.cid, "abort_requested", reason=reason, wave=wave,
+                self.journal.transition(self.cid, Record.ABORT_REQUESTED, reason=reason, wave=wave,
                                         moves={"abandon": [r["host"] for r in self.journal.hosts(self.cid)]})
                 raise InputError(reason) from None
-            self.journal.note(self.cid, "reservation_failed", wave=wave, reason=str(e))
+            self.journal.note(self.cid, Record.RESERVATION_FAILED, wave=wave, reason=str(e))
         self.held_for = (c["state"], wave)
 
     def canary_start(self, c) -> datetime:
@@ -475,7 +478,7 @@ class Engine:
         waiting = len(members) - len({self.unit.get(h, h) for h in chosen})
         if why and self.paced != (why, waiting):
             self.paced = (why, waiting)
-            self.journal.note(self.cid, "paced", waiting=waiting, out_of_service=len(out_now),
+            self.journal.note(self.cid, Record.PACED, waiting=waiting, out_of_service=len(out_now),
                               reason=f"{waiting} waiting to be drained: {why}")
         # the budget spent with nothing out of service: waiting gives nothing back, the campaign halts (run_wave)
         self.spent = budget if budget and not chosen and not out_now else None
@@ -529,7 +532,7 @@ class Engine:
             self.journal.finish_step(self.cid, host, step, o.outcome, o.reason, o.detail, o.before)
             finished.append(host)
         if finished:
-            self.journal.note(self.cid, "batch_finished", step=step, batch=finished,
+            self.journal.note(self.cid, Record.BATCH_FINISHED, step=step, batch=finished,
                               batch_s=round(self.clock.monotonic() - started, 3), ansible_s=round(in_ansible, 3))
             self.stop_domains(scope)
 
@@ -544,7 +547,7 @@ class Engine:
                        and rows[h]["state"] not in transitions.IN_ROLLBACK)
         if peers:
             first = failed[self.unit[peers[0]]]
-            self.journal.move(self.cid, "domain_peer_failed", {"stop": peers, "release": peers, "fail": peers},
+            self.journal.move(self.cid, Record.DOMAIN_PEER_FAILED, {"stop": peers, "release": peers, "fail": peers},
                               reason=f"{DOMAIN_PEER}{self.unit[first]}: {first} failed "
                                      f"({rows[first]['reason'] or rows[first]['state']}): the domain moves as one",
                               host_reason=True)
@@ -574,11 +577,11 @@ def first_host(hosts: list[str], rows: Mapping[str, Mapping[str, str | None]]) -
 
 def request_rollback(journal: Journal, cid: int, reason: str) -> None:
     """fleetctl rollback: every host the campaign changed goes back (its locks are taken again first)."""
-    journal.transition(cid, "rollback_requested", reason=reason, lock=True,
+    journal.transition(cid, Record.ROLLBACK_REQUESTED, reason=reason, lock=True,
                        moves={"roll_back": [r["host"] for r in journal.hosts(cid)]})
 
 
 def accept_held(journal: Journal, cid: int) -> None:
     """fleetctl campaign resume of a halted campaign: the operator accepts held hosts (they are undrained)."""
     held = [r["host"] for r in journal.hosts(cid) if r["state"] == HostState.HELD]
-    journal.transition(cid, "resumed", reason=None, moves={"accept": held}, accepted=held, at=now())
+    journal.transition(cid, Record.RESUMED, reason=None, moves={"accept": held}, accepted=held, at=now())

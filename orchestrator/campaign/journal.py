@@ -20,6 +20,7 @@ from ..errors import OperationError
 from .. import chain
 from ..store import Store, now, operator, process_alive, process_identity
 from . import transitions
+from .transitions import Record
 from .options import Campaign, CampaignOptions
 
 SCHEMA = """
@@ -166,7 +167,7 @@ class Journal:
                     db.execute("INSERT INTO campaign_hosts (campaign_id, host, wave, position, state, updated_at)"
                                " VALUES (?, ?, ?, ?, ?, ?)",
                                (cid, h["name"], wave["index"], position, transitions.HOST_START, stamp))
-            self._event(db, cid, "campaign_started", target=plan["target"],
+            self._event(db, cid, Record.CAMPAIGN_STARTED, target=plan["target"],
                         waves=[[h["name"] for h in w["hosts"]] for w in plan["waves"]], locked_elsewhere=locked)
         self._flush()
         return cid, locked
@@ -256,7 +257,7 @@ class Journal:
     def request_abort(self, cid: int) -> None:
         with self.tx() as db:
             db.execute("UPDATE campaigns SET abort_requested=1 WHERE id=?", (cid,))
-            self._event(db, cid, "abort_requested_by_operator")
+            self._event(db, cid, Record.ABORT_REQUESTED_BY_OPERATOR)
         self._flush()
 
     # ---- hosts and steps -------------------------------------------------------------------------------
@@ -311,7 +312,7 @@ class Journal:
                     raise RuntimeError(f"{host}: step {step} already finished ({row[0]}); it is never run twice")
                 if transitions.HOST_ROWS[state].changes_host:
                     db.execute("UPDATE campaign_hosts SET changed=1 WHERE campaign_id=? AND host=?", (cid, host))
-                self._event(db, cid, "step_started", host, step=step, resumed=row is not None)
+                self._event(db, cid, Record.STEP_STARTED, host, step=step, resumed=row is not None)
         self._flush()
 
     def finish_step(self, cid: int, host: str, step: str, outcome: str, reason: str | None,
@@ -328,7 +329,7 @@ class Journal:
             db.execute("UPDATE campaign_hosts SET state=?, reason=CASE WHEN ? IN ('ok', 'skip') THEN reason ELSE ? END,"
                        " before=COALESCE(?, before), updated_at=? WHERE campaign_id=? AND host=?",
                        (new, outcome, reason, json.dumps(before, sort_keys=True) if before else None, now(), cid, host))
-            self._event(db, cid, "step_finished", host, step=step, outcome=outcome, reason=reason, state=new)
+            self._event(db, cid, Record.STEP_FINISHED, host, step=step, outcome=outcome, reason=reason, state=new)
         self._flush()
         return new
 
@@ -376,7 +377,7 @@ class Journal:
                 db.execute("INSERT INTO campaign_soak (campaign_id, gap, host, kind, at, status, reason, detail)"
                            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                            (cid, gap, host, kind, stamp, o.status, o.reason, json.dumps(o.detail, sort_keys=True)))
-            self._event(db, cid, "soak_check", kind=kind, gap=gap,
+            self._event(db, cid, Record.SOAK_CHECK, kind=kind, gap=gap,
                         ok=sorted(h for h, o in observations.items() if o.status == "ok"),
                         unreachable=sorted(h for h, o in observations.items() if o.status == "unreachable"),
                         failed={h: o.reason for h, o in sorted(observations.items()) if o.status == "fail"},
@@ -384,7 +385,7 @@ class Journal:
                               if o.detail.get("seen")})
             for host, o in sorted(observations.items()):
                 if o.status == "fail":
-                    self._event(db, cid, "soak_check_failed", host, kind=kind, gap=gap, reason=o.reason)
+                    self._event(db, cid, Record.SOAK_CHECK_FAILED, host, kind=kind, gap=gap, reason=o.reason)
         self._flush()
 
     def soak_records(self, cid: int, host: str | None = None, gap: int | None = None,

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from ..errors import stdout_failed
 from ..sanitize import clean_line
 from ..store import home
+from .transitions import Record
 
 def log_path(cid: int) -> Path:
     return home() / "campaigns" / f"{cid}.jsonl"
@@ -50,22 +51,22 @@ class EventLog:
 
 def describe(record: dict[str, Any]) -> str:
     e = record["event"]
-    if e == "step_started":
+    if e == Record.STEP_STARTED:
         return f"{record['step']} started" + (" (resumed after an interruption)" if record.get("resumed") else "")
-    if e == "step_finished":
+    if e == Record.STEP_FINISHED:
         text = f"{record['step']} {record['outcome']} -> {record['state']}"
         return text + (f": {record['reason']}" if record.get("reason") else "")
-    if e == "batch_finished":
+    if e == Record.BATCH_FINISHED:
         return (f"{record['step']} of {len(record['batch'])} host{'s' if len(record['batch']) != 1 else ''} took "
                 f"{record['batch_s']:.1f}s ({record['ansible_s']:.1f}s in ansible-playbook)")
-    if e == "soak_check":
+    if e == Record.SOAK_CHECK:
         what = "end-of-soak gate" if record["kind"] == "gate" else "soak check"
         parts = [f"{len(record['ok'])} ok"] + [f"{h} unreachable" for h in record["unreachable"]]
         parts += [f"{h} FAILED: {reason}" for h, reason in record["failed"].items()]
         parts += [f"{h} saw: {'; '.join(seen)}" for h, seen in record.get("seen", {}).items()
                   if h not in record["failed"]]
         return f"{what} after wave {record['gap']}: " + "; ".join(parts)
-    if e == "campaign_started":
+    if e == Record.CAMPAIGN_STARTED:
         return f"campaign to {record['target']}: " + " | ".join(
             f"wave {i}: {', '.join(hosts)}" for i, hosts in enumerate(record["waves"], 1))
     text = e.replace("_", " ")

@@ -56,7 +56,47 @@ class CampaignState(StrEnum):
     ABORTED = "aborted"
 
 
-H, C = HostState, CampaignState
+class Record(StrEnum):
+    """The names of a campaign's records in the journal (its events: the history, the JSONL log and the
+    notifications read the very same strings)."""
+    # the campaign's own transitions (CAMPAIGN_TABLE) and the moves of hosts between the tables (EVENT_MOVES)
+    CAMPAIGN_STARTED = "campaign_started"
+    WAVE_PASSED = "wave_passed"
+    LAST_WAVE_PASSED = "last_wave_passed"
+    WAVE_FAILED = "wave_failed"
+    HOST_HELD = "host_held"
+    ABORT_REQUESTED = "abort_requested"
+    SOAKED = "soaked"
+    SOAK_FAILED = "soak_failed"
+    SOAK_HOST_FAILED = "soak_host_failed"
+    WINDOW_CLOSED = "window_closed"
+    SOAK_HELD = "soak_held"
+    CAPACITY_SPENT = "capacity_spent"
+    BREAKER_TRIPPED = "breaker_tripped"
+    RESUMED = "resumed"
+    ROLLBACK_REQUESTED = "rollback_requested"
+    ROLLBACK_FINISHED = "rollback_finished"
+    HOST_ROLLBACK = "host_rollback"
+    DOMAIN_PEER_FAILED = "domain_peer_failed"
+    # a host's steps, and the batches that run them
+    STEP_STARTED = "step_started"
+    STEP_FINISHED = "step_finished"
+    BATCH_FINISHED = "batch_finished"
+    # notes: what happened, no state changed
+    SOAK_CHECK = "soak_check"
+    SOAK_CHECK_FAILED = "soak_check_failed"
+    PACED = "paced"
+    RESERVATION_FAILED = "reservation_failed"
+    SLURM_RESERVATION = "slurm_reservation"  # --drain-preset slurm: this campaign made (is making) the one it names
+    SLURM_NODE_LEFT = "slurm_node_left"  # a node it drained is no longer its own in Slurm: not resumed by it
+    ABORT_REQUESTED_BY_OPERATOR = "abort_requested_by_operator"
+    CAPACITY_BUDGET_CHANGED = "capacity_budget_changed"
+    JUDGED = "judged"
+    INTERRUPTED = "interrupted"
+    NOTIFICATION_FAILED = "notification_failed"
+
+
+H, C, R = HostState, CampaignState, Record
 
 
 @dataclass(frozen=True)
@@ -185,14 +225,14 @@ MOVES = {
 # The events that move hosts between the tables, and how; Journal.transition (and Journal.move, for a host's own
 # rollback within its wave's budget) apply them in the event's transaction, in this order.
 EVENT_MOVES = {
-    "wave_failed":        ("roll_back", "cancel"),
-    "soak_failed":        ("roll_back", "cancel"),
-    "soak_host_failed":   ("roll_back",),
-    "host_rollback":      ("roll_back",),
-    "domain_peer_failed": ("stop", "release", "fail"),
-    "rollback_requested": ("roll_back",),
-    "resumed":            ("accept",),
-    "abort_requested":    ("abandon",),
+    R.WAVE_FAILED:            ("roll_back", "cancel"),
+    R.SOAK_FAILED:            ("roll_back", "cancel"),
+    R.SOAK_HOST_FAILED:       ("roll_back",),
+    R.HOST_ROLLBACK:          ("roll_back",),
+    R.DOMAIN_PEER_FAILED:     ("stop", "release", "fail"),
+    R.ROLLBACK_REQUESTED:     ("roll_back",),
+    R.RESUMED:                ("accept",),
+    R.ABORT_REQUESTED:        ("abandon",),
 }
 
 
@@ -207,35 +247,35 @@ def moves_for(event: str, moves: dict[str, list[str]]) -> list[tuple[str, Move, 
 
 CAMPAIGN_TABLE = {
     # (state, event)                      -> next state
-    (C.RUNNING, "wave_passed"):           C.SOAKING,
-    (C.RUNNING, "last_wave_passed"):      C.DONE,
-    (C.RUNNING, "wave_failed"):           C.ROLLING_BACK,
-    (C.RUNNING, "host_held"):             C.HALTED,
-    (C.RUNNING, "abort_requested"):       C.ABORTED,
-    (C.SOAKING, "soaked"):                C.RUNNING,
+    (C.RUNNING, R.WAVE_PASSED):           C.SOAKING,
+    (C.RUNNING, R.LAST_WAVE_PASSED):      C.DONE,
+    (C.RUNNING, R.WAVE_FAILED):           C.ROLLING_BACK,
+    (C.RUNNING, R.HOST_HELD):             C.HALTED,
+    (C.RUNNING, R.ABORT_REQUESTED):       C.ABORTED,
+    (C.SOAKING, R.SOAKED):                C.RUNNING,
     # the watched soak (campaign/soak.py): a changed host failed a check; over its wave's budget the campaign
     # rolls back (scope as for a failed wave), within it that host rolls back alone and the soak goes on
-    (C.SOAKING, "soak_failed"):           C.ROLLING_BACK,
-    (C.SOAKING, "soak_host_failed"):      C.SOAKING,
-    (C.SOAKING, "window_closed"):         C.HALTED,
+    (C.SOAKING, R.SOAK_FAILED):           C.ROLLING_BACK,
+    (C.SOAKING, R.SOAK_HOST_FAILED):      C.SOAKING,
+    (C.SOAKING, R.WINDOW_CLOSED):         C.HALTED,
     # the canary metrics could not be judged at the end of the soak and the baseline's canary.on_missing is hold:
     # a person decides (campaign resume goes on with the next wave, rollback takes the changed hosts back)
-    (C.SOAKING, "soak_held"):             C.HALTED,
-    (C.SOAKING, "abort_requested"):       C.ABORTED,
-    (C.RUNNING, "window_closed"):         C.HALTED,
+    (C.SOAKING, R.SOAK_HELD):             C.HALTED,
+    (C.SOAKING, R.ABORT_REQUESTED):       C.ABORTED,
+    (C.RUNNING, R.WINDOW_CLOSED):         C.HALTED,
     # --capacity-budget spent with no host out of service: waiting gives nothing back; a person decides (abort,
     # rollback, or resume to try again: each resume drains no host the budget does not allow)
-    (C.RUNNING, "capacity_spent"):        C.HALTED,
+    (C.RUNNING, R.CAPACITY_SPENT):        C.HALTED,
     # the circuit breaker (baseline campaign.breaker): the campaign's failures within its window, across waves each
     # within its own budget, reached its limit; a person decides (resume goes on, counting only later failures)
-    (C.RUNNING, "breaker_tripped"):       C.HALTED,
-    (C.SOAKING, "breaker_tripped"):       C.HALTED,
-    (C.HALTED, "resumed"):                C.RUNNING,
-    (C.HALTED, "abort_requested"):        C.ABORTED,
-    (C.HALTED, "rollback_requested"):     C.ROLLING_BACK,
-    (C.DONE, "rollback_requested"):       C.ROLLING_BACK,
-    (C.ABORTED, "rollback_requested"):    C.ROLLING_BACK,
-    (C.ROLLING_BACK, "rollback_finished"): C.ROLLED_BACK,
+    (C.RUNNING, R.BREAKER_TRIPPED):       C.HALTED,
+    (C.SOAKING, R.BREAKER_TRIPPED):       C.HALTED,
+    (C.HALTED, R.RESUMED):                C.RUNNING,
+    (C.HALTED, R.ABORT_REQUESTED):        C.ABORTED,
+    (C.HALTED, R.ROLLBACK_REQUESTED):     C.ROLLING_BACK,
+    (C.DONE, R.ROLLBACK_REQUESTED):       C.ROLLING_BACK,
+    (C.ABORTED, R.ROLLBACK_REQUESTED):    C.ROLLING_BACK,
+    (C.ROLLING_BACK, R.ROLLBACK_FINISHED): C.ROLLED_BACK,
 }
 CAMPAIGN_START = C.RUNNING
 CAMPAIGN_TERMINAL = (C.DONE, C.ROLLED_BACK, C.ABORTED)

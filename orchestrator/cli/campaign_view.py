@@ -15,7 +15,7 @@ from .. import timefmt, upgrade
 from ..campaign import capacity
 from ..campaign.progress import describe
 from ..campaign.soak import GATE_VERDICTS
-from ..campaign.transitions import CampaignState, HostState
+from ..campaign.transitions import CampaignState, HostState, Record
 from ..gate import median_text, metric_figures, series_label
 from ..sanitize import clean_line, one_line
 from ..store import Store
@@ -65,16 +65,16 @@ class LiveView:
     def __call__(self, record: dict[str, Any]) -> None:
         host = self.hosts.get(record.get("host") or "")
         if host is not None:
-            if record["event"] == "step_started":
+            if record["event"] == Record.STEP_STARTED:
                 host["step"] = record["step"] + " ..."
-            elif record["event"] == "step_finished":
+            elif record["event"] == Record.STEP_FINISHED:
                 host.update(step=record["step"], state=record["state"], reason=record.get("reason"))
             elif record.get("state"):
                 host["state"] = record["state"]
         for name, state in (record.get("hosts") or {}).items():
             if name in self.hosts:
                 self.hosts[name]["state"] = state
-        if record["event"] == "soak_check":
+        if record["event"] == Record.SOAK_CHECK:
             self.last_check = f"{record['at'][11:19]}: {describe(record)}"[:200]
         elif record.get("state") and record.get("state_from") != record["state"]:
             until = record.get("soak_until")

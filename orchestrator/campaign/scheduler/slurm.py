@@ -33,13 +33,14 @@ from ... import inventory, slurm
 from ...errors import InputError
 from ...timefmt import parse, stamp
 from .. import transitions
+from ..transitions import Record
 from ..context import Context, Outcome
 from ..journal import Journal
 from .nodes import node_names
 
 SLURMD_WAIT_S, RESPONDING_POLL_S = 120.0, 2.0  # before a resume: slurmd back in touch with slurmctld
 FAILED_JOB_STATES = ("NODE_FAIL", "FAILED")
-MADE = "slurm_reservation"  # the journal's event: this campaign made (is making) the reservation it names
+MADE = Record.SLURM_RESERVATION
 _RESERVING = threading.Lock()  # a reservation's nodes are read, then written: one change at a time (worker threads)
 
 
@@ -154,7 +155,7 @@ class Slurm:
                 # or the drain never happened (a drain that failed). Leave the node; say so where it is drained.
                 detail = {"node": name, "resumed": False, "state": node.state, "reason": node.reason}
                 if taken_out(node, ours):
-                    ctx.journal.note(ctx.campaign, "slurm_node_left", host=host, node=name, state=node.state,
+                    ctx.journal.note(ctx.campaign, Record.SLURM_NODE_LEFT, host=host, node=name, state=node.state,
                                      node_reason=node.reason)
                 out[host] = Outcome("ok", None, {"slurm": detail})
         if ctx.options.drain_mode == "reservation":
@@ -250,7 +251,7 @@ def leave(ctx: Context, nodes: list[str]) -> None:
                 elif not rest:
                     slurm.delete_reservation(name)
     except slurm.SlurmError as e:
-        ctx.journal.note(ctx.campaign, "reservation_failed", nodes=nodes, reason=str(e))
+        ctx.journal.note(ctx.campaign, Record.RESERVATION_FAILED, nodes=nodes, reason=str(e))
 
 
 def _answering(names: dict[str, str], timeout_s: float) -> dict[str, slurm.Node]:
