@@ -167,7 +167,7 @@ def blessing_problem(base: baseline_mod.Baseline, groups: list[str], target: str
 
 
 def blessed_for_some(fleet, base: baseline_mod.Baseline, target: str) -> None:
-    """InputError (exit 2) when no host of FLEET may take TARGET by its groups' matrix: judged from the inventory
+    """InputError (a usage error) when no host of FLEET may take TARGET by its groups' matrix: judged from the inventory
     and the baseline alone, before any host is contacted (a dry run then says what the run would)."""
     problems = [problem for h in fleet.hosts if (problem := blessing_problem(base, list(h.groups), target))]
     if fleet.hosts and len(problems) == len(fleet.hosts):
@@ -420,7 +420,7 @@ def breaker_summary(report: dict[str, Any]) -> str | None:
     if not b:
         return None
     share = f", {b['percent']:g}% of the hosts changed within it" if b.get("percent") else ""
-    return (f"circuit breaker: the campaign halts (exit 5) once max({b['failures']} failed hosts{share}) failed "
+    return (f"circuit breaker: the campaign halts (exit {int(Exit.HALTED)}) once max({b['failures']} failed hosts{share}) failed "
             f"within {b['within']}, across waves")
 
 

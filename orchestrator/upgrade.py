@@ -354,13 +354,13 @@ def judge(store: Store, cid: int, decision: str, reason: str | None, inventory_p
           argv: list[str], prometheus: Any = None) -> tuple[Exit, str]:
     """`fleetctl campaign judge ID --promote|--rollback`: a person's decision on a campaign halted for one (an
     inconclusive gate, a canary metric not judged, the breaker, a closed window, the capacity budget), recorded as a
-    `judged` event (the decision, who decided, why, and the halt it answers), then carried out: promote as `campaign
+    `judged` event (the decision, who decided, why, and the halt it `answers`), then carried out: promote as `campaign
     resume` goes on (held hosts accepted, the next wave), rollback as `fleetctl rollback`."""
     c = campaign_row(Journal(store), cid)
     if c["state"] != CampaignState.HALTED:
         raise InputError(f"campaign {cid} is {c['state']}: only a campaign halted for a person is judged "
                          f"(fleetctl campaign show {cid})")
-    judgement = {"decision": decision, "by": operator(), "reason": reason, "halted": c["reason"]}
+    judgement = {"decision": decision, "by": operator(), "reason": reason, "answers": c["reason"]}
     if decision == "promote":
         return resume(store, cid, inventory_path, baseline_path, None, live, notifier, argv=argv,
                       prometheus=prometheus, judgement=judgement)

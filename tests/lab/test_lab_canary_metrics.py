@@ -199,7 +199,7 @@ def test_prometheus_stopped_during_the_soak_holds_the_campaign_and_resumed_it_co
     doc = show(lab, cid)
     assert doc["campaign"]["state"] == "done"
     judged = [e for e in events(lab, cid) if e["event"] == "judged"]
-    assert [(e["decision"], e["reason"], e["halted"]) for e in judged] == [
+    assert [(e["decision"], e["reason"], e["answers"]) for e in judged] == [
         ("promote", "Prometheus was down for its upgrade", reason)] and judged[0]["by"].startswith("root"), judged
     for host in HOSTS:
         assert_on(lab, host, TO)
