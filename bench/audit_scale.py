@@ -2,6 +2,7 @@
 """Audit cost as the fleet grows: `fleetctl audit` against the SSH floor and a task-per-check playbook (root).
 
 Usage: sudo .venv/bin/python bench/audit_scale.py [--sizes 8,32,64] [--reps 2] [--driver 570.86.15]
+           [--skip per-check,...] [--compare ../checkout-before]
 
 Brings up one lab of max(sizes) H100 hosts, then for each size N (the first N hosts), in the same run and
 interleaved, measures wall time and the controller's CPU seconds (user+sys of every process it waited for) of:
@@ -15,6 +16,8 @@ interleaved, measures wall time and the controller's CPU seconds (user+sys of ev
   +mitogen    `fleetctl audit` with mitogen's strategy, when `import ansible_mitogen` works (pip install mitogen)
   +2nodes     `fleetctl audit` through two execution nodes (config execution_nodes): two local `ansible-runner
               worker`s, each serving half the hosts
+  @NAME       with --compare DIR: `fleetctl audit` from the checkout DIR (named by its last part), e.g. the code before
+              a change, alternated with this checkout's in the same lab
 Every run starts cold: a fresh SSH control directory, its masters told to exit afterwards. The lab's hosts share this
 machine's cores with the controller, so the figures include their sshd and Python time on the same CPUs.
 """
@@ -77,12 +80,15 @@ def floor(lab: state.Lab, hosts: list[state.HostRecord]):
     return start
 
 
-def fleetctl_audit(lab: state.Lab, hosts: list[state.HostRecord], home: Path, extra_env: dict[str, str]):
+def fleetctl_audit(lab: state.Lab, hosts: list[state.HostRecord], home: Path, extra_env: dict[str, str],
+                   checkout: Path = REPO):
     def start(env):
         env = dict(env, FLEETCTL_HOME=str(home), **extra_env)
+        if checkout != REPO:
+            env["PYTHONPATH"] = str(checkout)
         return [subprocess.Popen(FLEETCTL + ["audit", "-i", str(lab.inventory), "-l", ",".join(h.name for h in hosts),
                                              "--format", "json", "-o", str(home / "last.json")],
-                                 env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 env=env, cwd=checkout, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True)]
     return start
 
@@ -132,6 +138,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--driver", default="570.86.15")
     parser.add_argument("--skip", default="", help="methods to leave out, e.g. per-check (the slow one)")
+    parser.add_argument("--compare", type=Path, help="a checkout whose `fleetctl audit` runs too (method @NAME)")
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     mitogen = mitogen_env()
@@ -158,12 +165,15 @@ def main() -> None:
                 if mitogen:
                     methods["fleetctl+mitogen"] = fleetctl_audit(lab, hosts, work / "home", mitogen)
                 methods["fleetctl+2nodes"] = fleetctl_audit(lab, hosts, work / "home", two_nodes(hosts, work))
+                if args.compare:
+                    methods["@" + args.compare.resolve().name] = fleetctl_audit(lab, hosts, work / "home", {},
+                                                                                 args.compare.resolve())
                 for name in args.skip.split(","):
                     methods.pop(name, None)
                 for _ in range(args.reps):
                     for name, start in methods.items():
                         results.setdefault((n, name), []).append(measured(start, work))
-                        if name.startswith("fleetctl"):
+                        if name.startswith(("fleetctl", "@")):
                             check_audit(work / "home", n)
             report(sizes, results, [name for name in methods])
         finally:
@@ -173,12 +183,13 @@ def main() -> None:
 def report(sizes: list[int], results, names: list[str]) -> None:
     with_mitogen = "fleetctl+mitogen" in names
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in results.items()}
-    print(f"\n{'hosts':>5} {'method':<17} {'wall s':>8} {'CPU s':>8} {'CPU s/host':>10} {'x floor':>8} "
+    print(f"\n{'hosts':>5} {'method':<17} {'wall s':>8} {'CPU s':>8} {'CPU s/host':>10} {'x floor':>8} {'x ping':>7} "
           f"{'per-check / this':>16}")
     for n in sizes:
         for name in names:
             wall, cpu = med[(n, name)]
             print(f"{n:>5} {name:<17} {wall:>8.2f} {cpu:>8.2f} {cpu / n:>10.3f} {wall / med[(n, 'floor')][0]:>8.2f} "
+                  + (f"{wall / med[(n, 'ping')][0]:>7.2f} " if (n, "ping") in med else f"{'-':>7} ")
                   + (f"{med[(n, 'per-check')][0] / wall:>16.2f}" if (n, "per-check") in med else f"{'-':>16}"))
     if len(sizes) > 1:
         print("\ngrowth from the smallest to the largest fleet (seconds per added host):")

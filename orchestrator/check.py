@@ -23,16 +23,20 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import audit, baseline as baseline_mod, inventory, resources, slurm, timefmt
+from . import audit, baseline as baseline_mod, inventory, resources, schemas, timefmt
 from .errors import InputError, SlurmError
 from .exitcodes import Exit
 from .sanitize import one_line
 
+if TYPE_CHECKING:
+    from . import slurm
+
 FAIL_ON = "critical"  # what makes a node one to drain: audit.blocking at this severity
 COMMAND_TIMEOUT_S = 10.0  # each command the collector runs (dpkg-query, nvidia-smi, lsinitramfs...)
 TEXTFILE_NAME = "fleetctl-check.prom"
+NVLINK_CACHE = "nvlink-links.json"  # in schemas.cache_dir(): the links' versions and remote ends, for one boot
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +46,7 @@ class CheckOptions:
     slurm: bool = False
     node: str | None = None
     textfile: str | None = None
+    evidence: bool = True  # read the NVLink counters only the facts show (not the table: it shows no facts)
 
 
 class LocalModule:
@@ -66,13 +71,17 @@ class LocalModule:
         return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
 
 
-def collect_facts(policy: dict[str, Any]) -> dict[str, Any]:
-    """This machine's facts, by the gpu_facts module's Collector with the parameters the audit's role gives it."""
+def collect_facts(policy: dict[str, Any], evidence: bool = True) -> dict[str, Any]:
+    """This machine's facts, by the gpu_facts module's Collector with the parameters the audit's role gives it, and
+    the NVLink links' versions and remote ends kept in fleetctl's cache for the boot (asked once a boot, not every
+    check). EVIDENCE False: the legacy NVLink counters no control judges are left unread (null)."""
     defaults = resources.role_defaults("gpu_facts")
+    cache = schemas.cache_dir()
     params = {"xid_catalog": resources.xid_catalog(),
               "xid_overrides": policy.get("xid", {}).get("overrides", {}),
               "kmsg_since_seq": defaults["gpu_facts_kmsg_since_seq"],
-              "check_initramfs": defaults["gpu_facts_check_initramfs"]}
+              "check_initramfs": defaults["gpu_facts_check_initramfs"],
+              "nvlink_evidence": evidence, "nvlink_cache": None if cache is None else str(cache / NVLINK_CACHE)}
     return resources.module("gpu_facts").Collector(LocalModule()).collect(params)
 
 
@@ -88,6 +97,7 @@ def critical_failures(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def drain_reason(failing: list[dict[str, Any]]) -> str:
     """`fleetctl check: CONTROL: DETAIL` of the first failing critical control (and how many more)."""
+    from . import slurm  # here, as in decide() and act_on_slurm(): a check without --slurm does not import it
     first = failing[0]
     more = f" (+{len(failing) - 1} more)" if len(failing) > 1 else ""
     return slurm.check_reason(first["control"], one_line(first["message"], 100) + more)
@@ -97,6 +107,7 @@ def decide(node: slurm.Node, failing: list[dict[str, Any]]) -> tuple[str, str]:
     """(action, why) for the Slurm node given the critical failures: action is drain, resume or none.
     Unhealthy: drain, unless someone else has taken the node out already (their state and reason stay), or it is
     drained by check with this very reason. Healthy: resume only a drain check made."""
+    from . import slurm
     if failing:
         reason = drain_reason(failing)
         if slurm.owned_by_check(node):
@@ -114,6 +125,7 @@ def decide(node: slurm.Node, failing: list[dict[str, Any]]) -> tuple[str, str]:
 def act_on_slurm(name: str, failing: list[dict[str, Any]]) -> dict[str, Any]:
     """Drain or resume NAME as decide() says; a Slurm failure is recorded in the result, not raised (the health
     verdict and its exit code stand on their own)."""
+    from . import slurm
     out: dict[str, Any] = {"node": name, "state": None, "action": "none", "detail": None, "error": None}
     try:
         current = slurm.node(name)
@@ -158,7 +170,7 @@ def run(opts: CheckOptions) -> dict[str, Any]:
     if unknown:
         raise InputError(f"--group {unknown[0]}: not a group of baseline {base.name}")
     host = inventory.Host(name=node_name(opts.node), groups=("all", *opts.groups))
-    facts = collect_facts(base.policy_for(list(host.groups)))
+    facts = collect_facts(base.policy_for(list(host.groups)), evidence=opts.evidence)
     entry = audit.evaluate_facts(host, facts, base, checked=True)
     failing = critical_failures(entry["findings"])
     report: dict[str, Any] = {

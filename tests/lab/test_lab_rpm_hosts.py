@@ -58,6 +58,7 @@ def test_a_fresh_rpm_host_audits_clean_with_the_driver_held(fleet):
     assert code == 0
     assert {f["control"]: f["status"] for f in host["findings"]}["driver.held"] == "pass"
     assert host["facts"]["driver"]["packages"] and all(p["manager"] == "rpm" for p in host["facts"]["driver"]["packages"])
+    assert host["facts"]["sources"]["packages"] == "dpkg+rpm"  # dpkg stays on the lab's rpm host, with no package
 
 
 def test_the_versionlock_blocks_an_upgrade(fleet):

@@ -146,7 +146,7 @@ def test_check_says_what_the_audit_says_of_the_same_facts(monkeypatch):
     gpu_facts result: the same findings, the same verdict."""
     base = baseline.load(None)
     facts = check.collect_facts(base.policy_for(["all"]))
-    monkeypatch.setattr(check, "collect_facts", lambda policy: facts)
+    monkeypatch.setattr(check, "collect_facts", lambda policy, evidence=True: facts)
     report = check.run(check.CheckOptions(node="n1"))
     host = inventory.Host("n1", ("all",))
     entry = audit.evaluate_host(host, HostOutcome("n1", results={"fleetctl.gpu.gpu_facts": {"facts": facts}}), base)
@@ -264,10 +264,11 @@ def test_bad_input_is_one_line_and_exit_2(args, said):
 
 
 def imported_by_check(*args: str) -> set[str]:
-    """The top-level modules a fresh interpreter has imported once `fleetctl check ARGS` ran in it."""
+    """The modules (packages and their submodules) a fresh interpreter has imported once `fleetctl check ARGS` ran
+    in it."""
     probe = ("import json, runpy, sys\nsys.argv = ['fleetctl', 'check', *sys.argv[1:]]\ntry:\n"
              " runpy.run_module('orchestrator.cli', run_name='__main__')\nexcept SystemExit:\n pass\n"
-             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)")
+             "print(json.dumps(sorted(sys.modules)), file=sys.stderr)")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, timeout=60)
     return set(json.loads(result.stderr.strip().splitlines()[-1]))
@@ -275,6 +276,12 @@ def imported_by_check(*args: str) -> set[str]:
 
 def test_check_imports_no_ansible_rich_or_numpy():
     assert not imported_by_check() & {"ansible", "ansible_runner", "rich", "numpy", "paramiko", "psutil", "urllib3"}
+
+
+def test_check_imports_neither_the_history_nor_slurm_where_it_needs_neither():
+    """A baseline without a repeat-offender policy, no --slurm: neither the history's ledger (offenders) nor the
+    Slurm client is imported (bench/check_latency.py --profile: imports are most of a check's time)."""
+    assert not imported_by_check() & {"orchestrator.offenders", "orchestrator.ledger", "orchestrator.slurm", "sqlite3"}
 
 
 def test_a_baseline_validated_before_is_not_validated_again(healthy_baseline):

@@ -409,6 +409,46 @@ def test_dpkg_ubuntu_driver_570(gpu_facts_module, testdata):
     assert {p["version"] for p in packages if p["role"] == "container_toolkit"} == {"1.17.8-1"}
 
 
+@pytest.mark.skipif(not Path("/var/lib/dpkg/status").exists(), reason="no dpkg database on this machine")
+def test_dpkg_status_file_reads_as_dpkg_query_lists_it(gpu_facts_module):
+    """gpu_facts reads dpkg's status file instead of running dpkg-query: this machine's real database, read both
+    ways, lists the same packages, versions and states."""
+    query = subprocess.run(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${Status}\n"], capture_output=True,
+                           text=True, check=True).stdout
+    read = gpu_facts_module.dpkg_status_lines(Path("/var/lib/dpkg/status").read_text(encoding="utf-8"))
+    assert len(read.splitlines()) > 10
+    assert sorted(read.splitlines()) == sorted(query.splitlines())
+
+
+def test_dpkg_journal_record_replaces_the_status_files(gpu_facts_module):
+    """A record in dpkg's journal (/var/lib/dpkg/updates: an apt run under way, or interrupted) wins over the status
+    file's, as in dpkg-query: a driver package an upgrade left half-configured is not listed as installed."""
+    status = ("Package: nvidia-driver-570-open\nStatus: hold ok installed\nPriority: optional\nArchitecture: amd64\n"
+              "Version: 570.133.07-0ubuntu0.24.04.1\nDescription: NVIDIA driver metapackage\n This package: all\n\n"
+              "Package: nvidia-utils-570\nStatus: install ok installed\nArchitecture: amd64\nVersion: 570.133.07-0ubuntu1\n")
+    journal = "Package: nvidia-driver-570-open\nStatus: install ok half-configured\nArchitecture: amd64\nVersion: 575.51.03-0ubuntu1\n"
+    got = {p["name"]: (p["version"], p["held"]) for p in gpu_facts_module.parse_dpkg_query(
+        gpu_facts_module.dpkg_status_lines(status))}
+    assert got == {"nvidia-driver-570-open": ("570.133.07-0ubuntu0.24.04.1", True),
+                   "nvidia-utils-570": ("570.133.07-0ubuntu1", False)}
+    got = {p["name"] for p in gpu_facts_module.parse_dpkg_query(gpu_facts_module.dpkg_status_lines(status, journal))}
+    assert got == {"nvidia-utils-570"}  # half-configured: not installed, as dpkg-query's status says
+
+
+@pytest.mark.skipif(not Path("/etc/ld.so.cache").exists(), reason="no dynamic linker cache on this machine")
+def test_ld_cache_read_lists_what_ldconfig_lists(gpu_facts_module):
+    """gpu_facts finds libnvidia-ml.so.1 in /etc/ld.so.cache instead of running `ldconfig -p`: this machine's real
+    cache, read both ways, gives the same libraries at the same paths in the same order. A file cut short or in
+    another format reads as None (then ldconfig is asked)."""
+    listed = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True).stdout
+    expected = re.findall(r"^\t(\S+) \([^)]*\) => (.+)$", listed, re.M)
+    data = Path("/etc/ld.so.cache").read_bytes()
+    assert len(expected) > 10
+    assert gpu_facts_module.ld_cache_entries(data) == expected
+    for damaged in (data[:len(data) // 2], data[:40], b"ld.so-1.7.0" + bytes(64), b""):
+        assert gpu_facts_module.ld_cache_entries(damaged) is None
+
+
 def test_rpm_query_with_versionlock(gpu_facts_module, schema):
     rpm = "\n".join([
         "nvidia-driver\t570.86.15-1.el9", "nvidia-driver-libs\t570.86.15-1.el9", "nvidia-driver-cuda\t570.86.15-1.el9",

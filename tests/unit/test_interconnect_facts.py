@@ -4,6 +4,7 @@
 pynvml that answers as the real NVML does (and dies, like the real library, when the fabric struct is passed by
 value); the collector on both paths; the schema."""
 import copy
+import importlib.util
 import ctypes
 import json
 import re
@@ -772,6 +773,100 @@ def test_nvml_one_gpu_and_no_gpu():
 
 # ---- the real pynvml wrappers, their C calls answered by Python -----------------------------------------------
 
+# ---- what `fleetctl check` asks NVML (issue 45) ----------------------------------------------------------------
+
+def hgx(gpus=4):
+    """An HGX node: GPUS H200s, 18 links each to the NVSwitches, the fake's real-H200 answers, odd counters here and
+    there (so that a value read from the wrong place shows)."""
+    nodes = [h200("00000000:%02x:00.0" % (0x18 + 0x10 * g)) for g in range(gpus)]
+    for g, gpu in enumerate(nodes):
+        for k, link in enumerate(gpu["links"]):
+            link["counters"] = {0: 0, 1: 0, 2: g + k, 3: 10 * g + k, 4: 17 + k}
+            link["fields"] = {161: k % 3, 162: g, 163: (g * k) % 5, 214: 0}
+    nodes[1]["links"][5]["up"] = False
+    return nodes
+
+
+def check_facts(fake, cache, boot_id, evidence=False):
+    """facts.interconnect as `fleetctl check` reads it (the table: no evidence counters; a per-boot cache), and the
+    NVML calls it made, by name."""
+    errors = {}
+    fake.calls.clear()
+    fake.nvmlInit()
+    try:
+        facts = ic.NvmlInterconnect(fake, errors, sys_module="/nonexistent", evidence=evidence, cache=str(cache),
+                                    boot_id_path=str(boot_id)).read()
+    finally:
+        fake.nvmlShutdown()
+    check_schema(facts)
+    calls = {}
+    for name in fake.calls:
+        calls[name] = calls.get(name, 0) + 1
+    return facts, errors, calls
+
+
+def without_evidence(facts):
+    facts = copy.deepcopy(facts)
+    for gpu in facts["gpus"]:
+        for link in gpu["nvlink"]["links"]:
+            link["errors"].update(crc_flit=None, crc_data=None, ecc_data=None)
+    return facts
+
+
+def test_check_asks_nvml_a_fraction_of_what_the_audit_asks_and_reads_the_same(tmp_path):
+    """4 GPUs x 18 links: the audit's reading (every counter, every link's version and remote end asked) against
+    check's, first of the boot and after: the same facts but the evidence counters, in far fewer calls."""
+    boot = tmp_path / "boot_id"
+    boot.write_text("5b3e1c7a-0001\n")
+    fake = FakeNvml(hgx(4))
+    fake.nvmlInit()
+    audit, errors = nvml_facts(fake)
+    audit_calls = len(fake.calls)
+    assert errors == {} and audit["gpus"][2]["nvlink"]["links"][7]["errors"]["crc_data"] == 27
+    first, errors, calls = check_facts(fake, tmp_path / "cache" / "nvlink.json", boot)
+    assert errors == {} and first == without_evidence(audit)
+    assert "nvmlDeviceGetNvLinkErrorCounter" not in calls  # the judged counters came with the field values
+    assert calls["nvmlDeviceGetNvLinkState"] == 4 * 18  # not past the 18 links NVML counts
+    again, errors, calls = check_facts(fake, tmp_path / "cache" / "nvlink.json", boot)
+    assert errors == {} and again == first
+    assert not [name for name in calls if name.startswith(("nvmlDeviceGetNvLinkVersion", "nvmlDeviceGetNvLinkRemote",
+                                                          "nvmlDeviceGetNvLinkErrorCounter"))]
+    assert sum(calls.values()) <= audit_calls // 5, (sum(calls.values()), audit_calls)
+    shown, errors, calls = check_facts(fake, tmp_path / "cache" / "nvlink.json", boot, evidence=True)
+    assert shown == audit and calls["nvmlDeviceGetNvLinkErrorCounter"] == 4 * 18 * 3  # check --format json
+
+
+def test_check_per_boot_cache_is_of_one_boot_and_never_an_error(tmp_path):
+    """The links' versions and remote ends are asked once a boot: a rewired link shows after the next boot, not
+    before; a cache of another boot, garbled or unreadable is read again, without an error."""
+    boot, cache = tmp_path / "boot_id", tmp_path / "nvlink.json"
+    boot.write_text("boot-1\n")
+    gpus = hgx(2)
+    fake = FakeNvml(gpus)
+    first, errors, _ = check_facts(fake, cache, boot)
+    assert errors == {} and first["gpus"][0]["nvlink"]["links"][0]["remote"] == {"type": "switch", "pci_bus_id": None}
+    for link in gpus[0]["links"]:  # the node rewired: GPU 0 bridged straight to GPU 1
+        link["remote"], link["remote_pci"] = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU, gpus[1]["pci"].upper().encode()
+    same_boot, errors, _ = check_facts(fake, cache, boot)
+    assert errors == {} and same_boot == first
+    boot.write_text("boot-2\n")
+    rebooted, errors, calls = check_facts(fake, cache, boot)
+    assert errors == {} and calls["nvmlDeviceGetNvLinkRemoteDeviceType"] == 18 + 17
+    assert rebooted["gpus"][0]["nvlink"]["links"][0]["remote"] == {"type": "gpu", "pci_bus_id": "00000000:28:00.0"}
+    for garbage in (b"\xff\x00 not json", b"[]", b'{"boot_id": "boot-2", "gpus": {"x": {"0": {"version": "6"}}}}',
+                    b'{"boot_id": "boot-2", "gpus": {"x": {"0": {"remote_pci": 5}}}}', b"{" * 100000):
+        cache.write_bytes(garbage)
+        facts, errors, calls = check_facts(fake, cache, boot)
+        assert errors == {} and facts == rebooted and calls["nvmlDeviceGetNvLinkVersion"] == 2 * 18, garbage[:40]
+    cache.unlink()
+    cache.mkdir()  # unreadable, and cannot be written: asked every time
+    facts, errors, calls = check_facts(fake, cache, boot)
+    assert errors == {} and facts == rebooted and calls["nvmlDeviceGetNvLinkVersion"] == 2 * 18
+    cache.rmdir()
+    facts, errors, calls = check_facts(fake, cache, tmp_path / "no-boot-id")  # no boot id: no cache
+    assert errors == {} and facts == rebooted and not cache.exists()
+
+
 def test_real_pynvml_wrappers_get_the_fabric_struct_and_link_scopes_by_reference(monkeypatch):
     """pynvml's nvmlDeviceGetGpuFabricInfoV hands its argument to C unchanged: a C function that takes a pointer
     gets one only because fleetctl passes ctypes.byref (a struct there is refused by ctypes here, and read as a
@@ -1014,3 +1109,47 @@ def test_a_single_gpu_without_nvlink_reads_the_same_through_nvidia_smi_as_throug
     ic.from_smi(two, xml, ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-x)\n\t Link 0: 26.562 GB/s\n", None), ("", None),
                 None, errors, sys_module="/nonexistent")
     assert errors.get("interconnect.gpus[1].nvlink") == "nvidia-smi nvlink -s does not list GPU 1"
+
+
+def test_the_nvlink_reads_bench_runs_with_pynvml_alone(monkeypatch, capsys):
+    """bench/nvlink_reads.py, which the lead runs on real GPUs, on the fake: batched and per-call values compared,
+    fleetctl's reading timed the audit's way and check's."""
+    fake = FakeNvml(hgx(2))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    spec = importlib.util.spec_from_file_location("nvlink_reads", REPO / "bench" / "nvlink_reads.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    report = bench.main(["--repeat", "1"])
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(report))
+    assert report["gpus"] == 2 and report["links"] == [18, 18]
+    # The fake answers the DL fields and the legacy counters alike; state, version and speed only per call.
+    assert report["field_values"] == {"asked": 2 * 18 * 6, "returned": 2 * 18 * 3, "not_returned": [
+        "speed: error 3", "state: error 3", "version: error 3"]}
+    assert report["per_call"] == {"asked": 2 * 18 * 5, "returned": 2 * 18 * 5}
+    assert report["compared"] == 2 * 18 * 3 and report["differ"]["gpu 0 link 1 replay"] == {"field": 1, "call": 0}
+    differ = [(gpu, link, name) for gpu, g in enumerate(hgx(2)) for link, entry in enumerate(g["links"])
+              for name, field, counter in (("replay", 161, 0), ("recovery", 162, 1), ("crc", 163, 2))
+              if entry["fields"][field] != entry["counters"][counter]]
+    assert report["equal"] == report["compared"] - len(differ) and len(report["differ"]) == min(50, len(differ))
+    assert set(report["ms"]) == {"field_values", "per_call", "per_call_version_remote_type_remote_pci",
+                                 "per_call_crc_data_ecc_data"}
+    assert report["fleetctl_interconnect_ms"]["errors"] == {} and fake.initialized is False
+
+
+def test_fleetctl_check_reads_nvlink_as_it_shows_it(monkeypatch, tmp_path):
+    """`fleetctl check`'s collection on a 4x H200 node (the fake NVML): the table's reading leaves the evidence
+    counters unread and keeps the links' versions and remote ends in fleetctl's cache for the boot; the JSON's shows
+    them all."""
+    from orchestrator import baseline, check
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fake = FakeNvml(hgx(4))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    policy = baseline.load(None).policy_for(["all"])
+    table = check.collect_facts(policy, evidence=False)["interconnect"]
+    assert (tmp_path / "fleetctl" / check.NVLINK_CACHE).is_file()
+    fake.calls.clear()
+    assert check.collect_facts(policy, evidence=False)["interconnect"] == table
+    assert not {"nvmlDeviceGetNvLinkVersion", "nvmlDeviceGetNvLinkRemoteDeviceType",
+                "nvmlDeviceGetNvLinkErrorCounter"} & set(fake.calls)
+    shown = check.collect_facts(policy)["interconnect"]
+    assert shown["gpus"][2]["nvlink"]["links"][7]["errors"]["crc_data"] == 27 and without_evidence(shown) == table

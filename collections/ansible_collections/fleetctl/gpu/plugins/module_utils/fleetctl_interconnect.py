@@ -8,6 +8,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import ctypes
+import json
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -69,7 +70,16 @@ TOPOLOGY_LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "S
 PCIE_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
 _MESSAGE_LIMIT = 600  # one errors entry, however many links failed
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# What a link's per-boot cache entry holds (NvmlInterconnect's cache): name -> (the call, what an error calls it).
+LINK_CONSTANTS = {"version": ("nvmlDeviceGetNvLinkVersion", "version"),
+                  "remote_type": ("nvmlDeviceGetNvLinkRemoteDeviceType", "remote type"),
+                  "remote_pci": ("nvmlDeviceGetNvLinkRemotePciInfo", "remote PCI id")}
+_CACHE_LIMIT = 1 << 20  # bytes of the per-boot cache read: 8 GPUs x 36 links take 30 kB
 _UNKNOWN_PCI = re.compile(r"^f{4,8}:ff:ff\.[0-9a-f]$")  # what NVML reports for a remote end it cannot see
+
+
+_text_type = type(u"")  # what json gives back for a string, on Python 2 and 3
 
 
 def _text(v):
@@ -151,10 +161,18 @@ def nvlinks_between(a, pci_a, b, pci_b):
 class NvmlInterconnect:
     """Reads facts.interconnect through pynvml, inside the caller's NVML session (no nvmlInit/nvmlShutdown here)."""
 
-    def __init__(self, pynvml, errors, sys_module="/sys/module"):
+    def __init__(self, pynvml, errors, sys_module="/sys/module", evidence=True, cache=None, boot_id_path=BOOT_ID):
+        """evidence: also read the legacy counters no control judges (crc_flit, crc_data, ecc_data: one call each
+        per link); without it they are null, but where crc_flit stands in for crc. cache: a file where each link's
+        version and remote end (which do not change while the host is up) are kept for the boot BOOT_ID_PATH names,
+        read instead of asking NVML again; None: asked every time."""
         self.n = pynvml
         self.errors = errors
         self.sys_module = sys_module
+        self.evidence = evidence
+        self.cache = cache
+        self.boot_id_path = boot_id_path
+        self.known = {}  # the per-boot cache: GPU PCI id -> link (str) -> {LINK_CONSTANTS name: raw answer}
 
     def _call(self, name, *args):
         """fn(*args); AttributeError when this pynvml lacks the wrapper (the caller tells it apart)."""
@@ -167,6 +185,9 @@ class NvmlInterconnect:
         except n.NVMLError as e:
             _add_error(self.errors, "interconnect", "NVML: %s" % e)
             return None
+        boot_id = self._boot_id()
+        self.known = self._load_cache(boot_id)
+        before = json.dumps(self.known, sort_keys=True)
         handles, gpus = [], []
         for i in range(count):
             try:
@@ -185,18 +206,71 @@ class NvmlInterconnect:
                 pci = remote_pci(n.nvmlDeviceGetPciInfo(h).busId)
             except n.NVMLError:
                 pci = None  # gpus[i].pci_bus_id already says why
-            gpus.append({"index": i, "pci_bus_id": pci, "nvlink": _nvlink_facts(self.links(h, i)),
+            gpus.append({"index": i, "pci_bus_id": pci, "nvlink": _nvlink_facts(self.links(h, i, pci)),
                          "fabric": self.fabric(h, i)})
+        if boot_id and json.dumps(self.known, sort_keys=True) != before:
+            self._save_cache(boot_id)
         return {"gpus": gpus, "topology": self.topology(handles, gpus),
                 "peermem_loaded": peermem_loaded(self.sys_module)}
 
+    # -- the per-boot cache --------------------------------------------------------------------------------------
+    def _boot_id(self):
+        """This boot's id, None without a cache (or where the kernel does not say)."""
+        if not self.cache:
+            return None
+        try:
+            with open(self.boot_id_path) as f:
+                return f.read(100).strip() or None
+        except (IOError, OSError):
+            return None
+
+    def _load_cache(self, boot_id):
+        """The cache's links if it is of this boot; {} when there is none, or it is of another boot, unreadable or
+        not what this code writes (then everything is read again, and the cache written anew)."""
+        if not boot_id:
+            return {}
+        try:
+            with open(self.cache) as f:
+                doc = json.loads(f.read(_CACHE_LIMIT))
+        except (IOError, OSError, ValueError):
+            return {}
+        if not isinstance(doc, dict) or doc.get("boot_id") != boot_id or not isinstance(doc.get("gpus"), dict):
+            return {}
+        for gpu in doc["gpus"].values():
+            if not isinstance(gpu, dict):
+                return {}
+            for link in gpu.values():
+                if not isinstance(link, dict) or any(k not in LINK_CONSTANTS or not isinstance(
+                        v, _text_type if k == "remote_pci" else int) for k, v in link.items()):
+                    return {}
+        return doc["gpus"]
+
+    def _save_cache(self, boot_id):
+        """Write the cache whole (a check running beside this one reads the old file or the new one); a cache that
+        cannot be written is asked again next time, nothing else."""
+        temporary = "%s.%d.tmp" % (self.cache, os.getpid())
+        try:
+            directory = os.path.dirname(self.cache)
+            if directory and not os.path.isdir(directory):
+                os.makedirs(directory, 0o700)
+            with open(temporary, "w") as f:
+                json.dump({"boot_id": boot_id, "gpus": self.known}, f, sort_keys=True)
+            os.rename(temporary, self.cache)
+        except (IOError, OSError):
+            try:
+                os.unlink(temporary)
+            except (IOError, OSError):
+                pass
+
     # -- NVLink --------------------------------------------------------------------------------------------------
-    def links(self, h, i):
-        """The GPU's links, [] for a GPU without NVLink, None (and an errors entry) when they cannot be read."""
+    def links(self, h, i, pci=None):
+        """The GPU's links, [] for a GPU without NVLink, None (and an errors entry) when they cannot be read. pci: the
+        GPU's PCI id, its key in the per-boot cache (None: not cached)."""
         n, key = self.n, _key(i, "nvlink")
         count = self._link_count(h)
         links = []
-        for link in range(getattr(n, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS)):
+        last = getattr(n, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS)
+        for link in range(last if count is None else min(count, last)):  # past the count NVML gives: no links
             try:
                 state = self._call("nvmlDeviceGetNvLinkState", h, link)
             except AttributeError:
@@ -216,8 +290,11 @@ class NvmlInterconnect:
             links.append({"link": link, "state": "up" if state else "down", "version": None,
                           "remote": {"type": None, "pci_bus_id": None}, "errors": _empty_counters()})
         fields = self._field_counters(h, links, key)
+        known = self.known.setdefault(pci, {}) if pci else {}
         for entry, values in zip(links, fields):
-            self._link_details(h, entry, key, values)
+            self._link_details(h, entry, key, values, known.setdefault(str(entry["link"]), {}))
+        if pci and not any(known.values()):
+            del self.known[pci]
         return links
 
     def _link_count(self, h):
@@ -243,18 +320,30 @@ class NvmlInterconnect:
                 _add_error(self.errors, key, "link %d %s: NVML: %s" % (entry["link"], what, e))
             return None
 
-    def _link_details(self, h, entry, key, fields):
-        """Version, remote end and error counters of one link; fields: its field values (name -> int or None)."""
-        link = entry["link"]
-        version = self._read(key, entry, "version", "nvmlDeviceGetNvLinkVersion", h, link)
-        entry["version"] = NVLINK_VERSIONS.get(version)
+    def _constant(self, h, entry, key, known, name):
+        """A link's version, remote type or remote PCI id (LINK_CONSTANTS), as NVML answers it: from KNOWN (the
+        link's entry in the per-boot cache), else asked and kept there (what NVML does not say is asked again)."""
+        if name not in known:
+            call, what = LINK_CONSTANTS[name]
+            value = self._read(key, entry, what, call, h, entry["link"])
+            if name == "remote_pci":
+                value = _text(getattr(value, "busId", None))
+            if value is not None:
+                known[name] = value if name == "remote_pci" else int(value)
+        return known.get(name)
+
+    def _link_details(self, h, entry, key, fields, known=None):
+        """Version, remote end and error counters of one link; fields: its field values (name -> int or None); known:
+        the link's entry in the per-boot cache."""
+        link, known = entry["link"], {} if known is None else known
+        entry["version"] = NVLINK_VERSIONS.get(self._constant(h, entry, key, known, "version"))
         if entry["state"] == "up":
-            remote = self._read(key, entry, "remote type", "nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
+            remote = self._constant(h, entry, key, known, "remote_type")
             if remote is not None:
                 entry["remote"]["type"] = REMOTE_TYPES.get(remote, "other")
-            pci = self._read(key, entry, "remote PCI id", "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+            pci = self._constant(h, entry, key, known, "remote_pci")
             if pci is not None:
-                entry["remote"]["pci_bus_id"] = remote_pci(getattr(pci, "busId", None))
+                entry["remote"]["pci_bus_id"] = remote_pci(pci)
         counters = entry["errors"]
         counters.update(fields)
         for name, counter in ERROR_COUNTERS:
@@ -263,6 +352,8 @@ class NvmlInterconnect:
             # A legacy counter that is evidence only (the judged ones came from the field values) may fail quietly:
             # a driver that deprecates the old call must not make the whole link unread.
             judged_source = name in ("replay", "recovery") or (name == "crc_flit" and counters["crc"] is None)
+            if not judged_source and not self.evidence:
+                continue  # shown only (the audit's facts, check's JSON): not asked where nobody sees it
             value = self._read(key if judged_source else None, entry, name + " errors",
                                "nvmlDeviceGetNvLinkErrorCounter", h, link, counter)
             counters[name] = int(value) if value is not None else None

@@ -762,6 +762,7 @@ import os
 import platform
 import re
 import socket
+import struct
 import time
 
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import (
@@ -791,6 +792,11 @@ LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib
             "/lib/x86_64-linux-gnu", "/usr/local/nvidia/lib64")
 BIN_DIRS = ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/usr/local/nvidia/bin", "/bin", "/sbin"]
 MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d")
+DPKG_STATUS = "/var/lib/dpkg/status"
+DPKG_UPDATES = "/var/lib/dpkg/updates"  # dpkg's journal: records not yet folded into the status file
+RPM_DB_DIRS = ("/var/lib/rpm", "/usr/lib/sysimage/rpm")  # where EL, Fedora and SUSE keep the system's rpm database
+LD_CACHE = "/etc/ld.so.cache"
+_LD_CACHE_MAGIC = b"glibc-ld.so.cache1.1"  # ldconfig's format (alone since glibc 2.32, after the old one before): header 48 bytes, entries 24
 IMEX_CTL_TIMEOUT_S = 10  # nvidia-imex-ctl -N asks the domain's daemons over the network (`fleetctl check`: 10 s too)
 
 _VERSION = r"(\d{1,9}\.\d{1,9}(?:\.\d{1,9})?)"  # bounded: int() refuses a part of thousands of digits
@@ -841,6 +847,23 @@ def parse_dpkg_query(text):
     return packages
 
 
+def dpkg_status_lines(*texts):
+    """The lines `dpkg-query -W -f='${Package}\\t${Version}\\t${Status}\\n'` prints, from dpkg's status file and its
+    journal's records (TEXTS, in the order dpkg applies them: a later record of a package replaces the earlier), without
+    running dpkg-query."""
+    records = {}
+    for text in texts:
+        for stanza in text.split("\n\n"):
+            fields = {}
+            for line in stanza.splitlines():
+                key, colon, value = line.partition(": ")
+                if colon and key in ("Package", "Version", "Status", "Architecture"):
+                    fields[key] = value.strip()
+            if "Package" in fields:
+                records[(fields["Package"], fields.get("Architecture"))] = fields
+    return "".join("%s\t%s\t%s\n" % (f["Package"], f.get("Version", ""), f.get("Status", "")) for f in records.values())
+
+
 def parse_rpm_query(text, versionlock):
     """Output of rpm -qa --qf '%{NAME}\\t%{VERSION}-%{RELEASE}\\n', with the dnf/yum versionlock list."""
     locked = set()
@@ -859,6 +882,23 @@ def parse_rpm_query(text, versionlock):
         packages.append({"name": parts[0], "version": parts[1], "manager": "rpm", "role": package_role(parts[0]),
                          "held": parts[0] in locked})
     return packages
+
+
+def ld_cache_entries(data):
+    """[(soname, path)] of the dynamic linker's cache DATA (/etc/ld.so.cache), in its order: what `ldconfig -p` lists,
+    without running it. None where DATA is not in glibc's format 1.1 or is cut short."""
+    start = data.find(_LD_CACHE_MAGIC)
+    try:
+        count = struct.unpack_from("=I", data, start + 20)[0] if start >= 0 else 0
+        table = data[start + 48:start + 48 + 24 * count]
+        if start < 0 or len(table) != 24 * count:
+            return None
+
+        def string(offset):  # offsets count from the header's start
+            return data[start + offset:data.index(b"\0", start + offset)].decode("utf-8", "replace")
+        return [(string(entry[1]), string(entry[2])) for entry in struct.iter_unpack("=iIIIQ", table)]  # flags, key, value
+    except (struct.error, ValueError):
+        return None
 
 
 def parse_proc_driver_version(text):
@@ -917,6 +957,7 @@ class Collector:
         self.processes = None
         self.smi_xml = None  # the `nvidia-smi -q -x` output parsed for the GPU facts, when that was the source
         self.interconnect = None
+        self.interconnect_options = {}  # NvmlInterconnect's evidence and cache (collect's params)
 
     # -- helpers ---------------------------------------------------------------------------------
     def run(self, argv, fact, timeout=None):
@@ -941,6 +982,14 @@ class Collector:
             if getattr(e, "errno", None) != 2:  # absent files are facts in themselves, not errors
                 self.errors[fact] = "%s: %s" % (path, e.strerror or e)
             return None
+
+    @staticmethod
+    def listing(path):
+        """The names in directory PATH; none where it is absent or unreadable."""
+        try:
+            return os.listdir(path)
+        except (IOError, OSError):
+            return []
 
     def running(self, name):
         if self.processes is None:
@@ -994,11 +1043,18 @@ class Collector:
         }
 
     def packages(self):
+        """The NVIDIA packages of the host's package databases: dpkg's, read from its files (no dpkg-query), where
+        it has a status file; rpm's where the system keeps one (RPM_DB_DIRS): an rpm tool on a Debian host keeps a
+        database of its own, not the system's, and is not asked."""
         packages = []
-        rc, out = self.run(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${Status}\n"], "driver.packages")
-        if rc == 0:
-            packages += parse_dpkg_query(out)
+        status = self.read(DPKG_STATUS, "driver.packages")
+        if status is not None:
+            journal = sorted((n for n in self.listing(DPKG_UPDATES) if n.isdigit()), key=int)
+            records = [self.read(os.path.join(DPKG_UPDATES, n), "driver.packages") or "" for n in journal]
+            packages += parse_dpkg_query(dpkg_status_lines(status, *records))
             self.sources["packages"] = "dpkg"
+        if not any(self.listing(d) for d in RPM_DB_DIRS):
+            return packages
         rc, out = self.run(["rpm", "-qa", "--qf", "%{NAME}\t%{VERSION}-%{RELEASE}\n"], "driver.packages")
         if rc == 0:
             lock = (self.read("/etc/dnf/plugins/versionlock.list", "driver.packages") or "") + \
@@ -1008,12 +1064,21 @@ class Collector:
         return packages
 
     def userspace_library(self):
-        """(version, path) of the installed libnvidia-ml.so.1."""
+        """(version, path) of the installed libnvidia-ml.so.1: where the dynamic linker's cache says (read from
+        /etc/ld.so.cache, else asked of `ldconfig -p`), else in LIB_DIRS."""
         candidates = []
-        rc, out = self.run(["ldconfig", "-p"], "driver.userspace_version")
-        for line in out.splitlines() if rc == 0 else []:
-            if line.strip().startswith("libnvidia-ml.so.1 ") and "=>" in line:
-                candidates.append(line.split("=>", 1)[1].strip())
+        try:
+            with open(LD_CACHE, "rb") as f:
+                entries = ld_cache_entries(f.read(16 << 20))
+        except (IOError, OSError):
+            entries = None
+        if entries is not None:
+            candidates += [path for soname, path in entries if soname == "libnvidia-ml.so.1"]
+        else:
+            rc, out = self.run(["ldconfig", "-p"], "driver.userspace_version")
+            for line in out.splitlines() if rc == 0 else []:
+                if line.strip().startswith("libnvidia-ml.so.1 ") and "=>" in line:
+                    candidates.append(line.split("=>", 1)[1].strip())
         candidates += [os.path.join(d, "libnvidia-ml.so.1") for d in LIB_DIRS]
         for path in candidates:
             if os.path.exists(path):
@@ -1040,7 +1105,8 @@ class Collector:
         try:
             reader = NvmlReader(pynvml, self.errors)
             system, gpus = reader.system(), reader.gpus()
-            self.interconnect = self.guarded(NvmlInterconnect(pynvml, self.errors).read)  # same NVML session
+            interconnect = NvmlInterconnect(pynvml, self.errors, **self.interconnect_options)
+            self.interconnect = self.guarded(interconnect.read)  # same NVML session
             if self.interconnect is not None:
                 self.sources["interconnect"] = "nvml"
             return system, gpus, None
@@ -1315,7 +1381,12 @@ class Collector:
         return {"events": sxid_events(records, since_seq if since_seq >= 0 else None)}
 
     def collect(self, params):
+        """The facts. PARAMS: the module's, and (from `fleetctl check`) nvlink_evidence, False to leave the NVLink
+        counters no control judges unread, and nvlink_cache, the file keeping the links' versions and remote ends
+        for this boot (module_utils/fleetctl_interconnect.py)."""
         started = time.time()
+        self.interconnect_options = {"evidence": params.get("nvlink_evidence", True),
+                                     "cache": params.get("nvlink_cache")}
         packages = self.packages()
         driver, gpus = self.driver_and_gpus(packages)
         add_aer(gpus, self.errors)
