@@ -339,3 +339,18 @@ def test_the_real_h100_capture_is_judged_today_as_it_was_on_the_machine(testdata
     assert captured["facts"]["driver"]["module_version"] == "580.159.04"
     failing = {f["control"] for f in entry["findings"] if f["status"] == "fail"}
     assert failing == {"nouveau.blacklisted", "persistence.daemon"}
+
+
+def test_a_real_h200_checks_as_it_did_when_captured():
+    """The facts `fleetctl check --format json` read on a real H200 (tests/testdata/h200-580.159.04-check-profile),
+    evaluated again by today's controls against the embedded baseline: the same verdict, control by control, and
+    the node's NVLink read as none (a one-GPU lease: no links, no evidence asked)."""
+    captured = json.loads((Path(__file__).parents[1] / "testdata" / "h200-580.159.04-check-profile" /
+                           "check.json").read_text())
+    host = inventory.Host(name=captured["host"], groups=("all", *captured["groups"]))
+    entry = audit.evaluate_facts(host, captured["facts"], baseline.load(None), checked=True)
+    assert [(f["control"], f["status"]) for f in entry["findings"]] == \
+        [(f["control"], f["status"]) for f in captured["findings"]]
+    assert not check.critical_failures(entry["findings"])
+    (gpu,) = captured["facts"]["interconnect"]["gpus"]
+    assert gpu["nvlink"] == {"supported": False, "up": 0, "total": 0, "links": []}
