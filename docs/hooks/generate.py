@@ -9,13 +9,13 @@ reference/notification.md  orchestrator/notify_events.py's NOTES, then schemas/n
 reference/exit-codes.md    orchestrator/exitcodes.py
 reference/metrics.md       the metrics orchestrator/prometheus.py exports
 reference/incidents.md     the ledger's incident classes (orchestrator/ledger.py CLASSES)
-reference/cli.md is a page of its own: mkdocs-click renders the click commands there. The root group imports its
-commands on first use (cli/main.py), and mkdocs-click lists a group's commands from `commands` once that holds any,
-so on_config has the root load every command first.
+reference/cli.md           the click commands (cli/), grouped by task (TASKS); the options several commands declare
+                           alike (cli/options.py; shared_groups) listed once
 """
 
 from __future__ import annotations
 
+import collections
 import inspect
 import json
 from pathlib import Path
@@ -26,14 +26,6 @@ from mkdocs.structure.files import File
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def on_config(config):
-    from orchestrator.cli.main import cli
-    ctx = click.Context(cli)
-    for name in cli.list_commands(ctx):
-        cli.get_command(ctx, name)
-    return config
-
-
 def on_files(files, config):
     for path, make in PAGES.items():
         files.append(File.generated(config, f"reference/{path}", content=make()))
@@ -41,8 +33,10 @@ def on_files(files, config):
 
 
 def cell(text: object) -> str:
-    """TEXT on one line of a Markdown table cell."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """TEXT on one line of a Markdown table cell: its pipes escaped, and its `<` shown, not read as HTML (`<a|b>`),
+    but for those in code spans, which end no cell and show a backslash as it is."""
+    parts = " ".join(str(text).split()).split("`")
+    return "`".join(part if i % 2 else part.replace("|", "\\|").replace("<", "&lt;") for i, part in enumerate(parts))
 
 
 def table(header: tuple[str, ...], rows) -> str:
@@ -58,15 +52,19 @@ def name(value: object) -> str:
 
 def controls_page() -> str:
     from orchestrator import controls
-    rows = [(f"`{c.id}`", c.severity, inspect.getdoc(c.evaluate), c.remediation) for c in controls.CONTROLS]
+    families: dict[str, list] = {}  # a family (the id's prefix: driver, gpu...) -> its rows, in the registry's order
+    for c in controls.CONTROLS:
+        families.setdefault(c.id.split(".", 1)[0], []).append(
+            (f"`{c.id}`", c.severity, inspect.getdoc(c.evaluate), c.remediation))
     roles = [(f"`{role}`", meaning, ", ".join(f"`{i}`" for i in controls.with_role(role)))
              for role, meaning in controls.ROLES.items()]
     return (
         "# Controls\n\nEvery control the audit evaluates, in the order findings are listed (made from the registry, "
         "`orchestrator/controls/`, at each build). A fact that cannot be read makes the finding `error`, never a "
         "guess. [The audit](../audit.md) says how facts are collected.\n\n"
-        + table(("control", "severity", "rule", "remediation"), rows)
-        + "\n## Roles\n\nWhat else a control is used for, declared with the control: [planning and upgrades]"
+        + "".join(f"## {family}\n\n" + table(("control", "severity", "rule", "remediation"), rows) + "\n"
+                  for family, rows in families.items())
+        + "## Roles\n\nWhat else a control is used for, declared with the control: [planning and upgrades]"
         "(../upgrades.md) ask for the controls of a role.\n\n" + table(("role", "meaning", "controls"), roles))
 
 
@@ -113,7 +111,9 @@ def metrics_page() -> str:
             + table(("metric", "labels", "meaning"), rows))
 
 
-def schema_page(title: str, file: str, intro: str) -> str:
+def schema_page(title: str, file: str, intro: str, every_default: bool = False) -> str:
+    """The page of a schema's keys; EVERY_DEFAULT: a default column in every table (else only where one is
+    declared)."""
     from orchestrator.settings import DURATION_EXAMPLES, MAX_DURATION_S, SETTINGS, duration_text
     words = {"duration": ("duration", DURATION_EXAMPLES),
              "durations": ("durations, comma-separated", f"{DURATION_EXAMPLES} each")}
@@ -179,8 +179,8 @@ def schema_page(title: str, file: str, intro: str) -> str:
             walk(defs[ref], "", sections[ref])
 
     def keys(rows: list) -> str:
-        """The table of ROWS; the default column only where the schema declares defaults."""
-        if any(row[2] for row in rows):
+        """The table of ROWS; the default column where the schema declares defaults (every_default: always)."""
+        if every_default or any(row[2] for row in rows):
             return table(("key", "type", "default", "meaning"), rows)
         return table(("key", "type", "meaning"), [(k, t, m) for k, t, _, m in rows])
 
@@ -222,15 +222,133 @@ def incidents_page() -> str:
             + table(("class", "what", "derived from", "repeat offender"), rows))
 
 
+# The commands by task: each of fleetctl's commands (cli/main.py BUILTIN) in exactly one (tests/unit/test_docs.py);
+# a plugin's command not named here is listed under "Plugins". A group's subcommands follow it.
+TASKS = {
+    "Audit and check": ("audit", "check", "probe"),
+    "Plan, upgrade and roll back": ("plan", "upgrade", "campaign", "rollback"),
+    "History, reports and hosts": ("report", "hosts", "metrics"),
+    "Set-up": ("config", "completion", "systemd", "lab"),
+}
+
+
+def shared_groups() -> dict[str, tuple[str, ...]]:
+    """Options several commands declare alike (cli/options.py), by group: a group's name -> its options' first
+    flags."""
+    from orchestrator.cli import options
+    return {"Notifications": tuple(s.short or s.flag for s in options.NOTIFICATIONS),
+            "Prometheus": tuple(s.short or s.flag for s in options.PROMETHEUS_SETTINGS),
+            "Hosts": ("--forks", "--no-preflight"),  # -i, -l and -b: each command words them for itself
+            "Output": ("--format", "-o")}
+
+
+def command_tree(group: click.Group, parent: click.Context):
+    """(context, command) of every visible command under GROUP, depth first, each with its parents' contexts (a
+    command's path then names its parents' arguments: `fleetctl lab inject HOST xid`)."""
+    for name in group.list_commands(parent):
+        command = group.get_command(parent, name)
+        if command is None or command.hidden:
+            continue
+        ctx = click.Context(command, info_name=name, parent=parent)
+        yield ctx, command
+        if isinstance(command, click.Group):
+            yield from command_tree(command, ctx)
+
+
+def text(help_text: str) -> str:
+    """A command's or option's help as Markdown: click's no-rewrap marks dropped, HTML's brackets and stars kept
+    as they are."""
+    lines = [line for line in inspect.cleandoc(help_text or "").splitlines() if line.strip() != "\b"]
+    return "\n".join(lines).replace("<", "&lt;").replace("*", "\\*")
+
+
+def cli_page() -> str:
+    """The commands by task (TASKS), each with its usage, help and own options; the options of shared_groups()
+    once, as most commands that take them word them, a command naming the groups it takes."""
+    from markdown.extensions.toc import slugify
+
+    from orchestrator.cli.main import cli
+    root = click.Context(cli, info_name="fleetctl")
+    tree: dict[str, list] = {}  # a top-level command -> (context, command) of it and its subcommands
+    for ctx, command in command_tree(cli, root):
+        top = ctx
+        while top.parent is not root:
+            top = top.parent
+        tree.setdefault(top.info_name, []).append((ctx, command))
+    records: dict[str, collections.Counter] = {}  # a shared option's first flag -> its help records, how often seen
+    groups = shared_groups()
+    first = {flag: name for name, flags in groups.items() for flag in flags}
+
+    def options(ctx, command):
+        """(first flag, help record) of COMMAND's options, --help left out."""
+        for param in command.get_params(ctx):
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            if record and "--help" not in param.opts:
+                yield param.opts[0], record
+
+    for entries in tree.values():
+        for ctx, command in entries:
+            for flag, record in options(ctx, command):
+                if flag in first:
+                    records.setdefault(flag, collections.Counter())[record] += 1
+    # A shared option as most commands word it, where at least two do alike.
+    usual = {flag: record for flag, seen in records.items() for record, n in seen.most_common(1) if n > 1}
+
+    def option_rows(rows) -> str:
+        return table(("option", "meaning"), [(f"`{opts}`", text(help_text)) for opts, help_text in rows])
+
+    def entry(ctx, command) -> str:
+        usage = " ".join([ctx.command_path, *command.collect_usage_pieces(ctx)])
+        own, shared = [], {}  # shared: the groups it takes, in the order of their first option
+        for flag, record in options(ctx, command):
+            if usual.get(flag) == record:
+                shared[first[flag]] = True
+            else:
+                own.append(record)
+        out = f"### {ctx.command_path}\n\n```text\n{usage}\n```\n\n{text(command.help)}\n\n"
+        if isinstance(command, click.Group):
+            subs = [(name, click.Context(command.get_command(ctx, name), info_name=name, parent=ctx).command_path)
+                    for name in command.list_commands(ctx)]
+            out += "Commands: " + ", ".join(f"[`{name}`](#{slugify(path, '-')})" for name, path in subs) + ".\n\n"
+        if own:
+            out += option_rows(own) + "\n"
+        if shared:
+            out += "Shared options: " + ", ".join(f"[{g}](#{g.lower()})" for g in shared) + ".\n\n"
+        return out
+
+    out = ("# Command line\n\nEvery command with its options and defaults, made from fleetctl's click commands at "
+           "each build, grouped by task; options several commands take alike are listed once, under [shared "
+           "options](#shared-options). A flag's default can come from the [configuration file](../configuration.md): "
+           "`fleetctl config show` says where each value comes from. Exit codes: [exit codes](exit-codes.md). "
+           "`-h`, `--help` shows a command's help.\n\n"
+           f"```text\nUsage: fleetctl [OPTIONS] COMMAND [ARGS]...\n```\n\n{text(cli.help)}\n\n")
+    placed = [name for names in TASKS.values() for name in names]
+    tasks = {**TASKS, "Plugins": tuple(name for name in tree if name not in placed)}
+    for task, names in tasks.items():
+        present = [name for name in names if name in tree]
+        if present:
+            out += f"## {task}\n\n" + "".join(entry(ctx, c) for name in present for ctx, c in tree[name])
+    out += ("## Shared options\n\nEach as most commands that take it word it (a command that words it otherwise "
+            "lists it among its own).\n\n")
+    for name, flags in groups.items():
+        rows = [usual[flag] for flag in flags if flag in usual]
+        if rows:
+            out += f"### {name}\n\n" + option_rows(rows) + "\n"
+    return out
+
+
 PAGES = {
+    "cli.md": cli_page,
     "incidents.md": incidents_page,
     "controls.md": controls_page,
     "steps.md": steps_page,
     "exit-codes.md": exit_codes_page,
     "metrics.md": metrics_page,
     "baseline.md": lambda: schema_page("Baseline reference", "baseline.schema.json",
-                                       "Every key of a baseline file (`-b`); [the baseline](../baseline.md) says how "
-                                       "a host's policy is put together."),
+                                       "Every key of a baseline file (`-b`) with its default; [the baseline]"
+                                       "(../baseline.md) says how a host's policy is put together. A key without a "
+                                       "default is not checked where left out, unless its meaning says otherwise.",
+                                       every_default=True),
     "notification.md": notifications_page,
     "config.md": lambda: schema_page("Configuration reference", "config.schema.json",
                                      "Every key of the configuration file; [configuration](../configuration.md) says "

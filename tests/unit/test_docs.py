@@ -4,7 +4,9 @@ code: every control, step, command, exit code, metric, configuration key and not
 
 from __future__ import annotations
 
+import collections
 import html
+import importlib.util
 import json
 import os
 import re
@@ -18,7 +20,7 @@ import pytest
 
 from orchestrator import config, controls
 from orchestrator.campaign import transitions
-from orchestrator.cli.main import cli
+from orchestrator.cli.main import BUILTIN, cli
 from orchestrator.exitcodes import BY_COMMAND, COMMON, Exit
 from orchestrator.prometheus import METRICS
 
@@ -29,15 +31,30 @@ README = (REPO / "README.md").read_text()
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """The site, built as CI builds it; a page's text by its path (`reference/controls`), without its tags and
-    without white space (a code span's tags stand between words and brackets)."""
+    without white space (a code span's tags stand between words and brackets); with RAW, its HTML."""
     out = tmp_path_factory.mktemp("site")
     proc = build(REPO, out)
     assert proc.returncode == 0, proc.stderr
 
-    def page(path: str) -> str:
+    def page(path: str, raw: bool = False) -> str:
         text = (out / path / "index.html").read_text() if path else (out / "index.html").read_text()
-        return squash(html.unescape(re.sub(r"<[^>]+>", "", text)))
+        return text if raw else squash(html.unescape(re.sub(r"<[^>]+>", "", text)))
     return page
+
+
+def hook():
+    """docs/hooks/generate.py, the module that makes the reference pages."""
+    spec = importlib.util.spec_from_file_location("generate", REPO / "docs" / "hooks" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sections(page: str) -> list[tuple[int, str, str]]:
+    """(level, heading, its HTML up to the next heading) of every h2 and h3 of PAGE (HTML)."""
+    parts = re.split(r"<h([23]) id=\"[^\"]*\">(.*?)</h[23]>", page)[1:]
+    return [(int(level), squash(html.unescape(re.sub(r"<[^>]+>", "", head)).replace("¶", "")), body)
+            for level, head, body in zip(parts[::3], parts[1::3], parts[2::3])]
 
 
 def build(root: Path, out: Path) -> subprocess.CompletedProcess:
@@ -54,7 +71,7 @@ def test_a_dead_link_fails_the_build(tmp_path):
     root.mkdir()
     shutil.copytree(REPO / "docs", root / "docs")
     shutil.copy(REPO / "mkdocs.yml", root)
-    for name in ("orchestrator", "collections", "schemas", "README.md"):
+    for name in ("orchestrator", "collections", "schemas", "inventory", "README.md"):
         (root / name).symlink_to(REPO / name)
     page = root / "docs" / "baseline.md"
     page.write_text(page.read_text() + "\nSee [nothing](reference/baseline.md#no-such-anchor).\n")
@@ -130,6 +147,50 @@ def test_the_cli_page_has_every_command_and_option(site):
                 assert opt in page, (heading, opt)
 
 
+def test_the_cli_page_lists_each_command_under_exactly_one_task(site):
+    """A reader looking for what to run for a task finds every fleetctl command under one task heading, with its
+    subcommands."""
+    tasks = hook().TASKS
+    assert sorted(name for names in tasks.values() for name in names if name in BUILTIN) == sorted(BUILTIN)
+    task, under = None, {}
+    for level, heading, _ in sections(site("reference/cli", raw=True)):
+        task = heading if level == 2 else task
+        if level == 3 and heading.startswith("fleetctl"):
+            assert heading not in under, heading
+            under[heading] = task
+    tops = cli.list_commands(click.Context(cli))
+    for heading, _ in commands(cli):
+        top = next(name for name in tops if heading.startswith(f"fleetctl{name}"))
+        assert under[heading] == next((squash(t) for t, names in tasks.items() if top in names), "Plugins"), heading
+
+
+def test_the_cli_page_lists_a_shared_option_once(site):
+    """The notification and Prometheus flags, which several commands take alike, are one row each under "Shared
+    options"; each command that takes them so names their group instead of repeating them (one that words a flag
+    otherwise lists it among its own)."""
+    from orchestrator.cli import options
+
+    parts = sections(site("reference/cli", raw=True))
+    bodies = {heading: body for _, heading, body in parts}
+    page = "".join(bodies.values())
+    groups = {"Notifications": options.NOTIFICATIONS, "Prometheus": options.PROMETHEUS_SETTINGS}
+    taken: dict[str, dict[str, str]] = {}  # a flag -> command heading -> its option as --help shows it
+    for heading, command in commands(cli):
+        for param in command.params:
+            if isinstance(param, click.Option):
+                taken.setdefault(param.opts[0], {})[heading] = param.get_help_record(click.Context(command))[0]
+    for group, settings in groups.items():
+        for s in settings:
+            usual = collections.Counter(taken[s.flag].values()).most_common(1)[0][0]
+            row = f"<td><code>{html.escape(usual, quote=False)}</code></td>"
+            assert page.count(row) == 1 and row in bodies[group], (group, s.flag)
+            for heading, shown in taken[s.flag].items():
+                expected = f'href="#{group.lower()}"' if shown == usual else \
+                    f"<td><code>{html.escape(shown, quote=False)}</code></td>"
+                assert expected in bodies[heading], (heading, s.flag)
+        assert sum(f'href="#{group.lower()}"' in body for body in bodies.values()) >= 3, group
+
+
 def test_the_exit_code_page_has_every_code_and_command(site):
     page = site("reference/exit-codes")
     for command, codes in BY_COMMAND.items():
@@ -152,6 +213,66 @@ def test_the_notification_page_has_every_event_with_its_records_and_severities(s
         assert squash(f"{note.event}{note.when}".replace("`", "")) in page, note.event
         assert all(squash(record) in page for record in note.records), note.event
         assert all(squash(f"{level} when {when}" if when else level) in page for level, when in note.severities)
+
+
+def schema_node(doc: dict, path: str) -> dict:
+    """The baseline schema's node at PATH ('policy.gate.alpha': $defs.policy, then properties)."""
+    node = doc["$defs"][path.split(".")[0]]
+    for key in path.split(".")[1:]:
+        node = node["properties"][key]
+    return node
+
+
+def test_the_baseline_reference_shows_the_default_each_key_takes_in_the_code(site):
+    """Each default the baseline page shows is what fleetctl does with the key left out."""
+    from orchestrator import baseline, gate, offenders, plan
+    from orchestrator.campaign import context, steps
+    from orchestrator.controls import gpu, interconnect
+
+    doc = json.loads((REPO / "schemas" / "baseline.schema.json").read_text())
+    bare = baseline.Baseline(path=REPO, name="b", digest="", groups={"all": {"canary": {"metrics": [
+        {"name": "m", "query": "q", "good": "higher", "max_change": 0.05}]}}})
+    canary = bare.canary_for([])
+    applied = {
+        "policy.xid.fail_on": gate.gate_policy({}).xid_fail_on,
+        "policy.gate.alpha": gate.gate_policy({}).alpha,
+        "policy.gate.min_samples": gate.gate_policy({}).min_samples,
+        "policy.gate.floor": gate.gate_policy({}).floor,
+        "policy.campaign.budget_hosts": plan.DEFAULT_BUDGET_HOSTS,
+        "policy.campaign.budget_percent": plan.DEFAULT_BUDGET_PERCENT,
+        "policy.campaign.activation": context.activation({}),
+        "policy.campaign.fabric_wait_s": steps.FABRIC_WAIT_S,
+        "policy.canary.on_missing": canary.on_missing,
+        "canary_metric.kind": canary.metrics[0].kind,
+        "canary_metric.host_label": canary.metrics[0].host_label,
+        "policy.gpus.max_unowned_memory_mib": gpu.LEAK_MIB,
+        "policy.interconnect.nvlink.errors_warn": interconnect.NVLINK_ERRORS_WARN,
+        "policy.incidents.repeat_offender.classes": list(offenders.policy(
+            {"incidents": {"repeat_offender": {"count": 1, "within": "1d"}}}).classes),
+    }
+    page = site("reference/baseline")
+    for path, value in applied.items():
+        node = schema_node(doc, path)
+        assert node["default"] == value, path
+        shown = node["default"] if isinstance(node["default"], str) else json.dumps(node["default"])
+        row, shown = path.split(".", 1)[1], squash(shown)
+        assert re.search(re.escape(row) + ".{0,300}?" + re.escape(shown + squash(node["description"])), page), path
+
+
+def test_the_first_audit_of_audit_your_fleet_runs_as_written(tmp_path):
+    """docs/fleet.md's first audit, pasted as it is (its example inventory and baseline valid), audits every host
+    of the inventory; hosts that cannot be reached are one row each, exit 3 as its table of exit codes says."""
+    command = (REPO / "docs/fleet.md").read_text().split("## The first audit", 1)[1].split("```sh\n", 1)[1]
+    args = command.split("```", 1)[0].split()
+    assert args[:2] == ["fleetctl", "audit"]
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args[1:], "--format", "json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "FLEETCTL_HOME": str(tmp_path), "PYTHONPATH": str(REPO)})
+    report = json.loads(proc.stdout)
+    assert proc.returncode == Exit.UNREACHABLE, proc.stderr
+    assert sorted(h["name"] for h in report["hosts"]) == [f"gpu-h100-0{i}.example.internal" for i in range(1, 5)] + \
+        [f"gpu-l40s-0{i}.example.internal" for i in range(1, 3)]
+    assert {f["control"] for h in report["hosts"] for f in h["findings"]} == {"host.reachable"}
 
 
 def test_the_example_configuration_file_is_read_as_written(tmp_path):
