@@ -24,7 +24,7 @@ import urllib.request
 import pytest
 
 from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_soak import next_campaign, wait_for
+from tests.lab.test_lab_soak import events, next_campaign, wait_for
 from tests.lab.test_lab_upgrade import FROM, TO, assert_on, show
 
 pytestmark = pytest.mark.lab
