@@ -15,9 +15,9 @@ bytecode (PYTHONDONTWRITEBYTECODE=1), so a module with none beside it (fleetctl'
 from its source on every run.
 
 --profile: also where the time of a run goes, median of RUNS fresh processes, each part in ms: start (the
-process's wall time less the parts below: the interpreter's start and exit), imports (fleetctl's, click's, the collection's modules), baseline (load, cached validation), NVML (the
-collector's NVML session: GPUs and interconnect), kernel log (Xid and SXid records), other facts (packages,
-commands, sysfs), evaluation (the controls) and output; JSON on the last line, to compare with a real GPU node's.
+process's wall time less the parts below: the interpreter's start and exit), imports (fleetctl's, click's, the
+collection's modules), baseline (load, cached validation), NVML (the collector's NVML session: GPUs and
+interconnect), kernel log (Xid and SXid records), other facts (packages, commands, sysfs), evaluation (the controls) and output; JSON on the last line, to compare with a real GPU node's.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ crc), the state, the speed and the version two ways: one nvmlDeviceGetFieldValue
 NVML_FI_DEV_NVLINK_ERROR_DL_* / GET_STATE / GET_SPEED / GET_VERSION ids, scopeId = link) and the per-link calls
 (nvmlDeviceGetNvLinkErrorCounter DL_REPLAY / DL_RECOVERY / DL_CRC_FLIT, nvmlDeviceGetNvLinkState,
 nvmlDeviceGetNvLinkVersion; NVML has no per-link speed call). Prints, as JSON on stdout: how many values each way
-returned, how many of those both returned are equal, the first that differ, and the time of each path (ms, median of --repeat, all
-GPUs); the time of the per-link calls `fleetctl check` now asks once a boot (version, remote type, remote PCI id)
+returned, how many of those both returned are equal, the first that differ, and the time of each path (ms, median
+of --repeat, all GPUs); the time of the per-link calls `fleetctl check` now asks once a boot (version, remote type, remote PCI id)
 and no more at all (the legacy crc_data / ecc_data counters); and fleetctl's own interconnect reading (its
 module_utils file, imported by path) as the audit reads it and as `fleetctl check` reads it, the first of a boot
 and after.
@@ -160,7 +160,8 @@ def main(argv=None):
         report = {
             "driver": attempt(pynvml.nvmlSystemGetDriverVersion), "nvml_bindings": getattr(pynvml, "__version__", None),
             "gpus": len(handles), "links": counts,
-            "field_values": {"asked": len(fields), "returned": sum(1 for v in fields.values() if not isinstance(v, str)),
+            "field_values": {"asked": len(fields),
+                             "returned": sum(1 for v in fields.values() if not isinstance(v, str)),
                              "not_returned": sorted({"%s: %s" % (k[2], v) for k, v in fields.items()
                                                      if isinstance(v, str)})},
             "per_call": {"asked": len(calls), "returned": sum(1 for v in calls.values() if not isinstance(v, str))},

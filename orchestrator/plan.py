@@ -420,8 +420,8 @@ def breaker_summary(report: dict[str, Any]) -> str | None:
     if not b:
         return None
     share = f", {b['percent']:g}% of the hosts changed within it" if b.get("percent") else ""
-    return (f"circuit breaker: the campaign halts (exit {int(Exit.HALTED)}) once max({b['failures']} failed hosts{share}) failed "
-            f"within {b['within']}, across waves")
+    return (f"circuit breaker: the campaign halts (exit {int(Exit.HALTED)}) once max({b['failures']} failed "
+            f"hosts{share}) failed within {b['within']}, across waves")
 
 
 def cohort(host: dict[str, Any]) -> str:

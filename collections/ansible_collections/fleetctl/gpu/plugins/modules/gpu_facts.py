@@ -796,7 +796,8 @@ DPKG_STATUS = "/var/lib/dpkg/status"
 DPKG_UPDATES = "/var/lib/dpkg/updates"  # dpkg's journal: records not yet folded into the status file
 RPM_DB_DIRS = ("/var/lib/rpm", "/usr/lib/sysimage/rpm")  # where EL, Fedora and SUSE keep the system's rpm database
 LD_CACHE = "/etc/ld.so.cache"
-_LD_CACHE_MAGIC = b"glibc-ld.so.cache1.1"  # ldconfig's format (alone since glibc 2.32, after the old one before): header 48 bytes, entries 24
+# ldconfig's format (alone since glibc 2.32, after the old one before): a header of 48 bytes, entries of 24
+_LD_CACHE_MAGIC = b"glibc-ld.so.cache1.1"
 IMEX_CTL_TIMEOUT_S = 10  # nvidia-imex-ctl -N asks the domain's daemons over the network (`fleetctl check`: 10 s too)
 
 _VERSION = r"(\d{1,9}\.\d{1,9}(?:\.\d{1,9})?)"  # bounded: int() refuses a part of thousands of digits
@@ -896,7 +897,8 @@ def ld_cache_entries(data):
 
         def string(offset):  # offsets count from the header's start
             return data[start + offset:data.index(b"\0", start + offset)].decode("utf-8", "replace")
-        return [(string(entry[1]), string(entry[2])) for entry in struct.iter_unpack("=iIIIQ", table)]  # flags, key, value
+        entries = struct.iter_unpack("=iIIIQ", table)  # flags, key, value, os version, hwcap
+        return [(string(entry[1]), string(entry[2])) for entry in entries]
     except (struct.error, ValueError):
         return None
 
