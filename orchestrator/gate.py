@@ -95,9 +95,11 @@ def gate_policy(policy: dict[str, Any]) -> GatePolicy:
 
 
 # What can fail a gate (or a soak check), the worst first: a summary names the worst problem and counts the rest.
-# An Xid names the cause of what the GPU count and a lost GPU show.
+# An Xid names the cause of what the GPU count and a lost GPU show. The canary metrics (the canary against its
+# control cohort over the same time) come before the self-comparisons (throughput, the canary command's last run
+# against its first): a drift the whole fleet shares fails those too, and is not excused while a canary metric fails.
 KINDS = ("driver", "Xid", "GPU lost", "GPU count", "reboot", "ECC", "row remap", "recovery action", "interconnect",
-         "control", "PCIe", "throughput", "canary metrics", "canary runs", "could not check")
+         "control", "PCIe", "canary metrics", "throughput", "canary command", "canary runs", "could not check")
 
 
 @dataclass(frozen=True)
@@ -295,7 +297,7 @@ def judge_throughput(before: dict[str, Any] | None, after: dict[str, Any] | None
                      broken: dict[str, str] | None = None, what: str = "throughput") -> Verdict:
     """The probe results' "throughput" objects (either may be None) -> Verdict. BROKEN: the after probe's
     throughput.* errors: a series missing after because its measurement broke is inconclusive, not a regression.
-    WHAT: the kind its problem is named by (KINDS: "canary metrics" for the canary's runs)."""
+    WHAT: the kind its problem is named by (KINDS: "canary command" for the canary command's runs)."""
     if before is None or after is None or not before["samples"] or not after["samples"]:
         side = " and ".join(s for s, t in (("before", before), ("after", after)) if t is None or not t["samples"])
         return Verdict("pass", [f"no throughput samples to compare (none {side})"])

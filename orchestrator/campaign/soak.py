@@ -35,7 +35,7 @@ from .transitions import HostState
 
 GATE_STEPS = ("probe_again", "probe_after")  # the gate probe a changed host passed last, newest first
 GATE_VERDICTS = {"gate": "end-of-soak gate", "gate_less_drift": "end-of-soak gate less the fleet's drift",
-                 "canary_gate": "canary metrics", "canary_gate_less_drift": "canary metrics less the fleet's drift"
+                 "canary_gate": "canary command", "canary_gate_less_drift": "canary command less the fleet's drift"
                  }  # an end-of-soak observation's verdicts (_final_throughput)
 
 
@@ -349,7 +349,7 @@ def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: d
     if len(runs) >= 2:
         (first_at, first), (last_at, last) = runs[0], runs[-1]
         canary = judged("canary_gate", "the canary command's last run against its first", first, last, first_at,
-                        last_at, what="canary metrics")
+                        last_at, what="canary command")
         if canary.status == "fail":
             fails += canary.problems
     return fails

@@ -78,7 +78,7 @@ def test_a_drift_that_begins_after_the_canarys_first_run_excuses_its_last_run_ag
         assert o.detail[key]["status"] == "pass" and o.detail[key]["metric"] == "tensor_active"
         assert o.detail[key]["moved"] == pytest.approx(-0.06, abs=0.01)
     said = next(n for n in o.detail["seen"] if n.startswith("the canary command's last run against its first"))
-    assert "canary metrics: 2 of 2 series below 0.95x" in said and "control cohort moved -6" in said
+    assert "canary command: 2 of 2 series below 0.95x" in said and "control cohort moved -6" in said
     assert said.endswith("less that fleet-wide drift, pass")
 
 
@@ -87,7 +87,7 @@ def test_a_canary_run_slower_than_the_drift_still_fails(store, tmp_path, monkeyp
     ctx = drifting(store, tmp_path)
     canary_runs(ctx, monkeypatch, 1.0, 0.80)
     o = observe(ctx, monkeypatch, slower(0.94), final=True)
-    assert o.status == "fail" and o.reason.startswith("end of the soak: canary metrics: 2 of 2 series below 0.95x")
+    assert o.status == "fail" and o.reason.startswith("end of the soak: canary command: 2 of 2 series below 0.95x")
     assert o.detail["canary_gate_less_drift"]["status"] == "fail" and o.detail["gate_less_drift"]["status"] == "pass"
 
 

@@ -182,10 +182,10 @@ def test_an_end_of_soak_gate_failing_several_ways_is_one_line_worst_first(soakin
         XID_119])
     o = observe(soaking, monkeypatch, slower, final=True)
     assert o.status == "fail" and o.reason == ("end of the soak: new Xid 119 (GSP RPC timeout) on 00000000:18:00.0: "
-                                               "severity critical (+2 more: throughput, canary metrics)")
+                                               "severity critical (+2 more: throughput, canary command)")
     assert o.detail["seen"][0] == ("new Xid 119 (GSP RPC timeout) on 00000000:18:00.0: severity critical [catalog] -> "
                                    "reset the GPU")
-    assert o.detail["seen"][2].startswith("canary metrics: 2 of 2 series below 0.95x their median before; worst")
+    assert o.detail["seen"][2].startswith("canary command: 2 of 2 series below 0.95x their median before; worst")
     assert o.detail["canary_gate"]["status"] == "fail" and len(o.detail["canary_gate"]["figures"]) == 2
 
 
@@ -282,7 +282,9 @@ def test_a_drift_excuses_no_more_than_itself_nor_a_canary_its_metrics_fail(store
     assert o.detail["gate_less_drift"]["status"] == "fail"
     ctx.prometheus.canary = 0.94
     o = observe(ctx, monkeypatch, slower(0.92), final=True)
-    assert o.status == "fail" and o.reason.endswith("(+1 more: canary metrics)") and "gate_less_drift" not in o.detail
+    # the canary against its controls names the failure; the self-comparison the drift also failed comes second
+    assert o.status == "fail" and o.reason.startswith("end of the soak: tensor_active: canary")
+    assert o.reason.endswith("(+1 more: throughput)") and "gate_less_drift" not in o.detail
     assert any(n.startswith("tensor_active: canary") and "past the 3% tolerated" in n for n in o.detail["seen"])
 
 
