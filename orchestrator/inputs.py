@@ -29,6 +29,7 @@ from yaml.composer import Composer
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent,
                          SequenceEndEvent, SequenceStartEvent)
+from yaml.nodes import MappingNode, ScalarNode
 from yaml.resolver import Resolver
 
 from .errors import InputError
@@ -213,6 +214,22 @@ class GuardedSafeLoader(Composer, _Events, SafeConstructor, Resolver):
         event = super().get_event()
         self.guard.see(event)
         return event
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        """A mapping that names a key twice is a YAML error (PyYAML would keep the last silently: a baseline's first
+        setting of a key lost without a word). A merge (<<) may still override what it brings."""
+        if isinstance(node, MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise ConstructorError("while reading a mapping", node.start_mark,
+                                           f"key {key_node.value!r} given twice (first on line "
+                                           f"{seen[key].start_mark.line + 1})", key_node.start_mark)
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node: Any) -> int:
         try:

@@ -53,6 +53,9 @@ def test_the_digest_is_the_files_sha256(tmp_path):
     ("groups: {all: {}}\n", "$: 'schema_version' is a required property"),
     ("schema_version: 1\ngroups:\n  all:\n    driver: {branches: [570]\n", "line 5 column 1: not valid YAML"),
     ("- just\n- a list\n", "$: expected object, found a list"),
+    # a key given twice: PyYAML would keep the second silently, the first setting lost without a word
+    ("schema_version: 1\ngroups:\n  all:\n    gpus: {max_pcie_replays: 5}\n    gpus: {count: 8}\n",
+     "line 5 column 5: not valid YAML: key 'gpus' given twice (first on line 4)"),
 ])
 def test_a_bad_baseline_is_one_line_naming_the_file_and_json_path(tmp_path, text, expected):
     path = write(tmp_path, "bad.yml", text)

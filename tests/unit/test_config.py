@@ -84,6 +84,7 @@ def test_paths_are_relative_to_the_file_and_lists_may_be_one_string(places):
     ("webhook: [\"https://a/x\", \"ftp://b\"]\n", "$.webhook: "),
     ("- inventory\n", "$: expected object, found a list"),
     ("inventory: [unclosed\n", "line 2 column 1: not valid YAML"),
+    ("forks: 4\nsoak: 2h\nforks: 8\n", "line 3 column 1: not valid YAML: key 'forks' given twice (first on line 1)"),
     ("1: x\n", "$: key 1 is not a string"),
     ("idle_timeout: 8785h\n", "$.idle_timeout: '8785h' is longer than a year"),  # the flag's bounds
     ("soak: 2h,5x\n", "$.soak: '5x' is not a duration (90, 90s, 5m or 2h)"),
