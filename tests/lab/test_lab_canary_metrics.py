@@ -23,9 +23,7 @@ import urllib.request
 
 import pytest
 
-from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_soak import events, next_campaign, wait_for
-from tests.lab.test_lab_upgrade import FROM, TO, assert_on, show
+from tests.helpers.lab import FROM, REPO_ROOT, TO, assert_on, events, fleetctl_lab, next_campaign, show, wait_for
 
 pytestmark = pytest.mark.lab
 
