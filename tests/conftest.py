@@ -1,7 +1,9 @@
 """Shared test setup: the fleetctl.gpu collection's modules and module_utils, importable as Ansible ships them."""
 import importlib.util
 import os
+import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,31 @@ def gpu_facts_module():
 def testdata():
     """Path of tests/testdata."""
     return TESTDATA
+
+
+@pytest.fixture(params=[b"", b"220 mail.example ESMTP\r\n"], ids=["silent", "not-ssh"])
+def silent_listener(request):
+    """A TCP port on loopback that accepts connections and never says a word, or never an SSH one (the pre-flight
+    judges the first itself; paramiko reads what the second says, and logs its traceback)."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+                held[-1].sendall(request.param)
+            except OSError:
+                continue
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    server.close()

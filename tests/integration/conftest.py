@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sshd_helper import SSHD, Fleetctl, SshServer, start_sshd, stop_sshd
+from tests.helpers.sshd import SSHD, Fleetctl, SshServer, start_sshd, stop_sshd
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import orchestrator
 from orchestrator import schemas
 from orchestrator.store import Store
 
-from sshd_helper import SSHD, Fleetctl, free_port, keygen
+from tests.helpers.sshd import SSHD, Fleetctl, free_port, keygen
 
 pytestmark = pytest.mark.skipif(not SSHD.is_file(), reason=f"{SSHD} not found: install openssh-server to run the "
                                                           "SSH integration tests")

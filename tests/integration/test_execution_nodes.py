@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from orchestrator import execution_nodes, inventory, runner
-from tests.cli_helpers import REPO, runs, tagged
+from tests.helpers.cli import REPO, runs, tagged
 
 RUNNER = Path(sys.executable).parent / "ansible-runner"
 

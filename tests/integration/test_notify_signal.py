@@ -10,9 +10,8 @@ import sqlite3
 import sys
 import time
 
-from tests.cli_helpers import interrupt
-from tests.integration.test_signals import start
-from tests.webhook_receiver import Receiver
+from tests.helpers.cli import interrupt, start
+from tests.helpers.webhooks import Receiver
 
 
 def test_sigterm_during_the_notification_keeps_the_findings(tmp_path):

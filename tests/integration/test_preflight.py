@@ -15,7 +15,7 @@ from pathlib import Path
 from orchestrator import preflight
 from orchestrator.inventory import Host
 
-from sshd_helper import keygen
+from tests.helpers.sshd import keygen
 
 REPO = Path(__file__).resolve().parents[2]
 SILENT, PER_PORT = 500, 50  # loopback ports that accept connections (the kernel's backlog) and never read or write

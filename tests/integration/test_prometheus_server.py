@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from orchestrator import promql
 from orchestrator.errors import InputError
 from orchestrator.inventory import Host
-from tests.cli_helpers import fleetctl, runs
+from tests.helpers.cli import fleetctl, runs
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 TENSOR = 'avg by (Hostname) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"{hosts}"})'

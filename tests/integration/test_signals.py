@@ -9,7 +9,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import interrupts
-from tests.cli_helpers import REPO, interrupt, tagged
-from tests.unit.test_quiet_failures import silent_listener  # noqa: F401 (the fixture)
+from tests.helpers.cli import interrupt, start, tag, tagged
 
 LISTEN_S = 120
 
@@ -56,19 +54,6 @@ def drip_server():
     yield f"http://127.0.0.1:{server.getsockname()[1]}/hook"
     stop.set()
     server.close()
-
-
-def start(tmp_path: Path, *args: str) -> subprocess.Popen:
-    env = dict(os.environ, FLEETCTL_HOME=str(tmp_path / "home"), FLEETCTL_CONFIG=os.devnull,
-               ANSIBLE_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               FLEETCTL_TEST_TAG=tag(tmp_path))
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-
-
-def tag(tmp_path: Path) -> str:
-    return f"{tmp_path.name}-{os.getpid()}"
 
 
 def history(tmp_path: Path) -> list[sqlite3.Row]:

@@ -23,9 +23,7 @@ import urllib.request
 
 import pytest
 
-from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_soak import events, next_campaign, wait_for
-from tests.lab.test_lab_upgrade import FROM, TO, assert_on, show
+from tests.helpers.lab import FROM, REPO_ROOT, TO, assert_on, events, fleetctl_lab, next_campaign, show, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -46,7 +44,12 @@ def lab(tmp_path_factory):
     with fleetctl_lab(workdir, (f"4xh100-sxm/2@{FROM}",), prometheus=True) as handle:
         handle.baseline = str(workdir / "b.yml")
         handle.bad_baseline = str(workdir / "bad.yml")
-        # The drift campaign: the docs' 5% tolerance of a metric, the default gate.
+        # The drift campaign: the default gate, and tensor activity tolerated at 5% (docs/baseline.md's figure), not
+        # the 3% of the others. Under a fleet-wide drift CI once judged the canary 4.1% below its controls (an 8%
+        # drift, a 90 s soak), past 3%, with no fault on it: a spread of the canary-against-controls verdict
+        # (canary.judge_level). The estimator fixed since is the controls' movement the gate takes out
+        # (canary.control_moved), which that verdict does not use; the verdict is unchanged and has not been measured
+        # at 3% since, so 5% stays: a canary whose fault is only the drift must pass.
         handle.drift_baseline = str(workdir / "drift.yml")
         for path, query, tolerated in ((handle.baseline, TENSOR, "3%"), (handle.drift_baseline, TENSOR, "5%"),
                                        (handle.bad_baseline, TENSOR.replace("avg by", "avg bye"), "3%")):
@@ -206,10 +209,10 @@ def test_prometheus_stopped_during_the_soak_holds_the_campaign_and_resumed_it_co
 
 
 def test_a_fleet_wide_drift_during_the_soak_is_no_regression(lab):
-    """Every host 6% slower from the canary's first soak check on (`lab drift 0.94`), the default gate, a canary
-    command running at each check (issue 42): against itself the canary fails its end-of-soak gate and its last run
-    against its first; against its controls, which moved as much, it passes, and that decides: every host on the
-    target, exit 0."""
+    """Every host 6% slower from the canary's first soak check on (`lab drift 0.94`), the default gate (tensor
+    activity tolerated at 5%: the lab fixture says why), a canary command running at each check (issue 42): against
+    itself the canary fails its end-of-soak gate and its last run against its first; against its controls, which
+    moved as much, it passes, and that decides: every host on the target, exit 0."""
     with_history(lab)
     try:
         proc, cid = during_the_soak(lab, LATER, "120s", lambda: lab.fleetctl("lab", "drift", DRIFT),

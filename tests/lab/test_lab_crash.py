@@ -28,9 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_upgrade import (FAST, FROM, ROLLBACK_STEPS, TO, UPGRADE_STEPS, assert_on, hosts_of, kill_tree,
-                                        show, steps_of, write_baseline)
+from tests.helpers.lab import (FAST, FROM, REPO_ROOT, ROLLBACK_STEPS, TO, UPGRADE_STEPS, assert_on, boots,
+                               fleetctl_lab, hosts_of, kill_tree, show, steps_of, write_baseline)
 
 pytestmark = pytest.mark.lab
 
@@ -121,11 +120,6 @@ def finish(lab, cid: int) -> int:
                  for p in sorted(hosts_dir.glob("*/supervisor.log"))}
         pytest.fail(f"campaign resume {cid} ran past 900 s\noutput: {e.stdout!r}\ncampaign log tail: "
                     f"{[json.dumps(x) for x in events(lab, cid)[-5:]]}\nsupervisor logs: {tails}")
-
-
-def boots(lab) -> dict[str, int]:
-    rows = json.loads(lab.fleetctl("lab", "status", "--format", "json").stdout)
-    return {r["name"]: r["boots"] for r in rows}
 
 
 def check_campaign(lab, cid: int, boots_before: dict[str, int], versions: dict[str, str],

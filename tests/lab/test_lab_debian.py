@@ -10,8 +10,8 @@ import json
 import subprocess
 
 import pytest
+from tests.helpers.lab import ANSIBLE, REPO_ROOT, fleetctl_lab
 
-from tests.lab.conftest import ANSIBLE, REPO_ROOT, fleetctl_lab
 
 pytestmark = pytest.mark.lab
 COLLECTIONS = REPO_ROOT / "collections"

@@ -20,9 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_soak import wait_for
-from tests.lab.test_lab_upgrade import assert_on, kill_tree, show
+from tests.helpers.lab import REPO_ROOT, assert_on, fleetctl_lab, kill_tree, show, wait_for
 
 pytestmark = pytest.mark.lab
 

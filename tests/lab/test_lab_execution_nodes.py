@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import REPO
-from tests.lab.conftest import fleetctl_lab
-from tests.lab.test_lab_upgrade import FAST, FROM, TO, UPGRADE_STEPS, assert_on, hosts_of, show, steps_of
+from tests.helpers.cli import REPO
+from tests.helpers.lab import FAST, FROM, TO, UPGRADE_STEPS, assert_on, fleetctl_lab, hosts_of, show, steps_of
 
 pytestmark = pytest.mark.lab
 

@@ -5,8 +5,8 @@ emulated NDR HCAs; `lab inject` downs an InfiniBand port on one and logs a fatal
 from __future__ import annotations
 
 import pytest
+from tests.helpers.lab import fleetctl_lab
 
-from tests.lab.conftest import fleetctl_lab
 
 pytestmark = pytest.mark.lab
 

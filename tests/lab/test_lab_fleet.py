@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.helpers.lab import fleetctl_lab
 
-from tests.lab.conftest import fleetctl_lab
 
 pytestmark = pytest.mark.lab
 

@@ -5,8 +5,8 @@ real SSH: each control fails on its host with a message naming the fault and pas
 from __future__ import annotations
 
 import pytest
+from tests.helpers.lab import fleetctl_lab
 
-from tests.lab.conftest import fleetctl_lab
 
 pytestmark = pytest.mark.lab
 

@@ -13,8 +13,8 @@ import json
 import re
 
 import pytest
+from tests.helpers.lab import fleetctl_lab
 
-from tests.lab.conftest import fleetctl_lab
 
 pytestmark = pytest.mark.lab
 

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from tests.lab.conftest import fleetctl_lab
-from tests.lab.test_lab_upgrade import FAST, TO, assert_on, hosts_of, show
+from tests.helpers.lab import FAST, TO, assert_on, fleetctl_lab, hosts_of, show
 
 pytestmark = pytest.mark.lab
 

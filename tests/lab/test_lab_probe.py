@@ -11,7 +11,7 @@ import json
 import pytest
 
 from orchestrator import schemas
-from tests.lab.conftest import fleetctl_lab
+from tests.helpers.lab import fleetctl_lab
 
 pytestmark = pytest.mark.lab
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.helpers.lab import REPO_ROOT, kill_processes_mentioning
 
-from tests.lab.conftest import REPO_ROOT, kill_processes_mentioning
 
 pytestmark = pytest.mark.lab
 

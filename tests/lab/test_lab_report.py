@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator import schemas
 from orchestrator.exitcodes import Exit
-from tests.lab.conftest import REPO_ROOT, fleetctl_lab
+from tests.helpers.lab import REPO_ROOT, fleetctl_lab
 
 pytestmark = pytest.mark.lab
 

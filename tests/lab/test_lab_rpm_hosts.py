@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.helpers.lab import fleetctl_lab
 
-from tests.lab.conftest import fleetctl_lab
 
 pytestmark = pytest.mark.lab
 

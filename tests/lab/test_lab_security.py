@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import fleetctl_lab
-from tests.lab.test_lab_upgrade import FAST, FROM, TO, assert_on, hosts_of, show, write_baseline
+from tests.helpers.lab import FAST, FROM, TO, assert_on, fleetctl_lab, hosts_of, show, write_baseline
 
 pytestmark = pytest.mark.lab
 

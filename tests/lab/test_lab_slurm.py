@@ -22,8 +22,7 @@ import yaml
 
 from orchestrator import slurm as slurm_mod
 from orchestrator.timefmt import parse
-from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_upgrade import FROM, TO, assert_on, driver_state, hosts_of, show, write_baseline
+from tests.helpers.lab import FROM, REPO_ROOT, TO, assert_on, driver_state, fleetctl_lab, hosts_of, show, write_baseline
 from fleetctl_lab import state
 
 pytestmark = pytest.mark.lab

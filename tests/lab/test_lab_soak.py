@@ -9,7 +9,6 @@ command starts failing and one host's throughput drops.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -21,9 +20,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.cli_helpers import tagged
-from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_upgrade import FROM, TO, assert_on, hosts_of, show
+from tests.helpers.cli import tagged
+from tests.helpers.lab import (FROM, REPO_ROOT, TO, assert_on, events, fleetctl_lab, hosts_of, next_campaign, show,
+                               wait_for)
 
 pytestmark = pytest.mark.lab
 
@@ -47,27 +46,6 @@ def lab(tmp_path_factory):
 def upgrade(lab, to: str, hosts: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "orchestrator.cli", "upgrade", "--to", to, "-i", lab.inventory, "-l", hosts,
             "-b", lab.baseline, *PROBE, *args]
-
-
-def events(lab, cid: int) -> list[dict]:
-    path = Path(lab.env["FLEETCTL_HOME"]) / "campaigns" / f"{cid}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for(lab, cid: int, proc: subprocess.Popen, what, within: float = 600) -> list[dict]:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        seen = events(lab, cid)
-        if any(what(e) for e in seen):
-            return seen
-        assert proc.poll() is None, f"fleetctl ended early ({proc.returncode}): {[e['event'] for e in seen]}"
-        time.sleep(0.5)
-    raise AssertionError(f"campaign {cid}: no such event within {within}s")
-
-
-def next_campaign(lab) -> int:
-    """The id the next campaign will get (each test can run alone)."""
-    return len(list((Path(lab.env["FLEETCTL_HOME"]) / "campaigns").glob("*.jsonl"))) + 1
 
 
 def soak_records(doc: dict, host: str) -> dict:

@@ -20,9 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.exitcodes import Exit
-from tests.lab.conftest import REPO_ROOT, fleetctl_lab
-from tests.lab.test_lab_crash import boots
-from tests.lab.test_lab_upgrade import FAST, FROM, TO, assert_on, kill_tree, show
+from tests.helpers.lab import FAST, FROM, REPO_ROOT, TO, assert_on, boots, fleetctl_lab, kill_tree, show
 
 pytestmark = pytest.mark.lab
 

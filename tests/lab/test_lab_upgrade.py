@@ -8,9 +8,7 @@ one (TestEightHosts); test 5, kill -9 at every kind of step, is tests/lab/test_l
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -19,42 +17,16 @@ from pathlib import Path
 import pytest
 
 from orchestrator import schemas
-from tests.cli_helpers import runs
-from tests.lab.conftest import fleetctl_lab
-from tests.webhook_receiver import Receiver, closed_port, recorded, recorder
+from tests.helpers.cli import runs
+from tests.helpers.lab import (FAST, FROM, ROLLBACK_STEPS, TO, UPGRADE_STEPS, assert_on, fleetctl_lab, hosts_of, show,
+                               steps_of, write_baseline)
+from tests.helpers.webhooks import Receiver, closed_port, recorded, recorder
 
 pytestmark = pytest.mark.lab
-
-FROM, TO = "550.163.01", "570.86.15"
-FAST = ("--yes", "--soak", "0", "--warmup", "0", "--trial", "0.02", "--samples", "10", "--idle-timeout", "20")
-UPGRADE_STEPS = ["precheck", "probe_before", "drain", "wait_idle", "install", "activate", "verify", "probe_after",
-                 "undrain"]
-ROLLBACK_STEPS = ["rollback_drain", "rollback_wait_idle", "rollback_install", "rollback_activate", "rollback_verify",
-                  "rollback_probe", "rollback_undrain"]
 
 
 def upgrade(lab, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return lab.fleetctl("upgrade", "--to", TO, "-i", lab.inventory, *FAST, *args, timeout=timeout)
-
-
-def show(lab, cid: int = 1) -> dict:
-    proc = lab.fleetctl("campaign", "show", str(cid), "--format", "json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def driver_state(lab, host: str) -> dict:
-    """What is on the host: installed NVIDIA driver packages (version, held) and the loaded module."""
-    out = lab.ssh(host, "dpkg-query -W -f='${Package} ${Version} ${Status}\\n' 'nvidia-driver-*' "
-                        "'nvidia-persistenced' 'nvidia-fabricmanager-*' 2>/dev/null; echo module $(cat /sys/module/nvidia/version 2>/dev/null)").stdout
-    pkgs, module = {}, None
-    for line in out.splitlines():
-        words = line.split()
-        if words and words[0] == "module":
-            module = words[1] if len(words) > 1 else None
-        elif len(words) >= 5 and words[-1] == "installed":
-            pkgs[words[0]] = (words[1], words[2] == "hold")
-    return {"packages": pkgs, "module": module}
 
 
 def wait_for_ssh(lab, host: str, within: float = 30) -> None:
@@ -65,34 +37,10 @@ def wait_for_ssh(lab, host: str, within: float = 30) -> None:
     lab.ssh(host, "true")
 
 
-def assert_on(lab, host: str, version: str) -> None:
-    """Exactly one driver version on HOST: every driver package at it and held, and the module running it."""
-    s = driver_state(lab, host)
-    drivers = {n: v for n, v in s["packages"].items() if n.startswith("nvidia-driver-")}
-    assert len(drivers) == 1, (host, s)
-    assert all(v.startswith(version + "-") and held for v, held in s["packages"].values()), (host, s)
-    assert s["module"] == version, (host, s)
-
-
 def campaign_runs(lab) -> list[tuple]:
     """(status, exit code, campaign state) of each run that drove a campaign, as a plain query of the history reads."""
     return [(r["status"], r["exit_code"], json.loads(r["summary"]).get("state")) for r in runs(lab.workdir / "home")
             if r["kind"] == "campaign"]
-
-
-def hosts_of(doc: dict) -> dict[str, dict]:
-    return {h["name"]: h for h in doc["hosts"]}
-
-
-def steps_of(host: dict) -> list[str]:
-    return [s["step"] for s in host["steps"]]
-
-
-def write_baseline(path: Path, budget_hosts: int) -> str:
-    path.write_text("schema_version: 1\nname: lab-upgrade\ngroups:\n  all:\n"
-                    "    driver: {branches: ['550', '570'], held: true}\n"
-                    f"    campaign: {{budget_hosts: {budget_hosts}, budget_percent: 10, fabric_wait_s: 15}}\n")
-    return str(path)
 
 
 # ---- 1. 550 -> 570 across 8 hosts in 3 waves; 4. noise only: and back in one wave, no gate fails -----------
@@ -241,33 +189,6 @@ def test_throughput_regression_fails_the_canary(tmp_path):
 
 
 # ---- 5. kill -9 at every kind of step: tests/lab/test_lab_crash.py --------------------------------------
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL PID and everything it started (ansible-playbook, ssh): what systemd's KillMode=control-group does."""
-    for _ in range(3):  # children forked while we walk the tree are caught by the next pass
-        for child in reversed(descendants(pid)):
-            try:
-                os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
 
 
 # ---- 6. unreachable mid-wave, install failure, GPU off the bus at reboot: per the budget ------------------

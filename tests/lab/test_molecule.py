@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from tests.helpers.lab import kill_processes_mentioning
 
-from tests.lab.conftest import kill_processes_mentioning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROLES = REPO_ROOT / "collections/ansible_collections/fleetctl/gpu/roles"

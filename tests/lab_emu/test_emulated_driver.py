@@ -6,7 +6,6 @@ subprocesses with NVIDIA_LAB_ROOT pointing at the root.
 """
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -23,12 +22,9 @@ from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_gpus
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_gpus import parse_smi_xml
 from fleetctl_lab import packages
 from fleetctl_lab.skus import SKUS, host_copy_gbs
+from tests.helpers.emu import LIB, MISSING, REPO, deb, dpkg_deb, env_for, set_loaded
 
-REPO = Path(__file__).resolve().parents[2]
-MODULE_UTILS = REPO / "collections/ansible_collections/fleetctl/gpu/plugins/module_utils"
 TESTDATA = REPO / "tests" / "testdata"
-LIB = "usr/lib/x86_64-linux-gnu"
-MISSING = [t for t in ("gcc", "dpkg-deb", "dpkg-scanpackages") if shutil.which(t) is None]
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="building the lab packages needs %s" % ", ".join(MISSING))
 
 # Two H100s with values away from the defaults; gpu 1 may be lost.
@@ -80,20 +76,6 @@ gpu.1.mem_used_mib=300         # held with no process: a leaked context
 """
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    path = tmp_path_factory.mktemp("repo")
-    return path, packages.build_repo(path)
-
-
-def deb(repo, name, version):
-    return next(Path(p["path"]) for p in repo[1] if p["name"] == name and p["version"].startswith(version))
-
-
-def dpkg_deb(*args):
-    return subprocess.run(["dpkg-deb", *map(str, args)], check=True, capture_output=True, text=True).stdout
-
-
 @pytest.fixture
 def make_host(repo, tmp_path):
     """make_host(version, loaded=version, lost=0): a fake root with that driver and pynvml unpacked, and (as on a
@@ -123,20 +105,6 @@ def make_host(repo, tmp_path):
     for fm in managers:
         fm.terminate()
         fm.wait(10)
-
-
-def set_loaded(root, version):
-    path = root / "sys/module/nvidia/version"
-    if version is None:
-        path.unlink(missing_ok=True)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(version + "\n")
-
-
-def env_for(root):
-    return dict(os.environ, NVIDIA_LAB_ROOT=str(root), LD_LIBRARY_PATH=str(root / LIB),
-                PYTHONPATH=os.pathsep.join([str(root / "usr/lib/python3/dist-packages"), str(MODULE_UTILS)]), LC_ALL="C")
 
 
 def py(root, code):

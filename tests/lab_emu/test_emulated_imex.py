@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,8 +12,7 @@ import pytest
 
 from fleetctl_lab import packages
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_emulated_driver import MISSING, deb, dpkg_deb, repo  # noqa: E402,F401
+from tests.helpers.emu import MISSING, deb, dpkg_deb
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason="building the lab packages needs %s" % ", ".join(MISSING))
 OLD, NEW = "570.86.15", "580.95.05"

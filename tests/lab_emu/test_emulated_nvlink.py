@@ -21,8 +21,7 @@ from fleetctl_lab.conf import read_conf
 from fleetctl_lab.skus import SKUS
 from orchestrator.errors import InputError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_emulated_driver import LIB, MISSING, deb, dpkg_deb, env_for, repo, set_loaded  # noqa: E402,F401
+from tests.helpers.emu import MISSING, deb, dpkg_deb, env_for, set_loaded
 
 TESTDATA = Path(__file__).resolve().parents[1] / "testdata" / "h200x2-580.159.04"
 V = "580.95.05"

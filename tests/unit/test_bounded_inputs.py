@@ -21,7 +21,7 @@ import pytest
 from orchestrator import inputs, settings
 from orchestrator.cli import cli
 from orchestrator.exitcodes import Exit
-from tests.cli_helpers import REPO, runs
+from tests.helpers.cli import REPO, runs
 
 MEMORY_LIMIT = 2 * 1024 ** 3
 PATH_SETTINGS = [s for s in settings.SETTINGS if s.path]

@@ -1,6 +1,6 @@
 """The campaign's circuit breaker (baseline campaign.breaker, issue 44): failures across waves, each wave within its
 own budget, halt the campaign once they reach the breaker's limit within its window. Driven by the real engine with
-scripted steps (tests/unit/test_campaign_engine.py), the journal's times set by the test clock."""
+scripted steps (tests/helpers/campaign.py), the journal's times set by the test clock."""
 
 from __future__ import annotations
 
@@ -14,11 +14,17 @@ from orchestrator.campaign.engine import Engine
 from orchestrator.campaign.journal import Journal
 from orchestrator.errors import InputError
 from orchestrator.exitcodes import Exit
-from tests.unit.test_campaign_engine import Script, options_of, parts, plan_of
-from tests.unit.test_notify import drive, receivers, store, valid  # noqa: F401 (the fixtures)
-from tests.unit.test_plan import device_facts, entry, on  # noqa: F401 (the fixture)
+from tests.helpers.campaign import Script, options_of, parts, plan_of
+from tests.helpers.facts import entry, on
+from tests.helpers.notify import drive, valid
 
 T0 = "2026-03-02T10:00:00Z"
+
+
+@pytest.fixture
+def store(quick_webhooks, store):
+    """The store, its notifications quick (conftest.py's quick_webhooks)."""
+    return store
 
 
 class Timed(Script):
@@ -45,7 +51,7 @@ def wave(name: str, size: int = 10) -> list[str]:
 
 
 def begin(store, script, *waves, breaker=None, **options):
-    """As test_campaign_engine.start, with the plan's breaker as plan.breaker reads it off a baseline policy."""
+    """As helpers.campaign.start, with the plan's breaker as plan.breaker reads it off a baseline policy."""
     names = [h for w in waves for h in w]
     fleet = inventory.Fleet("test", tuple(inventory.Host(n, ("all",)) for n in names), frozenset({"all"}), {})
     journal = Journal(store)

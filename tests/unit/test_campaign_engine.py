@@ -14,15 +14,14 @@ import psutil
 import pytest
 
 from orchestrator import baseline as baseline_mod, inventory
-from orchestrator.campaign import engine as engine_mod, steps, transitions
-from orchestrator.campaign.engine import Engine, Parts
+from orchestrator.campaign import engine as engine_mod, transitions
+from orchestrator.campaign.engine import Engine
 from orchestrator.campaign.journal import Journal
-from orchestrator.campaign.options import CampaignOptions
 from orchestrator.errors import OperationError
 from orchestrator.exitcodes import Exit
-from orchestrator.store import Store, process_alive, process_gone, process_identity, process_start
+from orchestrator.store import process_alive, process_gone, process_identity, process_start
+from tests.helpers.campaign import SOAKING, UPGRADE, Script, Watch, options_of, parts, plan_of, start, states
 
-UPGRADE = ["precheck", "probe_before", "drain", "wait_idle", "install", "activate", "verify", "probe_after", "undrain"]
 ROLLBACK = ["rollback_drain", "rollback_wait_idle", "rollback_install", "rollback_activate", "rollback_verify",
             "rollback_probe", "rollback_undrain"]
 
@@ -69,80 +68,6 @@ def test_campaign_table_and_exit_codes():
 
 
 # ---- the journal and the engine with scripted steps -------------------------------------------------------
-
-def plan_of(*waves: list[str], fail_at: list[int] | None = None, domains: dict[str, str] | None = None,
-            gpus: dict[str, tuple[int, str]] | None = None) -> dict:
-    """A recorded plan of WAVES; DOMAINS: host -> its NVLink domain (the budget then counts domains); GPUS: host ->
-    (its GPU count, their model) as planning found them (default 2, unknown model)."""
-    fail_at = fail_at or [1] + [2] * (len(waves) - 1)
-    domains, gpus = domains or {}, gpus or {}
-    return {"target": "570.86.15", "ramp": ["1", "100%"], "group_order": ["all"], "skipped": [], "excluded": [],
-            "waves": [{"index": i, "size": len(w), "cumulative": 0,
-                       "budget": {"canary": i == 1, "fail_at": fail_at[i - 1], "budget_hosts": None,
-                                  "budget_percent": None, "unit": "domain" if domains else "host",
-                                  "rule": f"fails at {fail_at[i - 1]}"},
-                       "hosts": [{"name": h, "groups": [], "from_version": "550.163.01", "change": "upgrade",
-                                  "domain": domains.get(h), "gpus": gpus.get(h, (2, None))[0],
-                                  "gpu_model": gpus.get(h, (2, None))[1]} for h in w]}
-                      for i, w in enumerate(waves, 1)]}
-
-
-OPTIONS = {"forks": None, "soak_s": 0, "rollback_scope": "campaign", "window_end": None,
-           "hooks": {"drain": None, "undrain": None, "timeout_s": 10}, "idle": {"timeout_s": 1, "poll_s": 1},
-           "probe": {"samples": 10, "warmup_s": 0, "trial_s": 0.02}}
-
-
-@pytest.fixture
-def store(tmp_path):
-    with Store(tmp_path / "history.sqlite3") as s:
-        yield s
-
-
-class Script:
-    """Stands in for steps.STEPS: every step ok, except the outcomes given per (host, step); records calls."""
-
-    def __init__(self, outcomes: dict[tuple[str, str], str] | None = None, crash_at: tuple[str, str] | None = None):
-        self.outcomes = outcomes or {}
-        self.crash_at = crash_at
-        self.calls: list[tuple[str, tuple[str, ...]]] = []
-
-    def __getitem__(self, step):
-        def run(ctx, hosts):
-            self.calls.append((step, tuple(hosts)))
-            if self.crash_at and self.crash_at[1] == step and self.crash_at[0] in hosts:
-                self.crash_at = None
-                raise KeyboardInterrupt("crash")
-            out = {}
-            for h in hosts:
-                outcome = self.outcomes.get((h, step), "ok")
-                before = {"version": "550.163.01", "packages": {}, "boot_id": "b", "gpus": 2} if step == "precheck" else None
-                out[h] = steps.Outcome(outcome, None if outcome == "ok" else f"{step} {outcome}", {}, before)
-            return out
-        return run
-
-
-def start(store, script, *waves, fail_at=None, observe=None, domains=None, gpus=None, **options):
-    """A campaign over WAVES driven by an engine given SCRIPT as its steps (and OBSERVE as its soak checks)."""
-    names = [h for w in waves for h in w]
-    fleet = inventory.Fleet("test", tuple(inventory.Host(n, ("all",)) for n in names), frozenset({"all"}), {})
-    journal = Journal(store)
-    run_id, _ = store.begin_run("campaign", [], "test", None, None)
-    cid, locked = journal.create(run_id, plan_of(*waves, fail_at=fail_at, domains=domains, gpus=gpus),
-                                 options_of(**options))
-    return journal, cid, Engine(journal, journal.handle(cid), fleet, baseline_mod.load(None), parts(script, observe))
-
-
-def options_of(**options) -> CampaignOptions:
-    return CampaignOptions.from_dict(dict(OPTIONS, **options))
-
-
-def parts(script, observe=None) -> Parts:
-    return Parts(steps=script, observe=observe) if observe else Parts(steps=script)
-
-
-def states(journal, cid):
-    return {r["host"]: r["state"] for r in journal.hosts(cid)}
-
 
 def test_waves_in_order_batched_per_step(store):
     script = Script()
@@ -473,25 +398,6 @@ def test_soak_lengths_one_per_gap_the_last_repeated():
     for bad in ("2h,,30m", "", "2h,x", "-5", "2h,400d", "2h,9000h"):
         with pytest.raises(ValueError, match="is not a duration|is longer than a year"):
             settings.SOAK.parse(bad)
-
-
-class Watch:
-    """Stands in for soak.observe: every watched host ok, except (host, gap, kind) -> reason; records calls."""
-
-    def __init__(self, failures: dict[tuple[str, int, str], str] | None = None):
-        self.failures = failures or {}
-        self.calls: list[tuple[str, tuple[str, ...]]] = []
-
-    def __call__(self, ctx, hosts, final):
-        kind = "gate" if final else "check"
-        gap = ctx.journal.campaign(ctx.campaign)["wave"] - 1
-        self.calls.append((kind, tuple(hosts)))
-        return {h: soak.Observation("fail", f"soak: {self.failures[(h, gap, kind)]}", {"seen": ["x"]})
-                if (h, gap, kind) in self.failures else soak.Observation("ok", None, {"marker": {"seq": len(self.calls)}})
-                for h in hosts}
-
-
-SOAKING = {"soak_s": [0.4], "soak_interval_s": 0.1}
 
 
 def test_a_soak_check_watches_every_changed_host_then_gates_them_at_its_end(store):

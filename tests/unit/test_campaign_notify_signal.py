@@ -1,6 +1,6 @@
 """A signal while a campaign that has stopped waits for its last notifications (issue 36): the campaign keeps its
 outcome and its run is closed with it; only the notification is recorded as interrupted. The real engine with
-scripted steps (tests/unit/test_campaign_engine.py) and a real loopback webhook that holds the last event open."""
+scripted steps (tests/helpers/campaign.py) and a real loopback webhook that holds the last event open."""
 
 from __future__ import annotations
 
@@ -13,8 +13,13 @@ import time
 import pytest
 
 from orchestrator import interrupts, notify, runs, upgrade
-from tests.unit.test_campaign_engine import Script, start
-from tests.unit.test_notify import receivers, store  # noqa: F401 (the fixtures)
+from tests.helpers.campaign import Script, start
+
+
+@pytest.fixture
+def store(quick_webhooks, store):
+    """The store, its notifications quick (conftest.py's quick_webhooks)."""
+    return store
 
 
 def test_sigterm_during_a_finished_campaigns_last_notification_keeps_its_outcome(store, receivers, monkeypatch):

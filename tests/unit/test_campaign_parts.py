@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.campaign import hooks, packages
 from orchestrator.errors import InputError
-from tests.cli_helpers import fleetctl, runs
+from tests.helpers.cli import fleetctl, runs
 
 UBUNTU_550 = [  # what gpu_facts lists on an Ubuntu HGX host with the 550 server-open driver (dpkg names)
     {"name": "nvidia-driver-550-server-open", "version": "550.163.01-0ubuntu0.24.04.1", "role": "driver"},

@@ -1,5 +1,5 @@
 """Per-host pipelines (`--pace host`): within a wave, each host goes from wait_idle to undrain as soon as its own
-jobs have ended, bounded by --max-in-flight; the scripted steps of test_campaign_engine, with a wait_idle that
+jobs have ended, bounded by --max-in-flight; the scripted steps of helpers.campaign, with a wait_idle that
 answers `wait` while a host's jobs still run."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from orchestrator.campaign import steps, transitions
 from orchestrator.campaign.engine import Clock
 from orchestrator.timefmt import parse as parse_time
 
-from tests.unit.test_campaign_engine import UPGRADE, Script, start, states, store  # noqa: F401 (store: the fixture)
+from tests.helpers.campaign import UPGRADE, Script, start, states
 
 
 class Jobs(Script):

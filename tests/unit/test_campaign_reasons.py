@@ -12,27 +12,11 @@ from rich.console import Console
 from orchestrator import probe, upgrade
 from orchestrator.campaign import steps
 from orchestrator.cli import campaign_view
-from tests.unit.test_campaign_engine import Script, start, store  # noqa: F401 (the fixture)
-from tests.unit.test_soak import REAL, WithProbes
+from tests.helpers.campaign import WALL, OldGate, Script, start
+from tests.helpers.soak import REAL, WithProbes
 
 WHY = ("wave 1 failed (1 of 1 hosts, fails at 1): a: gate fail: throughput: 2 of 2 series below 0.95x their median "
        "before; worst GPU 0 bandwidth_gbs -10.0%")
-
-
-# A gate's reason as an earlier fleetctl recorded it: every series.
-WALL = "gate fail: GPU health unchanged: no new faults; " + "; ".join(
-    f"GPU {g} {m}: median 54.8 -> 50.1 GB/s (-8.5%), below the floor of 0.95x its own median before"
-    for g in range(8) for m in ("h2d_gbs", "d2h_gbs", "bandwidth_gbs"))
-
-
-class OldGate(Script):
-    """Every step ok but probe_after, which fails with WALL."""
-
-    def __getitem__(self, step):
-        run = super().__getitem__(step)
-        if step != "probe_after":
-            return run
-        return lambda ctx, hosts: {h: steps.Outcome("fail", WALL, {}) for h in run(ctx, hosts)}
 
 
 class RealGate(WithProbes):
@@ -98,7 +82,7 @@ def test_a_wave_failing_on_several_hosts_names_the_first_and_counts_the_rest(sto
 def test_campaign_show_lists_the_canary_metrics_latest_verdicts(store):  # noqa: F811
     """What the soak recorded of the canary metrics (soak.canary_metrics): per metric the canary and control figures,
     the change with its interval, p and the verdict, in the JSON and as a table."""
-    from tests.unit.test_campaign_engine import SOAKING, Watch
+    from tests.helpers.campaign import SOAKING, Watch
     tensor = {"name": "tensor_active", "kind": "level", "verdict": "fail", "canary": 0.431, "control": 0.453,
               "change": -0.086, "ci": [-0.095, -0.033], "p_value": 6.4e-05,
               "reason": "tensor_active: canary 0.431 vs control 0.453 (-8.6%, 95% CI -9.5% .. -3.3%), p=6.4e-05: "

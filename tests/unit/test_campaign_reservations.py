@@ -1,7 +1,7 @@
 """--drain-mode reservation in the engine: which wave's nodes the campaign holds when (the scheduler interface's
 reserve and release, as the engine calls them), the canary wave waiting for its reservation, a refusal before any
 host is touched, and the reservations let go of however the campaign stops. The steps are scripted
-(tests/unit/test_campaign_engine.py); Slurm's side is tests/unit/test_campaign_slurm.py's, and the real one the
+(tests/helpers/campaign.py); Slurm's side is tests/helpers/slurm.py's, and the real one the
 lab's (tests/lab/test_lab_slurm.py)."""
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from orchestrator.campaign.scheduler.templates import Templates
 from orchestrator.errors import InputError
 from orchestrator.store import Store
 from orchestrator.timefmt import parse
-from tests.unit.test_campaign_engine import Script, options_of, plan_of
-from tests.unit.test_campaign_slurm import fake  # noqa: F401  (the fixture)
+from tests.helpers.campaign import Script, options_of, plan_of
 
 RESERVED = {"drain_mode": "reservation", "hooks": {"slurm": True}}
 

@@ -1,6 +1,6 @@
 """What a campaign costs in capacity (campaign/capacity.py): each host's time out of service split into busy (its own
 jobs still ran), idle (the waste) and change, from step rows built by hand, then from real campaigns driven by the
-real engine and journal with scripted steps on a clock the test moves (tests/unit/test_campaign_engine.py), as
+real engine and journal with scripted steps on a clock the test moves (tests/helpers/campaign.py), as
 `campaign show` prints them; and the capacity budget's line."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from orchestrator import upgrade
-from orchestrator.campaign import capacity, journal as journal_mod
+from orchestrator.campaign import capacity
 from orchestrator.campaign.engine import Engine, Parts, accept_held
 from orchestrator.campaign.options import CampaignOptions
 from orchestrator.timefmt import stamp
-from tests.cli_helpers import fleetctl
-from tests.unit.test_campaign_engine import Script, start, store  # noqa: F401 (the fixture)
+from tests.helpers.campaign import Clocked, start
+from tests.helpers.cli import fleetctl
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
 
@@ -82,51 +82,6 @@ def test_a_pass_under_way_counts_up_to_now():
 
 
 # ---- real campaigns on a clock the test moves ------------------------------------------------------------------
-
-class Clock:
-    """The journal's time (every record it stamps), moved by the scripted steps."""
-
-    def __init__(self, start: datetime):
-        self.t = start
-
-    def __call__(self) -> str:
-        return stamp(self.t)
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """The journal's clock, starting a month ago (each campaign is over before now)."""
-    c = Clock(datetime.now(timezone.utc) - timedelta(days=30))
-    monkeypatch.setattr(journal_mod, "now", c)
-    return c
-
-
-# Minutes each step takes: a host drained, its job ending 40 minutes later, installed a minute after that, back 14
-# minutes later
-MINUTES = {"wait_idle": 41, "install": 5, "activate": 5, "verify": 2, "probe_after": 1, "undrain": 1}
-
-
-class Clocked(Script):
-    """Script's steps, each taking MINUTES[step] on CLOCK; wait_idle (and the rollback's) finds each host idle
-    IDLE_AFTER minutes after it began (its last job's end), or as it ends.""" 
-
-    def __init__(self, clock: Clock, outcomes=None, minutes=None, idle_after: float = 40, **kwargs):
-        super().__init__(outcomes, **kwargs)
-        self.clock, self.minutes, self.idle_after = clock, minutes or MINUTES, idle_after
-
-    def __getitem__(self, step):
-        run = super().__getitem__(step)
-
-        def timed(ctx, hosts):
-            began = self.clock.t
-            out = run(ctx, hosts)
-            self.clock.t += timedelta(minutes=self.minutes.get(step, 0))
-            idle_at = min(began + timedelta(minutes=self.idle_after), self.clock.t)
-            for o in out.values():
-                if step.endswith("wait_idle") and o.outcome == "ok":
-                    o.detail = {**(o.detail or {}), "idle_at": stamp(idle_at)}
-            return out
-        return timed
 
 
 def test_campaign_show_says_what_each_wave_and_the_campaign_cost(store, clock, tmp_path):  # noqa: F811

@@ -3,47 +3,18 @@ hash chain; editing, deleting or reordering any record is caught and named by `f
 
 from __future__ import annotations
 
-import shutil
-import sqlite3
 
 import pytest
 
 from orchestrator import chain
 from orchestrator.store import Store
-from tests.cli_helpers import fleetctl
-from tests.unit.test_campaign_engine import Script, start
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    """Two audits, a failed run, and a campaign with a rollback: every kind of record."""
-    home = tmp_path_factory.mktemp("history")
-    for _ in range(2):
-        assert fleetctl("audit", "--fail-on", "never", home=home).returncode == 0
-    assert fleetctl("audit", "-b", "/nonexistent", home=home).returncode == 2  # input error: nothing recorded
-    with pytest.MonkeyPatch.context() as monkeypatch, Store(home / "history.sqlite3") as store:
-        run_id, _ = store.begin_run("probe", [], "test", None, None)
-        store.fail_run(run_id, "RuntimeError: boom", 1)
-        _, _, engine = start(store, Script({("b", "verify"): "fail"}), ["a"], ["b"], fail_at=[1, 1])
-        assert engine.run() == "rolled_back"
-    return home / "history.sqlite3"
-
-
-@pytest.fixture
-def history(pristine, tmp_path):
-    shutil.copy(pristine, tmp_path / "history.sqlite3")
-    return tmp_path
+from tests.helpers.cli import fleetctl
+from tests.helpers.history import tamper
 
 
 def verify(home, *args):
     proc = fleetctl("report", "verify", *args, home=home)
     return proc.returncode, proc.stdout.strip()
-
-
-def tamper(home, *statements):
-    with sqlite3.connect(home / "history.sqlite3") as db:
-        for s in statements:
-            db.execute(s)
 
 
 def test_a_valid_chain_passes_and_states_its_head(history):

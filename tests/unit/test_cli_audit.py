@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator import __version__, schemas
 
-from tests.cli_helpers import REPO, fleetctl, runs
+from tests.helpers.cli import REPO, fleetctl, runs
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pytest
 from orchestrator import config, notify
 from orchestrator.cli import cli
 from orchestrator.errors import InputError
-from tests.cli_helpers import REPO
-from tests.webhook_receiver import recorded, recorder
+from tests.helpers.cli import REPO
+from tests.helpers.webhooks import recorded, recorder
 
 
 def run_cli(*args, home, config_path, env=None, timeout=120):

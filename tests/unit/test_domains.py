@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator import domains, plan
 from orchestrator.inventory import Fleet, Host
-from tests.cli_helpers import fleetctl, runs
-from tests.unit.test_plan import DEFAULT, device_facts, entry, on  # noqa: F401 (a fixture)
+from tests.helpers.cli import fleetctl, runs
+from tests.helpers.facts import DEFAULT, entry, on
 
 RACK_A, RACK_B = "8c6a8c1e-58f4-4d0c-9c57-6a3f0d2a1b01", "8c6a8c1e-58f4-4d0c-9c57-6a3f0d2a1b02"
 

@@ -15,14 +15,13 @@ import pytest
 from orchestrator import probe
 from orchestrator.campaign import steps
 from orchestrator.timefmt import stamp
-from tests.unit.test_campaign_engine import store  # noqa: F401 (the fixture)
-from tests.unit.test_soak import REAL, observe, slower, soaking_after, tensor
+from tests.helpers.soak import observe, slower, soaking_after, tensor
 
 
 class Drifting:
     """What a Prometheus answers: every host's tensor activity (0.45, its own offset, 1% noise) x DURING at every
     point from the time DRIFT on (canary and control alike: a drift the fleet shares), x CANARY on 'a' once it came
-    back (BACK, set by test_soak.with_metrics)."""
+    back (BACK, set by helpers.soak.with_metrics)."""
 
     def __init__(self, during=0.94, drift=None, canary=1.0):
         self.during, self.canary, self.queries = during, canary, []

@@ -17,7 +17,7 @@ import pytest
 from orchestrator import drivers, schemas, timefmt
 from orchestrator.exitcodes import Exit
 from orchestrator.store import Store
-from tests.cli_helpers import fleetctl
+from tests.helpers.cli import fleetctl
 
 START = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
 OLD, NEW = "570.86.15", "580.95.05"

@@ -13,7 +13,7 @@ import resource
 import subprocess
 import sys
 
-from tests.cli_helpers import REPO
+from tests.helpers.cli import REPO
 
 MEMORY_LIMIT = 1024 ** 3
 HOSTS = 60_000

@@ -46,7 +46,7 @@ from orchestrator.errors import InputError
 from orchestrator.runner import HostOutcome
 from orchestrator.store import Store
 
-from tests.cli_helpers import REPO, fleetctl
+from tests.helpers.cli import REPO, fleetctl
 
 TESTDATA = REPO / "tests" / "testdata"
 H100 = TESTDATA / "h100-580.159.04"

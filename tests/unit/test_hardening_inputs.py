@@ -19,7 +19,7 @@ import yaml
 from orchestrator import audit, baseline, config, inputs, inventory, probe, schemas
 from orchestrator.errors import InputError
 from orchestrator.runner import HostOutcome
-from tests.cli_helpers import REPO, fleetctl
+from tests.helpers.cli import REPO, fleetctl
 
 TESTDATA = REPO / "tests" / "testdata"
 REAL_FACTS = json.loads((TESTDATA / "h100-580.159.04-audit/audit-nvml.json").read_text())["hosts"][0]["facts"]

@@ -28,8 +28,8 @@ from orchestrator.campaign import progress
 from orchestrator.cli import campaign_view, render
 from orchestrator.errors import InputError
 from orchestrator.store import Store
-from tests.cli_helpers import REPO, fleetctl, runs
-from tests.unit.test_campaign_engine import Script, start
+from tests.helpers.campaign import Script, start
+from tests.helpers.cli import REPO, fleetctl, runs
 
 MARKUP = "[/red] [/x] [bold]"
 OSC_TITLE = "\x1b]0;pwned\x07"

@@ -12,8 +12,8 @@ import pytest
 
 from orchestrator.exitcodes import Exit
 from orchestrator.store import Store
-from tests.cli_helpers import fleetctl
-from tests.unit.test_campaign_engine import Script, start
+from tests.helpers.campaign import Script, start
+from tests.helpers.cli import fleetctl
 
 COMMANDS = [("audit",), ("plan", "--to", "580.65.06"), ("metrics",), ("report",), ("campaign", "list"),
             ("campaign", "show", "1")]

@@ -20,8 +20,8 @@ import pytest
 
 from orchestrator import chain
 from orchestrator.store import Store
-from tests.cli_helpers import REPO, fleetctl
-from tests.unit.test_campaign_engine import Script, start
+from tests.helpers.campaign import Script, start
+from tests.helpers.cli import REPO, fleetctl
 
 
 @pytest.fixture

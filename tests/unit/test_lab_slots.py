@@ -291,8 +291,8 @@ def test_up_refuses_a_directory_that_is_up(machine, tmp_path, monkeypatch):
 
 @pytest.fixture
 def leftover_check():
-    from tests.lab import conftest
-    return conftest
+    from tests.helpers import leftovers
+    return leftovers
 
 
 def test_leftover_processes_are_this_labs_only(leftover_check, tmp_path):

@@ -1,5 +1,5 @@
 """Notifications (issue 15): commands and webhooks against REAL local HTTP and HTTPS servers, and campaigns driven
-by the real engine with scripted steps (tests/unit/test_campaign_engine.py) that notify: the payloads are
+by the real engine with scripted steps (tests/helpers/campaign.py) that notify: the payloads are
 schema-valid, Slack and Teams bodies have their shape, retries back off, a hanging server times out, TLS is
 verified, and a failing notification changes nothing in a campaign but is recorded."""
 
@@ -22,45 +22,18 @@ from orchestrator import notify, notify_events, redact, schemas, upgrade, webhoo
 from orchestrator.campaign import engine as engine_mod, progress
 from orchestrator.errors import InputError
 from orchestrator.store import Store
-from tests.cli_helpers import REPO
-from tests.unit.test_campaign_engine import Script, start, states
-from tests.unit.test_capacity import Clocked, clock  # noqa: F401 (the fixture)
-from tests.webhook_receiver import Proxy, Receiver, closed_port, private_ca, recorded, recorder, self_signed
+from tests.helpers.campaign import Clocked, Script, start, states
+from tests.helpers.cli import REPO
+from tests.helpers.notify import drive, valid
+from tests.helpers.webhooks import Proxy, closed_port, private_ca, recorded, recorder, self_signed
 
 TOKEN = "Bearer s3cr3t-t0ken-value"
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("FLEETCTL_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv(notify.HEADERS_ENV, raising=False)
-    monkeypatch.setattr(webhook_mod, "BACKOFF_S", 0.05)
-    with Store(tmp_path / "history.sqlite3") as s:
-        yield s
-
-
-@pytest.fixture
-def receivers():
-    made = []
-
-    def make(*script, fallback=200, tls=None):
-        r = Receiver(list(script), fallback, tls)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.close()
-
-
-def valid(payload: dict) -> dict:
-    error = schemas.first_error("notification", payload)
-    assert error is None, (schemas.json_path(error), error.message, payload)
-    return payload
-
-
-def drive(journal, cid, engine, notifier) -> str:
-    return upgrade.drive(journal, cid, engine.ctx.fleet, engine.ctx.base, None, notifier, engine.parts)
+def store(quick_webhooks, store):
+    """The store, its notifications quick (conftest.py's quick_webhooks)."""
+    return store
 
 
 def event_names(journal, cid) -> list[tuple]:
@@ -153,7 +126,7 @@ def test_window_closed_aborted_and_a_failed_rollback(store, monkeypatch, receive
 def test_a_campaigns_end_says_what_it_cost_in_capacity(store, receivers, clock):
     """done and rolled_back carry the campaign's node-hours (per wave and in all) and say them in their summary:
     each host drained, its job ending 40 minutes later, installed a minute after that and back 14 minutes later
-    (tests/unit/test_capacity.py); a host failing its verify is out of service until its rollback."""
+    (tests/helpers/campaign.py); a host failing its verify is out of service until its rollback."""
     from orchestrator.campaign import capacity
     hook = receivers()
     notifier = notify.build([], [hook.url()], "json", None, None, 5)
@@ -567,7 +540,7 @@ def test_a_large_audits_findings_event_stays_bounded_and_valid():
 
 def test_a_soak_failure_is_a_critical_soak_failed_naming_the_host_and_what_was_seen(store, monkeypatch, receivers):
     from orchestrator.campaign import soak
-    from tests.unit.test_campaign_engine import Watch
+    from tests.helpers.campaign import Watch
 
     hook = receivers()
     notifier = notify.build([], [hook.url()], "json", None, None, 5)
@@ -587,7 +560,7 @@ def test_a_soak_failure_is_a_critical_soak_failed_naming_the_host_and_what_was_s
 def test_a_soak_failed_or_held_on_canary_metrics_carries_each_metrics_verdict(store, receivers):
     """soak_failed (a metric failed) and halted (one could not be judged at the end of the soak, canary.on_missing:
     hold) carry the observation's verdicts with their figures; the summary stays one line."""
-    from tests.unit.test_report import TENSOR, XID, Judged
+    from tests.helpers.campaign import Judged, TENSOR, XID
 
     hook = receivers()
     notifier = notify.build([], [hook.url()], "json", None, None, 5)

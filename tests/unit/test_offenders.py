@@ -13,9 +13,9 @@ import pytest
 from orchestrator import baseline as baseline_mod, offenders, plan, schemas, settings, timefmt
 from orchestrator.exitcodes import Exit
 from orchestrator.store import Store
-from tests.cli_helpers import fleetctl
-from tests.unit.test_ledger import XID_79, at, catalog, h100, host, record  # noqa: F401 (fixtures)
-from tests.unit.test_plan import entry, on
+from tests.helpers.cli import fleetctl
+from tests.helpers.facts import entry, on
+from tests.helpers.ledger import XID_79, at, host, record
 
 THREE = "repeat offender: 3 incidents in 14 days: Xid 79 x3"
 EMBEDDED = Path(offenders.__file__).parent / "data" / "default-baseline.yml"

@@ -19,8 +19,7 @@ import pytest
 
 from orchestrator import files
 from orchestrator.exitcodes import Exit
-from tests.cli_helpers import REPO, fleetctl, runs
-from tests.unit.test_campaign_engine import store  # noqa: F401 (the fixture)
+from tests.helpers.cli import REPO, fleetctl, runs
 
 ENV = {**os.environ, "FLEETCTL_CONFIG": os.devnull, "COLUMNS": "200"}
 
@@ -193,7 +192,7 @@ def test_a_campaign_whose_standard_output_closes_goes_on_to_its_end(store, monke
     does not: every host ends where the campaign takes it, every event reaches the history and the JSONL log."""
     from orchestrator import upgrade
     from orchestrator.campaign import progress
-    from tests.unit.test_campaign_engine import Script, parts, start
+    from tests.helpers.campaign import Script, parts, start
 
     monkeypatch.setenv("FLEETCTL_HOME", str(tmp_path))
     journal, cid, engine = start(store, Script({("b", "verify"): "fail"}), ["a"], ["b"], fail_at=[1, 1])

@@ -14,14 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import audit, baseline as baseline_mod, plan, schemas, settings
+from orchestrator import baseline as baseline_mod, plan, schemas, settings
 from orchestrator.errors import InputError
-from orchestrator.inventory import Host
-from orchestrator.runner import HostOutcome
 
-from tests.cli_helpers import fleetctl, runs
-
-DEFAULT = baseline_mod.load(None)
+from tests.helpers.cli import fleetctl, runs
+from tests.helpers.facts import DEFAULT, entry, on
 
 
 # ---- ramp ----------------------------------------------------------------------------------------
@@ -86,26 +83,6 @@ def test_target_version(version, ok):
 
 
 # ---- host entries from real facts ----------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def device_facts(testdata):
-    report = json.loads((testdata / "h100-580.159.04-audit" / "audit-nvml.json").read_text())
-    return report["hosts"][0]["facts"]
-
-
-def on(facts, version):
-    """The same host, running VERSION (module and userspace), with nouveau blacklisted: the captured H100 VM has no
-    blacklist, which puts its next boot at risk (excluded from waves)."""
-    f = copy.deepcopy(facts)
-    f["driver"].update(module_version=version, userspace_version=version, branch=version.split(".")[0])
-    f["nouveau"].update(blacklisted=True, blacklist_files=["/etc/modprobe.d/blacklist-nouveau.conf"])
-    return f
-
-
-def entry(name, groups, facts=None, base=DEFAULT, status="ok", message=""):
-    """What the plan builds from one host: audit.evaluate_host on the gpu_facts result."""
-    outcome = HostOutcome(name, status, message, {"fleetctl.gpu.gpu_facts": {"facts": facts}} if status == "ok" else {})
-    return audit.evaluate_host(Host(name, ("all", *groups)), outcome, base)
 
 
 def names(waves):

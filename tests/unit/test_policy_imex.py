@@ -18,42 +18,10 @@ from orchestrator.baseline import Baseline
 from orchestrator.campaign import packages
 from orchestrator.inventory import Fleet, Host
 from orchestrator.store import Store
-from tests.unit.test_plan import device_facts, on  # noqa: F401 (a fixture)
+from tests.helpers.facts import RACK, TRAYS, imex_node, tray_facts
 
 NEW = ("imex.service", "imex.version", "imex.domain", "gpu.fabric_clique", "nvlink.domain_uniform",
        "nvlink.domain_declared")
-RACK = "8c6a8c1e-58f4-4d0c-9c57-6a3f0d2a1b01"
-TRAYS = {"gb200-01": "10.213.0.2", "gb200-02": "10.213.0.3", "gb200-03": "10.213.0.4"}
-
-
-def imex_node(address: str, hostname: str | None, status: str = "READY", connection: str | None = "CONNECTED",
-              version: str | None = "570.86.15") -> dict:
-    return {"address": address, "hostname": hostname, "status": status, "version": version, "connection": connection}
-
-
-def tray_facts(base: dict, version: str = "570.86.15", clique: int = 32766, cluster: str = RACK) -> dict:
-    """A GB200 compute tray on VERSION: 4 GPUs in CLUSTER's clique CLIQUE, IMEX of the driver's version running, its
-    domain UP with the three trays READY and connected."""
-    f = on(base, version)
-    branch = version.split(".")[0]
-    template = f["gpus"][0]
-    f["gpus"] = [dict(copy.deepcopy(template), index=i, pci_bus_id=f"00000008:0{i}:00.0", name="NVIDIA GB200",
-                      uuid=template["uuid"][:-2] + f"{i:02x}") for i in range(4)]
-    f["host"]["pci_gpus"] = [g["pci_bus_id"] for g in f["gpus"]]
-    f["interconnect"] = {"gpus": [{"index": g["index"], "pci_bus_id": g["pci_bus_id"], "nvlink": None,
-                                   "fabric": {"state": "completed", "status": "success", "clique_id": clique,
-                                              "cluster_uuid": cluster, "health_mask": 0}} for g in f["gpus"]],
-                         "topology": None, "peermem_loaded": False}
-    f["driver"]["packages"] = [
-        {"name": f"nvidia-driver-{branch}-open", "version": f"{version}-1", "manager": "dpkg", "role": "driver",
-         "held": True},
-        {"name": f"nvidia-imex-{branch}", "version": f"{version}-1", "manager": "dpkg", "role": "imex", "held": True}]
-    f["imex"] = {"package": f"nvidia-imex-{branch}", "package_version": f"{version}-1", "version": version,
-                 "running": True, "enabled": True, "config_file": "/etc/nvidia-imex/config.cfg",
-                 "nodes_config_file": "/etc/nvidia-imex/nodes_config.cfg", "nodes": list(TRAYS.values()),
-                 "channels": {"major": 234, "count": 1},
-                 "domain": {"status": "UP", "nodes": [imex_node(a, n, version=version) for n, a in TRAYS.items()]}}
-    return f
 
 
 @pytest.fixture

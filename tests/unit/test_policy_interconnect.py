@@ -21,7 +21,7 @@ from orchestrator import audit, controls, runner, schemas
 from orchestrator.baseline import Baseline
 from orchestrator.inventory import Fleet, Host
 from orchestrator.store import Store
-from tests.cli_helpers import fleetctl, runs
+from tests.helpers.cli import fleetctl, runs
 
 INTERCONNECT = ("gpu.nvlink", "gpu.fabric", "gpu.topology", "gpudirect.peermem")
 HGX_SLOTS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]  # a DGX/HGX H100 board's GPU buses

@@ -2,7 +2,7 @@
 write node_exporter's textfile collector needs, the shipped alert rules (promtool) and the Grafana dashboard.
 
 Reports are the real H200 captures (tests/testdata) with faults planted in copies of their hosts; the history is
-written by the real Store and campaign engine (scripted steps, as in test_campaign_engine)."""
+written by the real Store and campaign engine (scripted steps, as in helpers.campaign)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from orchestrator import controls, prometheus
 from orchestrator.files import write_atomically
 from orchestrator.store import Store
-from tests.cli_helpers import REPO, fleetctl
+from tests.helpers.cli import REPO, fleetctl
 from orchestrator.campaign import journal as journal_mod, soak
-from tests.unit.test_campaign_engine import Script, start
-from tests.unit.test_capacity import Clock, Clocked
+from tests.helpers.campaign import Clock, Clocked, Script, start
 
 TESTDATA = REPO / "tests" / "testdata" / "h200x2-580.159.04-audit"
 RULES = REPO / "monitoring" / "prometheus" / "fleetctl-alerts.yml"
@@ -164,7 +163,7 @@ def history(tmp_path_factory, audit_report, probe_report):
             store.finish_run(run_id, 1, {"exit_code": 1}, hosts)
         run_id, _ = store.begin_run("probe", [], "test", None, None)
         store.finish_probe(run_id, 1, {"exit_code": 1}, probe_report["hosts"])
-        with pytest.MonkeyPatch.context() as clocked:  # each host drained 55 minutes (test_capacity.Clocked)
+        with pytest.MonkeyPatch.context() as clocked:  # each host drained 55 minutes (helpers.campaign.Clocked)
             clock = Clock(datetime.now(timezone.utc) - timedelta(days=30))
             clocked.setattr(journal_mod, "now", clock)
             _, _, engine = start(store, Clocked(clock), ["gpu-a"], ["gpu-c"])

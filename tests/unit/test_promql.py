@@ -17,8 +17,8 @@ import pytest
 from orchestrator import promql
 from orchestrator.errors import InputError
 from orchestrator.inventory import Host
-from tests.cli_helpers import fleetctl
-from tests.webhook_receiver import closed_port
+from tests.helpers.cli import fleetctl
+from tests.helpers.webhooks import closed_port
 
 TENSOR = 'avg by (Hostname) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"{hosts}"})'
 

@@ -7,41 +7,11 @@ correctly reported the host unreachable."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import pytest
 
-from tests.cli_helpers import fleetctl
-
-
-@pytest.fixture(params=[b"", b"220 mail.example ESMTP\r\n"], ids=["silent", "not-ssh"])
-def silent_listener(request):
-    """A TCP port on loopback that accepts connections and never says a word, or never an SSH one (the pre-flight
-    judges the first itself; paramiko reads what the second says, and logs its traceback)."""
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    held, stop = [], threading.Event()
-
-    def accept():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-                held[-1].sendall(request.param)
-            except OSError:
-                continue
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join(5)
-    for conn in held:
-        conn.close()
-    server.close()
+from tests.helpers.cli import fleetctl
 
 
 def test_a_host_that_never_sends_a_banner_is_one_clean_line_not_a_traceback(silent_listener, tmp_path):

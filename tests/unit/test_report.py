@@ -9,10 +9,9 @@ import re
 
 from orchestrator import schemas
 from orchestrator.exitcodes import Exit
-from tests.cli_helpers import fleetctl
-from tests.unit.test_campaign_engine import store  # noqa: F401  (fixture)
-from tests.unit.test_capacity import clock  # noqa: F401  (fixture)
-from tests.unit.test_chain import history, pristine, tamper  # noqa: F401  (fixtures)
+from tests.helpers.campaign import TENSOR, XID, Judged
+from tests.helpers.cli import fleetctl
+from tests.helpers.history import tamper
 
 
 def report(home, *args):
@@ -132,36 +131,12 @@ def test_signed_exports_verify_and_a_changed_byte_or_another_key_does_not(histor
 
 # ---- the canary metrics (docs/canary.md) ------------------------------------------------------------------
 
-TENSOR = {"name": "tensor_active", "kind": "level", "verdict": "fail", "canary": 0.431, "control": 0.453,
-          "change": -0.086, "ci": [-0.095, -0.033], "p_value": 6.4e-05, "samples": {"canary": 12, "control": 36},
-          "window": ["2026-03-01T10:00:00.000", "2026-03-01T12:00:00.000"], "control_hosts": ["b"],
-          "reason": "tensor_active: canary 0.431 vs control 0.453 (-8.6%, 95% CI -9.5% .. -3.3%), p=6.4e-05: "
-                    "past the 3% tolerated"}
-XID = {"name": "xid", "verdict": "missing", "reason": "xid: no series for any control host"}
-
-
-class Judged:
-    """soak.observe as test_campaign_engine.Watch (FAILURES: (host, gap, kind) -> reason), every observation
-    judging the canary metrics as VERDICTS; HOLD: what the end-of-soak gate holds the campaign for."""
-
-    def __init__(self, verdicts, failures=None, hold=None):
-        from tests.unit.test_campaign_engine import Watch
-        self.watch, self.verdicts, self.hold = Watch(failures), verdicts, hold
-
-    def __call__(self, ctx, hosts, final):
-        out = self.watch(ctx, hosts, final)
-        for o in out.values():
-            o.detail["canary_metrics"] = self.verdicts
-            if final and self.hold:
-                o.detail["hold"] = self.hold
-        return out
-
 
 def test_a_campaigns_canary_metric_verdicts_are_in_the_json_and_the_html_report(store):  # noqa: F811
     """The soak failed the canary on a metric: the report carries each metric's latest verdict with its figures,
     and the page shows them in a row each, the failing verdict in the failing colour."""
     from orchestrator import report as report_mod
-    from tests.unit.test_campaign_engine import SOAKING, Script, start
+    from tests.helpers.campaign import SOAKING, Script, start
 
     watch = Judged([TENSOR, XID], {("a", 1, "check"): TENSOR["reason"]})
     assert start(store, Script(), ["a"], ["b"], observe=watch, **SOAKING)[2].run() == "rolled_back"
@@ -181,10 +156,10 @@ def test_a_campaigns_canary_metric_verdicts_are_in_the_json_and_the_html_report(
 
 def test_a_campaigns_capacity_is_in_the_json_and_the_html_report(store, clock):  # noqa: F811
     """Each campaign's cost in node-hours, per wave and in all: a host drained, its job ending 40 minutes later,
-    installed a minute after that and back 14 minutes later (tests/unit/test_capacity.py)."""
+    installed a minute after that and back 14 minutes later (tests/helpers/campaign.py)."""
     from orchestrator import report as report_mod
-    from tests.unit.test_campaign_engine import start
-    from tests.unit.test_capacity import Clocked
+    from tests.helpers.campaign import start
+    from tests.helpers.campaign import Clocked
 
     assert start(store, Clocked(clock), ["a"], ["b"], capacity_budget_node_hours=2)[2].run() == "done"
     doc = report_mod.build(store)  # valid against the schema, or it raises

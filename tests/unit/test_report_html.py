@@ -14,8 +14,7 @@ import threading
 
 import pytest
 
-from tests.cli_helpers import fleetctl
-from tests.unit.test_chain import history, pristine  # noqa: F401  (fixtures)
+from tests.helpers.cli import fleetctl
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/setup --test)")
@@ -118,8 +117,8 @@ document.body.appendChild(out);
 def rolled_back_by_a_wall(history):  # noqa: F811
     """The history, and a campaign rolled back for a gate whose reason was recorded the old way: every series."""
     from orchestrator.store import Store
-    from tests.unit.test_campaign_engine import start
-    from tests.unit.test_campaign_reasons import OldGate
+    from tests.helpers.campaign import start
+    from tests.helpers.campaign import OldGate
 
     with Store(history / "history.sqlite3") as store:
         assert start(store, OldGate(), ["c"], ["d"])[2].run() == "rolled_back"
@@ -186,7 +185,7 @@ def test_the_campaigns_outcome_names_the_hosts_whose_rollback_failed(history, tm
                                                                      waves, fail_at, state):
     """Was: `rolled_back` (or `done`) and b among the hosts rolled back, for a campaign that exits 6: a person needed."""
     from orchestrator.store import Store
-    from tests.unit.test_campaign_engine import Script, start
+    from tests.helpers.campaign import Script, start
 
     with Store(history / "history.sqlite3") as store:
         script = Script({("b", "verify"): "fail", ("b", "rollback_verify"): "fail"})

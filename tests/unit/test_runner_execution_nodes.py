@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from orchestrator import execution_nodes, inventory
-from tests.cli_helpers import REPO, runs
+from tests.helpers.cli import REPO, runs
 
 NODES = [{"name": "rack1", "worker": "ssh exec01 ansible-runner worker", "hosts": "rack1"},
          {"name": "gpu", "worker": "ssh exec02 ansible-runner worker", "hosts": ["gpu-0*", "rack3"]}]

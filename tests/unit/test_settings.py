@@ -18,7 +18,7 @@ from orchestrator import check, config, probe, settings, upgrade
 from orchestrator.campaign.hooks import Hooks
 from orchestrator.campaign.options import CampaignOptions
 from orchestrator.cli import cli, options
-from tests.cli_helpers import REPO
+from tests.helpers.cli import REPO
 
 SCHEMA = json.loads((REPO / "schemas" / "config.schema.json").read_text())
 TIME_FLAGS = {"--soak", "--soak-interval", "--soak-grace", "--window", "--idle-timeout", "--warmup", "--trial",

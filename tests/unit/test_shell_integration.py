@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import fleetctl
+from tests.helpers.cli import fleetctl
 
 BIN = Path(sys.executable).parent
 COLOUR = re.compile(r"\x1b\[[0-9;]*(3[0-8]|9[0-7])[0-9;]*m")  # a foreground colour SGR

@@ -6,82 +6,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
-from orchestrator import controls, runner
-from orchestrator.campaign import cohort, soak, steps
-from orchestrator.timefmt import parse, stamp
-from tests.unit.test_campaign_engine import Script, start, store  # noqa: F401 (the fixture)
-from tests.unit.test_plan import device_facts  # noqa: F401 (a fixture)
-from tests.unit.test_policy_imex import tray_facts
-
-REAL = json.loads((Path(__file__).parents[1] / "testdata/probe/h100-580.159.04-trial1.0-warmup20-n10.json").read_text())
-FACTS = json.loads((Path(__file__).parents[1] / "testdata/h100-580.159.04-audit/audit-nvml.json").read_text()
-                   )["hosts"][0]["facts"]  # the same H100's audit facts
-
-
-class WithProbes(Script):
-    """Every step ok; the probes' details carry the real probe result (as the real steps record it)."""
-
-    def __getitem__(self, step):
-        run = super().__getitem__(step)
-
-        def with_probe(ctx, hosts):
-            out = run(ctx, hosts)
-            if step in ("probe_before", "probe_after"):
-                for o in out.values():
-                    o.detail = {"probe": REAL}
-            return out
-        return with_probe
-
-
-def soaking_after(store, later: list[str], gpus=None):
-    """A campaign soaking after its canary 'a' (wave 2: LATER), stopped before its first check; its context."""
-    def stop(ctx, hosts, final):
-        raise KeyboardInterrupt("stop")
-    journal, cid, engine = start(store, WithProbes(), ["a"], later, soak_s=[3600], soak_interval_s=60,
-                                 soak_grace_s=300, canary=None, canary_max_failures=0, observe=stop, gpus=gpus)
-    with pytest.raises(KeyboardInterrupt):
-        engine.run()
-    assert journal.campaign(cid)["state"] == "soaking" and soak.watched(journal, cid) == ["a"]
-    ctx = engine.ctx
-    ctx.befores = {r["host"]: json.loads(r["before"]) for r in journal.hosts(cid) if r["before"]}
-    ctx.befores["a"]["gpus"] = REAL["health"]["gpu_count"]  # the precheck of the captured H100
-    return ctx
+from orchestrator import controls
+from orchestrator.campaign import soak, steps
+from tests.helpers.facts import tray_facts
+from tests.helpers.soak import FACTS, REAL, answer, observe, slower, soaking_after, tensor, with_metrics
 
 
 @pytest.fixture
 def soaking(store):
     return soaking_after(store, ["b"])
 
-
-def answer(monkeypatch, result=None, reachable=True, error=None, facts=None):
-    """The soak's playbook run for the next observation: RESULT as the probe's (or nothing: unreachable / an error)
-    and FACTS as the audit's (default: the real H100's); records the markers and the probe options."""
-    seen = {}
-
-    def run_on_fleet(name, fleet, extravars, forks=None, check_ssh=True):
-        assert name == "soak.yml"
-        seen.update(markers=extravars["fleetctl_kmsg_markers"], opts=extravars)
-        if result is None:
-            return {h.name: runner.HostOutcome(h.name, "ok" if reachable else "unreachable", error or "")
-                    for h in fleet.hosts}
-        return {h.name: runner.HostOutcome(h.name, "ok", "", {
-            "fleetctl.gpu.gpu_probe": {"probe": result},
-            "fleetctl.gpu.gpu_facts": {"facts_json": json.dumps(facts or FACTS)}}) for h in fleet.hosts}
-    monkeypatch.setattr(runner, "run_on_fleet", run_on_fleet)
-    return seen
-
-
-def observe(ctx, monkeypatch, result=None, final=False, **kw):
-    answer(monkeypatch, result, **kw)
-    out = soak.observe(ctx, ["a"], final)
-    ctx.journal.record_soak(ctx.campaign, 1, "gate" if final else "check", out)
-    return out["a"]
 
 # A critical Xid as the on-host classifier reports it (schema xid_event)
 XID_119 = {"code": 119, "pci_bus_id": "00000000:18:00.0", "gpu_instance": None, "pid": None, "process": None,
@@ -198,7 +135,6 @@ def test_a_soak_watches_only_changed_hosts_on_the_target(soaking):
 
 # ---- the canary metrics: the canary cohort against the control cohort, from a Prometheus's answers ----------
 
-TENSOR = 'avg by (Hostname) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"{hosts}"})'
 XIDS = 'sum by (Hostname) (DCGM_EXP_XID_ERRORS_TOTAL{Hostname=~"{hosts}"})'
 
 
@@ -225,35 +161,6 @@ class Prometheus:
                 level = 0.45 * (1 + 0.01 * i) * (self.during * (self.canary if host == "a" else 1) if now else 1)
                 out[host] = [(t, level * (1 + 0.01 * rng.gauss(0, 1))) for t in times]
         return out
-
-
-def with_metrics(ctx, tmp_path, prometheus, *metrics):
-    from orchestrator import baseline
-    path = tmp_path / "canary.yml"
-    path.write_text("schema_version: 1\nname: t\ngroups:\n  all:\n    canary:\n      min_samples: 4\n"
-                    "      metrics:\n" + "".join(f"        - {m}\n" for m in metrics))
-    ctx.base = baseline.load(str(path))
-    ctx.prometheus = prometheus
-    for step in ("drain", "undrain"):  # the canary came back 20 minutes ago: a window of samples since
-        for key in ("started_at", "finished_at"):
-            [(was,)] = ctx.journal.db.execute(f"SELECT {key} FROM campaign_steps WHERE campaign_id=? AND host='a' "
-                                              "AND step=?", (ctx.campaign, step))
-            ctx.journal.db.execute(f"UPDATE campaign_steps SET {key}=? WHERE campaign_id=? AND host='a' AND step=?",
-                                   (stamp(parse(was) - timedelta(minutes=20)), ctx.campaign, step))
-    prometheus.back = cohort.step_time(ctx, "a", "undrain", "finished_at")
-    return ctx
-
-
-def tensor(ctx, tmp_path, prometheus):
-    return with_metrics(ctx, tmp_path, prometheus, f"{{name: tensor_active, query: '{TENSOR}', host_label: Hostname, "
-                                                    "good: higher, max_change: 3%}")
-
-
-def slower(factor):
-    result = copy.deepcopy(REAL)
-    for s in result["throughput"]["samples"]:
-        s["value"] *= factor
-    return result
 
 
 def test_a_fleet_wide_drift_the_control_cohort_shows_excuses_the_end_of_soak_self_comparison(store, tmp_path,

@@ -14,7 +14,7 @@ import pytest
 from orchestrator import chain, store
 from orchestrator.exitcodes import Exit
 from orchestrator.store import HistoryError, Store, files
-from tests.cli_helpers import fleetctl
+from tests.helpers.cli import fleetctl
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 OTHER = next(p for p in pwd.getpwall() if p.pw_uid != os.getuid())  # a user this test does not run as

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.exitcodes import Exit
-from tests.cli_helpers import REPO, runs
+from tests.helpers.cli import REPO, runs
 
 RUNNER = Path(sys.executable).parent / "ansible-runner"
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fleetctl(*args, home, timeout=180, env=None):
@@ -50,3 +50,16 @@ def tagged(value: str) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, FLEETCTL_HOME=str(tmp_path / "home"), FLEETCTL_CONFIG=os.devnull,
+               ANSIBLE_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
+               FLEETCTL_TEST_TAG=tag(tmp_path))
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def tag(tmp_path: Path) -> str:
+    return f"{tmp_path.name}-{os.getpid()}"
