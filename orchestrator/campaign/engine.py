@@ -72,14 +72,16 @@ Observe = Callable[[steps.Context, list[str], bool], dict[str, soak.Observation]
 @dataclass(frozen=True)
 class Parts:
     """What the engine works with besides the journal: the step runners (step -> runner, steps.STEPS), the soak's
-    observation, the clock, the counter of seconds spent inside ansible-playbook and the scheduler the hosts are
-    drained through (None: the campaign's own, scheduler.of). Tests give their own."""
-    steps: Mapping[str, Runner] = field(default_factory=lambda: steps.STEPS)
+    observation, the clock, the counter of seconds spent inside ansible-playbook, the scheduler the hosts are
+    drained through (None: the campaign's own, scheduler.of) and what runs the playbooks (the command's execution
+    nodes: runner.Runner). Tests give their own."""
+    steps: Mapping[HostState, Runner] = field(default_factory=lambda: steps.STEPS)
     observe: Observe = soak.observe
     clock: Clock = field(default_factory=Clock)
     playbook_time: runner.Seconds = runner.PLAYBOOK_TIME
     prometheus: Any = None  # promql.Client: the soak judges the baseline's canary metrics with it (soak.py)
     scheduler: Any = None  # scheduler.Scheduler (bench/drain_policies.py: a simulated cluster)
+    playbooks: runner.Runner = field(default_factory=runner.Runner)
 
 
 class Engine:
@@ -95,7 +97,8 @@ class Engine:
                                  f"(give the inventory the campaign was started with)")
         self.ctx = steps.Context(journal, self.cid, campaign.target, fleet, base, self.options,
                                  prometheus=self.parts.prometheus,
-                                 scheduler=self.parts.scheduler or scheduler.of(self.options))
+                                 scheduler=self.parts.scheduler or scheduler.of(self.options),
+                                 playbooks=self.parts.playbooks)
         self.held_for: tuple[str, int] | None = None  # the campaign's (state, wave) its reservations were set for
         # Each host's unit of change: its multi-node NVLink domain, or itself (plans recorded before domains: itself)
         self.unit = {h["name"]: h.get("domain") or h["name"] for w in self.plan["waves"] for h in w["hosts"]}

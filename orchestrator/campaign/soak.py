@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import audit, controls, gate, probe, runner
+from .. import audit, controls, gate, probe
 from ..timefmt import parse, stamp
 from . import cohort, steps
 from .journal import Journal
@@ -143,8 +143,8 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
     # audit's facts come in the same run: the controls are judged as the verify judges them (changed_controls).
     fleet = ctx.fleet.only(hosts)
     options = _probe_options(ctx, canary=not final)
-    outcomes = runner.run_on_fleet("soak.yml", fleet, probe.extravars(options, fleet, ctx.base, markers),
-                                   options.forks, options.preflight)
+    outcomes = ctx.playbooks.run_on_fleet("soak.yml", fleet, probe.extravars(options, fleet, ctx.base, markers),
+                                          options.forks, options.preflight)
     collected = probe.results(fleet, outcomes)
     audited = {e["name"]: e for e in audit.evaluate_outcomes(fleet, ctx.base, outcomes, ctx.journal.store)}
     jobs_failed, jobs_unread = ctx.scheduler.failed_jobs(ctx, hosts) if not final else ({}, None)

@@ -32,12 +32,12 @@ def unreachable_or_failed(outcome: runner.HostOutcome) -> Outcome | None:
 
 def playbook(ctx: Context, name: str, hosts: list[str], extravars: dict[str, Any],
              check_ssh: bool = True) -> dict[str, runner.HostOutcome]:
-    return runner.run_on_fleet(name, ctx.fleet.only(hosts), extravars, ctx.options.forks, check_ssh)
+    return ctx.playbooks.run_on_fleet(name, ctx.fleet.only(hosts), extravars, ctx.options.forks, check_ssh)
 
 
 def facts_of(ctx: Context, hosts: list[str]) -> dict[str, dict[str, Any]]:
     """Audit-style host entries (facts, findings) collected with the audit's playbook."""
-    return {e["name"]: e for e in audit.collect(ctx.fleet.only(hosts), ctx.base, ctx.options.forks,
+    return {e["name"]: e for e in audit.collect(ctx.playbooks, ctx.fleet.only(hosts), ctx.base, ctx.options.forks,
                                                 history=ctx.journal.store)}
 
 
@@ -79,7 +79,7 @@ def running_daemons(facts: dict[str, Any]) -> list[str]:
 
 
 def _probe(ctx: Context, hosts: list[str], throughput: bool) -> dict[str, dict[str, Any]]:
-    return probe.collect(ctx.probe_options(throughput), ctx.fleet.only(hosts), ctx.base)
+    return probe.collect(ctx.playbooks, ctx.probe_options(throughput), ctx.fleet.only(hosts), ctx.base)
 
 
 def probe_before(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:

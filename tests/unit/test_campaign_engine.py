@@ -13,13 +13,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import baseline as baseline_mod, inventory
+from orchestrator import baseline as baseline_mod, inventory, runner
 from orchestrator.campaign import engine as engine_mod, steps, transitions
 from orchestrator.campaign.engine import Engine, Parts
 from orchestrator.campaign.journal import Journal
 from orchestrator.campaign.options import CampaignOptions
 from orchestrator.errors import OperationError
 from orchestrator.exitcodes import Exit
+from orchestrator.execution_nodes import RunnerConfig
 from orchestrator.store import Store, process_alive, process_gone, process_identity, process_start
 
 UPGRADE = ["precheck", "probe_before", "drain", "wait_idle", "install", "activate", "verify", "probe_after", "undrain"]
@@ -221,10 +222,11 @@ def test_each_run_that_drives_a_campaign_is_closed_with_its_outcome(store, monke
     first = journal.campaign(cid)["run_id"]
     assert store.run(first)["status"] == "running"  # planned and started: not finished
     code, _ = upgrade.driven(store, journal, runs.Run(first, "", "campaign", fleet, None, None), cid, fleet,
-                             baseline_mod.load(None), None, None, {"hosts": 2})
+                             baseline_mod.load(None), None, None, {"hosts": 2}, playbooks=runner.Runner())
     assert code == 5 and journal.campaign(cid)["state"] == "halted"
     script = Script()
-    code, text = upgrade.resume(store, cid, None, None, None, None, argv=["campaign", "resume", str(cid)])
+    code, text = upgrade.resume(store, cid, None, None, None, None, argv=["campaign", "resume", str(cid)],
+                                runner_config=RunnerConfig())
     assert code == 0 and f"campaign {cid} to 570.86.15: done" in text
     rows = store.db.execute("SELECT status, exit_code, summary, argv FROM runs WHERE kind='campaign' ORDER BY id")
     assert [(r["status"], r["exit_code"], json.loads(r["summary"])["state"], json.loads(r["argv"])) for r in rows] \
@@ -244,7 +246,7 @@ def test_a_campaign_that_rolls_back_closes_its_run_with_exit_4(store, monkeypatc
     monkeypatch.setattr(upgrade, "drive", lambda *a: engine.run())
     run_id = journal.campaign(cid)["run_id"]
     code, _ = upgrade.driven(store, journal, runs.Run(run_id, "", "campaign", None, None, None), cid, None, None,
-                             None, None, {"hosts": 2})
+                             None, None, {"hosts": 2}, playbooks=runner.Runner())
     row = store.run(run_id)
     assert (code, row["status"], row["exit_code"], json.loads(row["summary"])["state"]) == (4, "done", 4, "rolled_back")
 
@@ -426,7 +428,8 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
     journal = Journal(store)
     assert upgrade.interrupted(journal) == [crashed]  # the halted one waits for a person, the done one is done
     events = len(journal.events(finished))
-    code, text = upgrade.resume(store, finished, None, None, None, None, argv=[])  # a resume after a kill that came too late
+    # a resume after a kill that came too late
+    code, text = upgrade.resume(store, finished, None, None, None, None, argv=[], runner_config=RunnerConfig())
     assert code == 0 and text.startswith(f"campaign {finished} is done: nothing to resume\n")
     assert "exit 0" in text and len(journal.events(finished)) == events and "c" not in journal.locks()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -436,7 +439,7 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
         events = len(journal.events(crashed))
         assert upgrade.interrupted(journal) == []
         with pytest.raises(OperationError, match=f"campaign {crashed} is being driven by pid {other.pid}"):
-            upgrade.resume(store, crashed, None, None, None, None, argv=[])
+            upgrade.resume(store, crashed, None, None, None, None, argv=[], runner_config=RunnerConfig())
         assert len(journal.events(crashed)) == events
         ticks = Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # as an older fleetctl wrote it
         reused = str(int(ticks) - 5 * os.sysconf("SC_CLK_TCK"))  # the same pid, a process started 5 s earlier
