@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -59,6 +60,26 @@ def test_every_transition_lands_on_a_known_state_and_every_state_can_be_reached(
 def test_inconclusive_twice_holds_the_host_and_a_drain_failure_releases_it():
     assert walk("precheck", lambda s: "inconclusive" if s.startswith("probe_a") else "ok")[-1] == "held"
     assert walk("precheck", lambda s: "fail" if s == "wait_idle" else "ok")[-2:] == ["release", "failed"]
+
+
+def test_the_moves_between_the_tables_are_read_off_the_host_table():
+    """A domain peer's failure, an abort, a held host accepted, a rollback: which hosts each move concerns follows
+    from the host table, so a step added to the upgrade moves with its neighbours without anyone editing MOVES."""
+    H, rows, moves = transitions.HostState, transitions.HOST_ROWS, transitions.MOVES
+    assert moves["abandon"].only == transitions.READ_ONLY_STATES
+    assert moves["stop"].only == transitions.BEFORE_DRAIN + (H.DRAIN,)  # nothing done to the host yet
+    assert moves["release"].to == rows[H.WAIT_IDLE].fail and moves["release"].only == (H.WAIT_IDLE, H.INSTALL)
+    assert moves["fail"].only == (H.INSTALL, H.ACTIVATE, H.VERIFY, H.PROBE_AFTER, H.PROBE_AGAIN, H.UNDRAIN)
+    assert moves["accept"].to == rows[H.PROBE_AGAIN].ok and moves["roll_back"].to == transitions.ROLLBACK_START
+    assert moves["roll_back"].never == (H.ROLLED_BACK, H.ROLLBACK_FAILED)
+    table = list(transitions.HOST_TABLE)
+    at = table.index(rows[H.INSTALL])
+    table[at:at + 1] = [replace(rows[H.INSTALL], ok="firmware"),
+                        transitions.Row("firmware", H.ACTIVATE, H.FAILED, runner="install", changes_host=True)]
+    grown = transitions.moves_of(tuple(table))
+    assert grown["fail"].only == (H.INSTALL, "firmware", H.ACTIVATE, H.VERIFY, H.PROBE_AFTER, H.PROBE_AGAIN,
+                                  H.UNDRAIN)
+    assert {k: m for k, m in grown.items() if k != "fail"} == {k: m for k, m in moves.items() if k != "fail"}
 
 
 def test_campaign_table_and_exit_codes():
