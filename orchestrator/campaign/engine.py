@@ -148,16 +148,12 @@ class Engine:
         rows = {h["host"]: h for h in self.journal.hosts(self.cid) if h["wave"] == wave}
         failed = sorted((h for h, r in rows.items() if r["state"] in transitions.FAILED),
                         key=lambda h: (rows[h]["reason"] or "").startswith(DOMAIN_PEER))  # who failed first
-        units = {self.unit.get(h, h) for h in failed}
         if over := self.over_budget(wave, failed, rows):
-            everyone = self.journal.hosts(self.cid)
-            moves = {"roll_back": [r["host"] for r in everyone
-                                   if self.options.rollback_scope == "campaign" or r["wave"] == wave],
-                     "cancel": [r["host"] for r in everyone if r["wave"] > wave]}
-            self.journal.transition(self.cid, Record.WAVE_FAILED, moves=moves, wave=wave,
+            self.journal.transition(self.cid, Record.WAVE_FAILED, moves=self.over_moves({wave}, wave), wave=wave,
                                     reason=f"wave {wave} failed {over}: {first_host(failed, rows)}")
             return
         # within budget: only the failed hosts go back (with every host of their NVLink domains), the campaign goes on
+        units = {self.unit.get(h, h) for h in failed}
         lone = [h for h, r in rows.items() if r["changed"] and self.unit.get(h, h) in units
                 and r["state"] in (HostState.FAILED, HostState.DONE)]
         if lone:
@@ -233,6 +229,14 @@ class Engine:
         of = len({self.unit.get(h, h) for h in members})
         return f"({len(units)} of {of} {budget.get('unit', 'host')}s, {budget['rule']})"
 
+    def over_moves(self, waves: set[int], last: int) -> dict[str, list[str]]:
+        """Where a campaign goes whose WAVES failed over their budgets: their hosts roll back (every host with
+        --rollback-scope campaign), the waves after LAST will not run."""
+        everyone = self.journal.hosts(self.cid)
+        return {"roll_back": [r["host"] for r in everyone
+                              if self.options.rollback_scope == "campaign" or r["wave"] in waves],
+                "cancel": [r["host"] for r in everyone if r["wave"] > last]}
+
     def soak_failed(self, failures: dict[str, str]) -> bool:
         """Watched hosts failed a soak observation: each against its own wave's budget (the canary: any failure).
         Over a budget the campaign rolls back as for a failed wave (True); within, those hosts roll back alone and
@@ -243,22 +247,20 @@ class Engine:
             for peer in sorted(h for h in watched if h != host and self.unit.get(h, h) == self.unit.get(host, host)):
                 failures.setdefault(peer, f"{DOMAIN_PEER}{self.unit[host]}: {host} failed ({why}): "
                                           "the domain moves as one")
-        over = []
+        over: dict[int, str] = {}
         for wave in sorted({r["wave"] for r in rows if r["host"] in failures}):
             members = [r for r in rows if r["wave"] == wave]
             failed = [r["host"] for r in members if r["state"] in transitions.FAILED or r["host"] in failures]
             if said := self.over_budget(wave, failed, {r["host"]: r for r in members}):
-                over.append(f"wave {wave} {said}")
+                over[wave] = f"wave {wave} {said}"
         reasons = {h: r for h, r in failures.items()}
         text = first_host(sorted(failures), {h: {"reason": r} for h, r in failures.items()})
         if over:
-            failed_waves = {int(w.split()[1]) for w in over}
-            moves = {"roll_back": [r["host"] for r in rows
-                                   if self.options.rollback_scope == "campaign" or r["wave"] in failed_waves],
-                     "cancel": [r["host"] for r in rows if r["wave"] >= c["wave"]]}
-            self.journal.transition(self.cid, Record.SOAK_FAILED, moves=moves, host_reasons=reasons, wave=c["wave"] - 1,
-                                    reason=f"the soak after wave {c['wave'] - 1} failed, over the budget of "
-                                           f"{', '.join(over)}: {text}")
+            gap = c["wave"] - 1
+            self.journal.transition(self.cid, Record.SOAK_FAILED, moves=self.over_moves(set(over), gap),
+                                    host_reasons=reasons, wave=gap,
+                                    reason=f"the soak after wave {gap} failed, over the budget of "
+                                           f"{', '.join(over.values())}: {text}")
             return True
         self.journal.transition(self.cid, Record.SOAK_HOST_FAILED, moves={"roll_back": list(failures)},
                                 host_reasons=reasons, soak_until=c["soak_until"],
