@@ -56,7 +56,7 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
-    def submit(self, pool: ThreadPoolExecutor, step: str, fn: Callable[..., Any], *args: Any) -> Future:
+    def submit(self, pool: ThreadPoolExecutor, step: HostState, fn: Callable[..., Any], *args: Any) -> Future:
         """Start FN(*ARGS), the runner of STEP for a batch, in POOL."""
         return pool.submit(fn, *args)
 
@@ -489,19 +489,20 @@ class Engine:
         self.spent = budget if budget and not chosen and not out_now else None
         return chosen
 
-    def start_batch(self, pool: ThreadPoolExecutor, step: str, batch: list[str]) -> Future:
+    def start_batch(self, pool: ThreadPoolExecutor, step: HostState, batch: list[str]) -> Future:
         """Write STEP ahead for BATCH (a host still waiting for its jobs is written once, as it starts waiting) and
         run it in a thread of its own, on a connection of its own to the history."""
         begin = [h for h in batch if (h, step) not in self.begun]
         if begin:
             self.journal.begin_step(self.cid, begin, step)
-            if transitions.HOST_ROWS[transitions.HostState(step)].waits:
+            if transitions.HOST_ROWS[step].waits:
                 self.begun.update((h, step) for h in begin)
         self.load_befores()
         ctx = replace(self.ctx, befores=dict(self.ctx.befores))
         return self.clock.submit(pool, step, self.run_batch, step, ctx, batch)
 
-    def run_batch(self, step: str, ctx: steps.Context, batch: list[str]) -> tuple[dict[str, steps.Outcome], float]:
+    def run_batch(self, step: HostState, ctx: steps.Context,
+                  batch: list[str]) -> tuple[dict[str, steps.Outcome], float]:
         """STEP's runner for BATCH (in its own thread): its outcomes, and the seconds it spent in ansible-playbook."""
         in_ansible = self.parts.playbook_time.here
         if threading.current_thread() is threading.main_thread():  # a clock that runs it here (a simulated one)
@@ -516,7 +517,7 @@ class Engine:
             if self.heard:
                 self.heard(record)
 
-    def finish_batch(self, step: str, batch: list[str], results: dict[str, steps.Outcome], started: float,
+    def finish_batch(self, step: HostState, batch: list[str], results: dict[str, steps.Outcome], started: float,
                      in_ansible: float, looked: dict[str, float], scope: set[str]) -> None:
         """Record each host's outcome of STEP (a host still waiting for its jobs: when it was looked at)."""
         finished = []

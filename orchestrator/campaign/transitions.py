@@ -118,8 +118,8 @@ class Row:
                                                         "stays, looked at again every idle poll, until --idle-timeout"})
 
     @property
-    def step(self) -> str:
-        return self.state.value
+    def step(self) -> HostState:
+        return self.state
 
     def next(self, outcome: str) -> HostState:
         target = getattr(self, outcome)
