@@ -116,7 +116,10 @@ class Runner:
 
     def _do_meanwhile(self) -> None:
         while self.pending:
-            work = self.pending.pop(0)
+            try:
+                work = self.pending.pop(0)
+            except IndexError:  # another batch's playbook run took the last one
+                return
             try:
                 work()
             except Exception:  # noqa: BLE001 - a warm-up: the code that needs it raises for itself
