@@ -11,6 +11,7 @@ from .exitcodes import Exit
 
 if TYPE_CHECKING:
     from . import runner
+    from .execution_nodes import RunnerConfig
     from .store import Store  # imported where used: `fleetctl check` imports this module and needs no history
 
 
@@ -127,15 +128,14 @@ def references(fleet: inventory.Fleet, history: Store | None) -> dict[str, dict[
         return store.passing_facts(names, compared)
 
 
-def collect(fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | None = None,
+def collect(playbooks: runner.Runner, fleet: inventory.Fleet, base: baseline_mod.Baseline, forks: int | None = None,
             preflight: bool = True, history: Store | None = None) -> list[dict[str, Any]]:
-    """Every host's facts (one gpu_facts call each) evaluated against the baseline: audit, plan, upgrade and the
-    campaigns' precheck/verify. Controls that compare a host with itself get its last passing audit from HISTORY
-    (the user's history when None); those that compare it with its inventory group or its NVLink domain get that
-    set's view (peers)."""
-    from . import runner  # here: `fleetctl check` imports this module and never Ansible
-    outcomes = runner.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
-                                   forks, preflight)
+    """Every host's facts (one gpu_facts call each, run by PLAYBOOKS) evaluated against the baseline: audit, plan,
+    upgrade and the campaigns' precheck/verify. Controls that compare a host with itself get its last passing audit
+    from HISTORY (the user's history when None); those that compare it with its inventory group or its NVLink domain
+    get that set's view (peers)."""
+    outcomes = playbooks.run_on_fleet("audit.yml", fleet, {"fleetctl_xid_overrides": xid_overrides(fleet, base)},
+                                      forks, preflight)
     return evaluate_outcomes(fleet, base, outcomes, history)
 
 
@@ -163,16 +163,18 @@ def summarize(hosts: list[dict[str, Any]], fail_on: str) -> dict[str, Any]:
             "noncompliant": len(drifted), "findings": counts, "fail_on": fail_on, "exit_code": exit_code}
 
 
-def run(opts: AuditOptions, store: Store, argv: list[str], notifier=None, deliver=None) -> dict[str, Any]:
-    """Audit the fleet and record it. Input errors (InputError) are raised before anything is recorded.
+def run(opts: AuditOptions, store: Store, argv: list[str], notifier=None, deliver=None, *,
+        runner_config: RunnerConfig) -> dict[str, Any]:
+    """Audit the fleet (its playbook run as RUNNER_CONFIG says) and record it. Input errors (InputError) are raised
+    before anything is recorded.
     NOTIFIER (notify_events.RunNotes): told of findings before the run is sealed, what became of that in its
     summary.
     DELIVER(report): the command's output, before the run is sealed (runs.close)."""
-    from . import runs
+    from . import runner, runs  # here: `fleetctl check` imports this module and never Ansible
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "audit", argv, fleet, base, opts.limit) as run_:
-        hosts = collect(fleet, base, opts.forks, opts.preflight, store)
+        hosts = collect(runner.Runner(runner_config), fleet, base, opts.forks, opts.preflight, store)
         summary = summarize(hosts, opts.fail_on)
         summary["duration_s"] = round(time.monotonic() - started, 3)
         report = {**runs.header(store, run_), "summary": summary, "hosts": hosts}  # schema-valid: tests/unit prove it

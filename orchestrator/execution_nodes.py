@@ -1,7 +1,7 @@
 """The config file's execution nodes (settings.EXECUTION_NODES): each runs the playbooks of the hosts it serves through
-its ansible-runner worker command, all of them at once (runner.run_playbook). The CLI reads them once per command,
-with the rest of the config file (cli/config.py), and hands them over here (use), with how long a worker may be silent
-(settings.WORKER_SILENCE)."""
+its ansible-runner worker command, all of them at once (runner.Runner.run_playbook). The CLI reads them once per
+command, with the rest of the config file (cli/config.py), and hands them to the command as its RunnerConfig, with how
+long a worker may be silent (settings.WORKER_SILENCE)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,19 @@ class ExecutionNode:
         return f"execution node {self.name} ({shlex.join(self.worker)})"
 
 
-_nodes: tuple[ExecutionNode, ...] = ()
-_silence: float = settings.WORKER_SILENCE.value
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How a command's playbooks run (runner.Runner): through the execution NODES (none: in-process, or
+    $FLEETCTL_WORKER), each worker sending something at least every SILENCE seconds (settings.WORKER_SILENCE)."""
+    nodes: tuple[ExecutionNode, ...] = ()
+    silence: float = settings.WORKER_SILENCE.value
+
+    def split(self, hosts: Iterable[Host]) -> dict[ExecutionNode | None, list[str]]:
+        """HOSTS' names by the node that serves them: the first in the config file's order that does; None: no node."""
+        parts: dict[ExecutionNode | None, list[str]] = {}
+        for host in hosts:
+            parts.setdefault(next((n for n in self.nodes if n.serves(host)), None), []).append(host.name)
+        return parts
 
 
 def parse(entries: list[dict[str, Any]], where: str) -> tuple[ExecutionNode, ...]:
@@ -51,23 +62,3 @@ def parse(entries: list[dict[str, Any]], where: str) -> tuple[ExecutionNode, ...
             raise InputError(f"{where}: $.execution_nodes[{i}].worker: no command")
         nodes.append(ExecutionNode(name, tuple(worker), (hosts,) if isinstance(hosts, str) else tuple(hosts)))
     return tuple(nodes)
-
-
-def use(nodes: tuple[ExecutionNode, ...], silence: float = settings.WORKER_SILENCE.value) -> None:
-    """The nodes every playbook of this process runs through (none: in-process, or $FLEETCTL_WORKER), and the
-    seconds a worker may send nothing before it is stopped (settings.WORKER_SILENCE)."""
-    global _nodes, _silence
-    _nodes, _silence = nodes, silence
-
-
-def silence() -> float:
-    """The seconds a worker may send nothing, not even a keepalive (runner.WorkerStream)."""
-    return _silence
-
-
-def split(hosts: Iterable[Host]) -> dict[ExecutionNode | None, list[str]]:
-    """HOSTS' names by the node that serves them: the first in the config file's order that does; None: no node."""
-    parts: dict[ExecutionNode | None, list[str]] = {}
-    for host in hosts:
-        parts.setdefault(next((n for n in _nodes if n.serves(host)), None), []).append(host.name)
-    return parts

@@ -56,7 +56,7 @@ CLASSES = {c.name: c for c in (
 # A failing control -> its class: one incident at the onset of each spell of failing audits.
 FINDING_CLASSES = {"gpu.ecc_errors": "ecc_uncorrectable", "gpu.remapped_rows": "row_remap", "gpu.count": "gpu_lost",
                    "gpu.nvlink": "nvlink_down"}
-GATE_STEPS = ("probe_before", "probe_after", "probe_again", "rollback_probe")
+GATE_STEPS = (HostState.PROBE_BEFORE, HostState.PROBE_AFTER, HostState.PROBE_AGAIN, HostState.ROLLBACK_PROBE)
 # A host's end state in a campaign -> its class (a failed rollback's class is named after the state)
 HOST_STATES = {HostState.ROLLED_BACK: "rollback", HostState.ROLLBACK_FAILED: HostState.ROLLBACK_FAILED.value}
 MAX_GAP_S = 2 * 86400  # a host unseen longer than this between two observations: the rest of the gap is not counted

@@ -48,6 +48,7 @@ from . import audit, baseline as baseline_mod, controls, domains, offenders, pro
 from .inventory import primary_group
 from .campaign import packages
 from .errors import InputError
+from .execution_nodes import RunnerConfig
 from .exitcodes import Exit
 from .store import Store
 
@@ -464,12 +465,14 @@ def target_groups(target: str, entries: list[dict[str, Any]], excluded: list[dic
     return list(out.values())
 
 
-def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None, deliver=None) -> dict[str, Any]:
-    """Collect facts as the audit does, build the plan, record it as a run of kind 'plan'. PROMETHEUS
-    (promql.Client or None): where the baseline's canary metrics are checked. DELIVER(report): the command's
-    output, before the run is sealed (runs.close).
+def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None, deliver=None, *,
+        runner_config: RunnerConfig) -> dict[str, Any]:
+    """Collect facts as the audit does (its playbook run as RUNNER_CONFIG says), build the plan, record it as a run
+    of kind 'plan'. PROMETHEUS (promql.Client or None): where the baseline's canary metrics are checked.
+    DELIVER(report): the command's output, before the run is sealed (runs.close).
 
     Input errors (InputError) are raised before anything is recorded."""
+    from . import runner  # here: Ansible only for a command that runs a playbook
     started = time.monotonic()
     target = parse_target(opts.target)
     ramp = parse_ramp(opts.waves)
@@ -477,7 +480,7 @@ def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None
     blessed_for_some(fleet, base, target)
     metrics = canary_metrics(fleet, base, prometheus)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as run_:
-        hosts = audit.collect(fleet, base, opts.forks, opts.preflight)
+        hosts = audit.collect(runner.Runner(runner_config), fleet, base, opts.forks, opts.preflight)
         plan = build(target, ramp, hosts, base, domains.group(fleet, {h["name"]: h["facts"] for h in hosts}),
                      offenders.left_out(store, [(h["name"], h["groups"]) for h in hosts], base))
         if metrics:

@@ -8,6 +8,7 @@ from typing import Any
 
 from . import baseline as baseline_mod, gate, inputs, inventory, resources, runner, runs, schemas, settings
 from .audit import xid_overrides
+from .execution_nodes import RunnerConfig
 from .exitcodes import Exit
 from .store import Store
 
@@ -45,10 +46,12 @@ def extravars(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Bas
     return out
 
 
-def collect(opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline,
+def collect(playbooks: runner.Runner, opts: ProbeOptions, fleet: inventory.Fleet, base: baseline_mod.Baseline,
             markers: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
-    """host -> {reachable, error, probe}: one gpu_probe call per host (also used between upgrade waves)."""
-    outcomes = runner.run_on_fleet("probe.yml", fleet, extravars(opts, fleet, base, markers), opts.forks, opts.preflight)
+    """host -> {reachable, error, probe}: one gpu_probe call per host, run by PLAYBOOKS (also used between upgrade
+    waves)."""
+    outcomes = playbooks.run_on_fleet("probe.yml", fleet, extravars(opts, fleet, base, markers), opts.forks,
+                                      opts.preflight)
     return results(fleet, outcomes)
 
 
@@ -85,15 +88,17 @@ def verdict(entry: dict[str, Any], reference: dict[str, Any] | None, policy: dic
     return {"status": v.status, "reasons": reasons}
 
 
-def run(opts: ProbeOptions, store: Store, argv: list[str], notifier=None, deliver=None) -> dict[str, Any]:
-    """Probe the fleet and record it; DELIVER(report): the command's output, before the run is sealed."""
+def run(opts: ProbeOptions, store: Store, argv: list[str], notifier=None, deliver=None, *,
+        runner_config: RunnerConfig) -> dict[str, Any]:
+    """Probe the fleet (its playbook run as RUNNER_CONFIG says) and record it; DELIVER(report): the command's
+    output, before the run is sealed."""
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "probe", argv, fleet, base, opts.limit) as run_:
         # Each host is judged against ITSELF: health against its last probe (whose kernel-log marker we pass on),
         # throughput against the last samples it gave, the same way, in a probe that passed.
         latest = {h.name: store.last_probe(h.name) for h in fleet.hosts}
-        collected = collect(opts, fleet, base, markers(latest))
+        collected = collect(runner.Runner(runner_config), opts, fleet, base, markers(latest))
         hosts = []
         for host in fleet.hosts:
             entry = collected[host.name]

@@ -21,9 +21,9 @@ from typing import Any
 import ansible_runner
 import psutil
 
-from . import execution_nodes, interrupts, preflight, resources, settings
+from . import interrupts, preflight, resources, settings
 from .errors import InputError, OperationError
-from .execution_nodes import ExecutionNode
+from .execution_nodes import ExecutionNode, RunnerConfig
 from .inventory import Fleet
 from .sanitize import one_line
 
@@ -69,26 +69,6 @@ class Seconds:
 # Seconds spent inside ansible-playbook runs by this process: the campaign engine is given this counter.
 PLAYBOOK_TIME = Seconds()
 CANCEL_POLL_S = 0.5  # how soon a signal stops the parts of a playbook run
-_meanwhile: list[Callable[[], object]] = []
-
-
-def meanwhile(work: Callable[[], object]) -> None:
-    """WORK done once by this thread while the next playbook runs (a campaign's import of scipy.stats: 0.7 s it would
-    otherwise spend between two playbooks). It starts only when every part's playbook has sent an event, so after
-    ansible-runner's fork: a fork while this thread holds an import lock could leave the child stuck before its exec.
-    Its failure is ignored: whatever needs it later fails there, as it would have."""
-    _meanwhile.append(work)
-
-
-def _do_meanwhile() -> None:
-    while _meanwhile:
-        work = _meanwhile.pop(0)
-        try:
-            work()
-        except Exception:  # noqa: BLE001 - a warm-up: the code that needs it raises for itself
-            pass
-
-
 @dataclass
 class HostOutcome:
     host: str
@@ -118,51 +98,91 @@ def default_forks(host_count: int) -> int:
     return max(1, min(host_count, settings.FORKS_CAP))
 
 
-def run_playbook(name: str, fleet: Fleet, hosts: list[str], extravars: dict[str, Any] | None = None,
-                 forks: int | None = None) -> dict[str, HostOutcome]:
-    """Every host's outcome of playbook NAME on HOSTS: the hosts of each execution node through its worker, the
-    others in-process (or through $FLEETCTL_WORKER), every part at once, each with its own forks. An execution node
-    that fails leaves its hosts unreachable, naming it (run_part); a signal stops every part."""
-    outcomes = {h: HostOutcome(h) for h in hosts}
-    if not hosts:
+class Runner:
+    """A command's playbook runs, as its CONFIG says (the config file's execution nodes, how long a worker may be
+    silent), and the work to do while the next one runs (meanwhile). Each command (a campaign: its engine) has its own:
+    nothing of one is left for another."""
+
+    def __init__(self, config: RunnerConfig = RunnerConfig()) -> None:
+        self.config = config
+        self.pending: list[Callable[[], object]] = []
+
+    def meanwhile(self, work: Callable[[], object]) -> None:
+        """WORK done once by this thread while the next playbook runs (a campaign's import of scipy.stats: 0.7 s it
+        would otherwise spend between two playbooks). It starts only when every part's playbook has sent an event, so
+        after ansible-runner's fork: a fork while this thread holds an import lock could leave the child stuck before
+        its exec. Its failure is ignored: whatever needs it later fails there, as it would have."""
+        self.pending.append(work)
+
+    def _do_meanwhile(self) -> None:
+        while self.pending:
+            try:
+                work = self.pending.pop(0)
+            except IndexError:  # another batch's playbook run took the last one
+                return
+            try:
+                work()
+            except Exception:  # noqa: BLE001 - a warm-up: the code that needs it raises for itself
+                pass
+
+    def run_playbook(self, name: str, fleet: Fleet, hosts: list[str], extravars: dict[str, Any] | None = None,
+                     forks: int | None = None) -> dict[str, HostOutcome]:
+        """Every host's outcome of playbook NAME on HOSTS: the hosts of each execution node through its worker, the
+        others in-process (or through $FLEETCTL_WORKER), every part at once, each with its own forks. An execution
+        node that fails leaves its hosts unreachable, naming it (run_part); a signal stops every part."""
+        outcomes = {h: HostOutcome(h) for h in hosts}
+        if not hosts:
+            return outcomes
+        by_name = {h.name: h for h in fleet.hosts}
+        parts = self.config.split(by_name[h] for h in hosts)
+        started = time.monotonic()
+        # A signal stops ansible-playbook through ansible-runner (its cancel callback), and every worker from here
+        # (their event streams have no cancel of their own); it is raised when the parts return: no half-run's
+        # results are used.
+        playbook = PlaybookTree()
+        heard = {node: threading.Event() for node in parts}  # set by the part's first event: its fork is behind it
+        with interrupts.deferred(), playbook, ThreadPoolExecutor(len(parts), "fleetctl-part") as pool:
+            futures = {pool.submit(run_part, name, fleet, node, {h: outcomes[h] for h in part}, extravars, forks,
+                                   playbook.cancel, heard[node].set, self.config.silence): node
+                       for node, part in parts.items()}
+            running = set(futures)
+            try:
+                while running:
+                    if self.pending and all(f.done() or heard[node].is_set() for f, node in futures.items()):
+                        self._do_meanwhile()
+                    running = wait(running, timeout=0.05 if self.pending else CANCEL_POLL_S).not_done
+                    playbook.cancel()
+            except BaseException:  # a second signal, raised at once: every part stopped before its thread is waited
+                playbook.stop()
+                raise
+            for future in futures:
+                future.result()  # the part that runs without an execution node raises as a run without them does
+        PLAYBOOK_TIME.add(time.monotonic() - started)
+        for outcome in outcomes.values():
+            if outcome.status == "ok" and not outcome.results:
+                outcome.status, outcome.message = "failed", "the playbook returned no result for this host"
         return outcomes
-    by_name = {h.name: h for h in fleet.hosts}
-    parts = execution_nodes.split(by_name[h] for h in hosts)
-    started = time.monotonic()
-    # A signal stops ansible-playbook through ansible-runner (its cancel callback), and every worker from here (their
-    # event streams have no cancel of their own); it is raised when the parts return: no half-run's results are used.
-    playbook = PlaybookTree()
-    heard = {node: threading.Event() for node in parts}  # set by the part's first event: its fork is behind it
-    with interrupts.deferred(), playbook, ThreadPoolExecutor(len(parts), "fleetctl-part") as pool:
-        futures = {pool.submit(run_part, name, fleet, node, {h: outcomes[h] for h in part}, extravars, forks,
-                               playbook.cancel, heard[node].set): node for node, part in parts.items()}
-        running = set(futures)
-        try:
-            while running:
-                if _meanwhile and all(f.done() or heard[node].is_set() for f, node in futures.items()):
-                    _do_meanwhile()
-                running = wait(running, timeout=0.05 if _meanwhile else CANCEL_POLL_S).not_done
-                playbook.cancel()
-        except BaseException:  # a second signal, raised at once: every part stopped before its thread is waited for
-            playbook.stop()
-            raise
-        for future in futures:
-            future.result()  # the part that runs without an execution node raises as a run without them does
-    PLAYBOOK_TIME.add(time.monotonic() - started)
-    for outcome in outcomes.values():
-        if outcome.status == "ok" and not outcome.results:
-            outcome.status, outcome.message = "failed", "the playbook returned no result for this host"
-    return outcomes
+
+    def run_on_fleet(self, name: str, fleet: Fleet, extravars: dict[str, Any] | None = None, forks: int | None = None,
+                     check_ssh: bool = True) -> dict[str, HostOutcome]:
+        """Every host's outcome of playbook NAME; hosts failing the SSH pre-flight are unreachable without a run."""
+        verdicts = preflight.check_all(list(fleet.hosts)) if check_ssh else {}
+        reachable = [h.name for h in fleet.hosts if h.name not in verdicts or verdicts[h.name].ok]
+        outcomes = self.run_playbook(name, fleet, reachable, extravars, forks)
+        for host, verdict in verdicts.items():
+            if not verdict.ok:
+                outcomes[host] = HostOutcome(host, "unreachable", f"pre-flight: {verdict.reason}")
+        return outcomes
 
 
 def run_part(name: str, fleet: Fleet, node: ExecutionNode | None, outcomes: dict[str, HostOutcome],
              extravars: dict[str, Any] | None, forks: int | None, cancel: Callable[[], bool],
-             heard: Callable[[], None] = lambda: None) -> None:
+             heard: Callable[[], None] = lambda: None, silence: float = RunnerConfig.silence) -> None:
     """Playbook NAME on the hosts of OUTCOMES (filled in here) through NODE; None: in-process, or $FLEETCTL_WORKER.
     NODE failing to start, exiting early or dying makes its hosts unreachable with one line naming it; a host whose
     failure had arrived keeps it, and one with only some results too is unreachable: only the end of the playbook
     makes a host's results whole. Without a node, a failure is raised as it always was. HEARD is called at each
-    event."""
+    event; a worker may send nothing for SILENCE seconds."""
     hosts = list(outcomes)
     worker = list(node.worker) if node else worker_command()
     who = str(node) if node else f"FLEETCTL_WORKER {shlex.join(worker)}" if worker else None
@@ -171,7 +191,7 @@ def run_part(name: str, fleet: Fleet, node: ExecutionNode | None, outcomes: dict
     try:
         with tempfile.TemporaryDirectory(prefix="fleetctl-runner-") as private:
             if worker:
-                rc, why = run_on_worker(worker, private, name, job, collector(outcomes, heard), cancel)
+                rc, why = run_on_worker(worker, private, name, job, collector(outcomes, heard), cancel, silence)
             else:
                 env = dict(ANSIBLE_ENV, ANSIBLE_COLLECTIONS_PATH=collections_path(), PATH=search_path())
                 result = ansible_runner.run(private_data_dir=private, playbook=str(resources.playbook(name)),
@@ -396,12 +416,13 @@ class WorkerStream(io.RawIOBase):
 
 def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any],
                   on_event: Callable[[dict[str, Any]], bool],
-                  cancel: Callable[[], bool] = interrupts.requested) -> tuple[int, str]:
+                  cancel: Callable[[], bool] = interrupts.requested,
+                  silence: float = RunnerConfig.silence) -> tuple[int, str]:
     """Transmit the job (the playbook and the collection travel in it), let WORKER run it, and process its event stream
     here: the three phases of ansible-runner's remote execution (what Receptor execution nodes run). The worker is
     asked for a keepalive (on its command line, for a worker over ssh; in its environment, as AWX asks its container
     workers, for a script that does not pass its arguments on). A worker that cannot start, ends before the job did,
-    or breaks a bound of its stream (WorkerStream: silent for execution_nodes.silence(), a line never finished or too
+    or breaks a bound of its stream (WorkerStream: silent for SILENCE seconds, a line never finished or too
     long): an OperationError, what it said last or which bound, once what it had started on this machine is stopped
     (PlaybookTree.stop_marked; over ssh, its playbook is on the node, not here)."""
     project = Path(private) / "project"
@@ -416,7 +437,6 @@ def run_on_worker(worker: list[str], private: str, name: str, job: dict[str, Any
                            cancel_callback=cancel, **job)
         stream.seek(0)
         mark = os.urandom(8).hex()
-        silence = execution_nodes.silence()
         keepalive = str(WorkerStream.keepalive(silence))
         try:
             # A local worker finds ansible-playbook as fleetctl does; over ssh, the execution node's own PATH rules.
@@ -456,15 +476,3 @@ def _message(res: dict[str, Any]) -> str:
     msg = one_line(res.get("msg") or res.get("stderr") or res.get("module_stderr") or "failed")
     # OpenSSH puts its verdict ("Host key verification failed.") after a long banner: keep both ends.
     return msg if len(msg) <= 500 else msg[:200] + " ... " + msg[-280:]
-
-
-def run_on_fleet(name: str, fleet: Fleet, extravars: dict[str, Any] | None = None, forks: int | None = None,
-                 check_ssh: bool = True) -> dict[str, HostOutcome]:
-    """Every host's outcome of playbook NAME; hosts failing the SSH pre-flight are unreachable without a run."""
-    verdicts = preflight.check_all(list(fleet.hosts)) if check_ssh else {}
-    reachable = [h.name for h in fleet.hosts if h.name not in verdicts or verdicts[h.name].ok]
-    outcomes = run_playbook(name, fleet, reachable, extravars, forks)
-    for host, verdict in verdicts.items():
-        if not verdict.ok:
-            outcomes[host] = HostOutcome(host, "unreachable", f"pre-flight: {verdict.reason}")
-    return outcomes

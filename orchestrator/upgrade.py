@@ -16,6 +16,7 @@ from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .campaign.options import IDLE_TIMEOUT_S, CampaignOptions, IdleOptions, ProbeSettings
 from .errors import InputError, OperationError
+from .execution_nodes import RunnerConfig
 from .exitcodes import Exit
 from .store import Store, operator
 from .timefmt import parse as parse_time
@@ -101,11 +102,12 @@ def in_flight_at_most(value: str | None, units: int) -> int | None:
 
 
 def make_plan(opts: UpgradeOptions, store: Store, fleet: inventory.Fleet, base: baseline_mod.Baseline, ramp,
-              locks: dict[str, int], options: CampaignOptions) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+              locks: dict[str, int], options: CampaignOptions,
+              playbooks: runner.Runner) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The plan (as `fleetctl plan` makes it, repeat offenders left out), hosts locked by another campaign excluded,
     and those the campaign's scheduler leaves out (with fleetctl's Slurm drains: nodes someone else took out of
     service, left as they are)."""
-    entries = audit.collect(fleet, base, opts.forks, opts.preflight)
+    entries = audit.collect(playbooks, fleet, base, opts.forks, opts.preflight)
     out = [{"name": e["name"], "code": "in_campaign", "reason": f"in campaign {locks[e['name']]} (host lock)"}
            for e in entries if e["name"] in locks]
     out += offenders.left_out(store, [(e["name"], e["groups"]) for e in entries if e["name"] not in locks], base)
@@ -170,7 +172,7 @@ def listener_for(journal: Journal, cid: int, live: Live | None, notes=None):
 def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod.Baseline,
           live: Live | None, notifier: notify.Notifier | None = None, parts: Parts | None = None) -> str:
     engine = Engine(journal, journal.handle(cid), fleet, base, parts)
-    runner.meanwhile(gate.warm)
+    engine.parts.playbooks.meanwhile(gate.warm)
     notes = notify_events.CampaignNotes(notifier, journal, cid) if notifier else None
     listener, view = listener_for(journal, cid, live, notes)
     journal.listener = listener
@@ -206,7 +208,7 @@ def exit_code(journal: Journal, cid: int) -> Exit | None:
 
 def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
           live: Live | None, notifier: notify.Notifier | None = None,
-          prometheus: Any = None) -> tuple[int | None, Exit, str]:
+          prometheus: Any = None, *, runner_config: RunnerConfig) -> tuple[int | None, Exit, str]:
     """(campaign id or None, exit code, text for the operator). The planning audit is a run of its own (kind plan),
     sealed as soon as it is made, as `fleetctl plan`'s; the campaign it starts has another (kind campaign), closed
     with the campaign's outcome and exit code when it stops (a rolled-back campaign's run says 4)."""
@@ -216,9 +218,9 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     plan.blessed_for_some(fleet, base, opts.target)  # a dry run too: exit 2 before any host is contacted
     metrics = plan.canary_metrics(fleet, base, prometheus)  # a query that does not parse: before any host is touched
-    journal = Journal(store)
+    journal, playbooks = Journal(store), runner.Runner(runner_config)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as planning:
-        made, entries = make_plan(opts, store, fleet, base, ramp, journal.locks(), options)
+        made, entries = make_plan(opts, store, fleet, base, ramp, journal.locks(), options, playbooks)
         if metrics:
             made["canary"] = {"metrics": metrics, "control": plan.control_cohorts(made), "judged_by_soak": True}
         hosts = sum(w["size"] for w in made["waves"])
@@ -242,12 +244,12 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     with runs.recorded(store, "campaign", argv, fleet, base, opts.limit) as run_:
         cid, _ = journal.create(run_.id, made, options)
         return cid, *driven(store, journal, run_, cid, fleet, base, live, notifier,
-                            {**summary, "plan_run": planning.id}, prometheus)
+                            {**summary, "plan_run": planning.id}, prometheus, playbooks=playbooks)
 
 
 def driven(store: Store, journal: Journal, run_: runs.Run, cid: int, fleet: inventory.Fleet,
            base: baseline_mod.Baseline, live: Live | None, notifier: notify.Notifier | None,
-           summary: dict[str, Any], prometheus: Any = None) -> tuple[Exit, str]:
+           summary: dict[str, Any], prometheus: Any = None, *, playbooks: runner.Runner) -> tuple[Exit, str]:
     """Drive the campaign, then close RUN_ with where the campaign stands and its exit code. Every command that
     drives a campaign (upgrade, resume, rollback) has a run of its own, kind campaign, its summary naming the
     campaign: the latest such run of a campaign says what `campaign show` says. A campaign stopped by a signal
@@ -255,7 +257,7 @@ def driven(store: Store, journal: Journal, run_: runs.Run, cid: int, fleet: inve
     the signal's code, the campaign's own in its summary."""
     stopped = None
     try:
-        drive(journal, cid, fleet, base, live, notifier, Parts(prometheus=prometheus) if prometheus else None)
+        drive(journal, cid, fleet, base, live, notifier, Parts(prometheus=prometheus, playbooks=playbooks))
     except interrupts.Interrupted as e:
         if journal.campaign(cid)["state"] in transitions.CAMPAIGN_AT_WORK:
             raise  # between two steps: runs.recorded marks the run interrupted
@@ -295,7 +297,8 @@ def campaign_row(journal: Journal, cid: int):
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
            window_s: float | None, live: Live | None,
            notifier: notify.Notifier | None = None, *, argv: list[str], prometheus: Any = None,
-           capacity_budget: float | None = None, judgement: dict[str, Any] | None = None) -> tuple[Exit, str]:
+           capacity_budget: float | None = None, judgement: dict[str, Any] | None = None,
+           runner_config: RunnerConfig) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if c["state"] in transitions.CAMPAIGN_TERMINAL:
@@ -314,7 +317,8 @@ def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: st
             journal.note(cid, Record.JUDGED, **judgement)
         if c["state"] == CampaignState.HALTED:
             accept_held(journal, cid)
-        return driven(store, journal, run_, cid, fleet, base, live, notifier, {"resumed": True}, prometheus)
+        return driven(store, journal, run_, cid, fleet, base, live, notifier, {"resumed": True}, prometheus,
+                      playbooks=runner.Runner(runner_config))
 
 
 def new_budget(journal: Journal, cid: int, node_hours: float) -> None:
@@ -334,7 +338,7 @@ def interrupted(journal: Journal) -> list[int]:
 
 def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: str | None, window_s: float | None,
                        live: Live | None, notifier: notify.Notifier | None = None, *,
-                       argv: list[str], prometheus: Any = None) -> tuple[Exit, str]:
+                       argv: list[str], prometheus: Any = None, runner_config: RunnerConfig) -> tuple[Exit, str]:
     """`campaign resume --interrupted` (a maintenance window's unit runs it before anything new): every interrupted
     campaign, oldest first. Exit 0 when there is none; else the highest of their exit codes."""
     ids = interrupted(Journal(store))
@@ -343,7 +347,7 @@ def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: 
     codes, texts = [], []
     for cid in ids:
         code, text = resume(store, cid, inventory_path, baseline_path, window_s, live, notifier, argv=argv,
-                            prometheus=prometheus)
+                            prometheus=prometheus, runner_config=runner_config)
         codes.append(code if code is not None else Exit.INTERNAL)  # a drive ends in a state with a code
         texts.append(f"campaign {cid}: " + text if len(ids) > 1 else text)
     return max(codes), "".join(texts)
@@ -351,7 +355,7 @@ def resume_interrupted(store: Store, inventory_path: str | None, baseline_path: 
 
 def judge(store: Store, cid: int, decision: str, reason: str | None, inventory_path: str | None,
           baseline_path: str | None, live: Live | None, notifier: notify.Notifier | None = None, *,
-          argv: list[str], prometheus: Any = None) -> tuple[Exit, str]:
+          argv: list[str], prometheus: Any = None, runner_config: RunnerConfig) -> tuple[Exit, str]:
     """`fleetctl campaign judge ID --promote|--rollback`: a person's decision on a campaign halted for one (an
     inconclusive gate, a canary metric not judged, the breaker, a closed window, the capacity budget), recorded as a
     `judged` event (the decision, who decided, why, and the halt it `answers`), then carried out: promote as `campaign
@@ -363,13 +367,14 @@ def judge(store: Store, cid: int, decision: str, reason: str | None, inventory_p
     judgement = {"decision": decision, "by": operator(), "reason": reason, "answers": c["reason"]}
     if decision == "promote":
         return resume(store, cid, inventory_path, baseline_path, None, live, notifier, argv=argv,
-                      prometheus=prometheus, judgement=judgement)
-    return rollback(store, cid, inventory_path, baseline_path, live, notifier, argv=argv, judgement=judgement)
+                      prometheus=prometheus, judgement=judgement, runner_config=runner_config)
+    return rollback(store, cid, inventory_path, baseline_path, live, notifier, argv=argv, judgement=judgement,
+                    runner_config=runner_config)
 
 
 def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
              live: Live | None, notifier: notify.Notifier | None = None, *,
-             argv: list[str], judgement: dict[str, Any] | None = None) -> tuple[Exit, str]:
+             argv: list[str], judgement: dict[str, Any] | None = None, runner_config: RunnerConfig) -> tuple[Exit, str]:
     journal = Journal(store)
     c = campaign_row(journal, cid)
     if ("%s" % c["state"], Record.ROLLBACK_REQUESTED) not in transitions.CAMPAIGN_TABLE:
@@ -383,7 +388,8 @@ def rollback(store: Store, cid: int, inventory_path: str | None, baseline_path: 
             journal.note(cid, Record.JUDGED, **judgement)
         request_rollback(journal, cid, f"rolled back by {judgement['by']}'s judgement (fleetctl campaign judge)"
                          if judgement else "manual rollback (fleetctl rollback)")
-        return driven(store, journal, run_, cid, fleet, base, live, notifier, {"rollback": True})
+        return driven(store, journal, run_, cid, fleet, base, live, notifier, {"rollback": True},
+                      playbooks=runner.Runner(runner_config))
 
 
 def abort(store: Store, cid: int) -> str:

@@ -43,7 +43,7 @@ def untouched(ctx: Context) -> list[str]:
     return [r["host"] for r in ctx.journal.hosts(ctx.campaign) if not r["changed"] and r["state"] in UNTOUCHED]
 
 
-def step_time(ctx: Context, host: str, step: str, key: str) -> float | None:
+def step_time(ctx: Context, host: str, step: HostState, key: str) -> float | None:
     """When HOST's STEP started or finished (KEY: started_at | finished_at), as a Unix time; None if it did not."""
     row = next((r for r in ctx.journal.steps(ctx.campaign, host) if r["step"] == step and r[key]), None)
     return parse(row[key]).timestamp() if row else None
@@ -51,7 +51,7 @@ def step_time(ctx: Context, host: str, step: str, key: str) -> float | None:
 
 def drained(ctx: Context, host: str) -> float | None:
     """The moment HOST's probe_before measured: its drain's start, just after."""
-    return step_time(ctx, host, "drain", "started_at")
+    return step_time(ctx, host, HostState.DRAIN, "started_at")
 
 
 def now() -> float:

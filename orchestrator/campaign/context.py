@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import baseline as baseline_mod, inventory, probe
+from .. import baseline as baseline_mod, inventory, probe, runner
 from .journal import Journal
 from .options import CampaignOptions
 
@@ -30,6 +30,7 @@ class Context:
     befores: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> recorded "before"
     prometheus: Any = None  # promql.Client where the baseline's canary metrics are judged (docs/canary.md)
     scheduler: Any = None  # scheduler.Scheduler: what the hosts drain through (the engine's: scheduler.of(options))
+    playbooks: runner.Runner = field(default_factory=runner.Runner)  # what runs its playbooks (the engine's: Parts)
 
     def probe_options(self, throughput: bool) -> probe.ProbeOptions:
         o = self.options.probe

@@ -56,7 +56,7 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
-    def submit(self, pool: ThreadPoolExecutor, step: str, fn: Callable[..., Any], *args: Any) -> Future:
+    def submit(self, pool: ThreadPoolExecutor, step: HostState, fn: Callable[..., Any], *args: Any) -> Future:
         """Start FN(*ARGS), the runner of STEP for a batch, in POOL."""
         return pool.submit(fn, *args)
 
@@ -72,14 +72,16 @@ Observe = Callable[[steps.Context, list[str], bool], dict[str, soak.Observation]
 @dataclass(frozen=True)
 class Parts:
     """What the engine works with besides the journal: the step runners (step -> runner, steps.STEPS), the soak's
-    observation, the clock, the counter of seconds spent inside ansible-playbook and the scheduler the hosts are
-    drained through (None: the campaign's own, scheduler.of). Tests give their own."""
-    steps: Mapping[str, Runner] = field(default_factory=lambda: steps.STEPS)
+    observation, the clock, the counter of seconds spent inside ansible-playbook, the scheduler the hosts are
+    drained through (None: the campaign's own, scheduler.of) and what runs the playbooks (the command's execution
+    nodes: runner.Runner). Tests give their own."""
+    steps: Mapping[HostState, Runner] = field(default_factory=lambda: steps.STEPS)
     observe: Observe = soak.observe
     clock: Clock = field(default_factory=Clock)
     playbook_time: runner.Seconds = runner.PLAYBOOK_TIME
     prometheus: Any = None  # promql.Client: the soak judges the baseline's canary metrics with it (soak.py)
     scheduler: Any = None  # scheduler.Scheduler (bench/drain_policies.py: a simulated cluster)
+    playbooks: runner.Runner = field(default_factory=runner.Runner)
 
 
 class Engine:
@@ -95,7 +97,8 @@ class Engine:
                                  f"(give the inventory the campaign was started with)")
         self.ctx = steps.Context(journal, self.cid, campaign.target, fleet, base, self.options,
                                  prometheus=self.parts.prometheus,
-                                 scheduler=self.parts.scheduler or scheduler.of(self.options))
+                                 scheduler=self.parts.scheduler or scheduler.of(self.options),
+                                 playbooks=self.parts.playbooks)
         self.held_for: tuple[str, int] | None = None  # the campaign's (state, wave) its reservations were set for
         # Each host's unit of change: its multi-node NVLink domain, or itself (plans recorded before domains: itself)
         self.unit = {h["name"]: h.get("domain") or h["name"] for w in self.plan["waves"] for h in w["hosts"]}
@@ -145,16 +148,12 @@ class Engine:
         rows = {h["host"]: h for h in self.journal.hosts(self.cid) if h["wave"] == wave}
         failed = sorted((h for h, r in rows.items() if r["state"] in transitions.FAILED),
                         key=lambda h: (rows[h]["reason"] or "").startswith(DOMAIN_PEER))  # who failed first
-        units = {self.unit.get(h, h) for h in failed}
         if over := self.over_budget(wave, failed, rows):
-            everyone = self.journal.hosts(self.cid)
-            moves = {"roll_back": [r["host"] for r in everyone
-                                   if self.options.rollback_scope == "campaign" or r["wave"] == wave],
-                     "cancel": [r["host"] for r in everyone if r["wave"] > wave]}
-            self.journal.transition(self.cid, Record.WAVE_FAILED, moves=moves, wave=wave,
+            self.journal.transition(self.cid, Record.WAVE_FAILED, moves=self.over_moves({wave}, wave), wave=wave,
                                     reason=f"wave {wave} failed {over}: {first_host(failed, rows)}")
             return
         # within budget: only the failed hosts go back (with every host of their NVLink domains), the campaign goes on
+        units = {self.unit.get(h, h) for h in failed}
         lone = [h for h, r in rows.items() if r["changed"] and self.unit.get(h, h) in units
                 and r["state"] in (HostState.FAILED, HostState.DONE)]
         if lone:
@@ -230,6 +229,14 @@ class Engine:
         of = len({self.unit.get(h, h) for h in members})
         return f"({len(units)} of {of} {budget.get('unit', 'host')}s, {budget['rule']})"
 
+    def over_moves(self, waves: set[int], last: int) -> dict[str, list[str]]:
+        """Where a campaign goes whose WAVES failed over their budgets: their hosts roll back (every host with
+        --rollback-scope campaign), the waves after LAST will not run."""
+        everyone = self.journal.hosts(self.cid)
+        return {"roll_back": [r["host"] for r in everyone
+                              if self.options.rollback_scope == "campaign" or r["wave"] in waves],
+                "cancel": [r["host"] for r in everyone if r["wave"] > last]}
+
     def soak_failed(self, failures: dict[str, str]) -> bool:
         """Watched hosts failed a soak observation: each against its own wave's budget (the canary: any failure).
         Over a budget the campaign rolls back as for a failed wave (True); within, those hosts roll back alone and
@@ -240,22 +247,20 @@ class Engine:
             for peer in sorted(h for h in watched if h != host and self.unit.get(h, h) == self.unit.get(host, host)):
                 failures.setdefault(peer, f"{DOMAIN_PEER}{self.unit[host]}: {host} failed ({why}): "
                                           "the domain moves as one")
-        over = []
+        over: dict[int, str] = {}
         for wave in sorted({r["wave"] for r in rows if r["host"] in failures}):
             members = [r for r in rows if r["wave"] == wave]
             failed = [r["host"] for r in members if r["state"] in transitions.FAILED or r["host"] in failures]
             if said := self.over_budget(wave, failed, {r["host"]: r for r in members}):
-                over.append(f"wave {wave} {said}")
+                over[wave] = f"wave {wave} {said}"
         reasons = {h: r for h, r in failures.items()}
         text = first_host(sorted(failures), {h: {"reason": r} for h, r in failures.items()})
         if over:
-            failed_waves = {int(w.split()[1]) for w in over}
-            moves = {"roll_back": [r["host"] for r in rows
-                                   if self.options.rollback_scope == "campaign" or r["wave"] in failed_waves],
-                     "cancel": [r["host"] for r in rows if r["wave"] >= c["wave"]]}
-            self.journal.transition(self.cid, Record.SOAK_FAILED, moves=moves, host_reasons=reasons, wave=c["wave"] - 1,
-                                    reason=f"the soak after wave {c['wave'] - 1} failed, over the budget of "
-                                           f"{', '.join(over)}: {text}")
+            gap = c["wave"] - 1
+            self.journal.transition(self.cid, Record.SOAK_FAILED, moves=self.over_moves(set(over), gap),
+                                    host_reasons=reasons, wave=gap,
+                                    reason=f"the soak after wave {gap} failed, over the budget of "
+                                           f"{', '.join(over.values())}: {text}")
             return True
         self.journal.transition(self.cid, Record.SOAK_HOST_FAILED, moves={"roll_back": list(failures)},
                                 host_reasons=reasons, soak_until=c["soak_until"],
@@ -484,19 +489,20 @@ class Engine:
         self.spent = budget if budget and not chosen and not out_now else None
         return chosen
 
-    def start_batch(self, pool: ThreadPoolExecutor, step: str, batch: list[str]) -> Future:
+    def start_batch(self, pool: ThreadPoolExecutor, step: HostState, batch: list[str]) -> Future:
         """Write STEP ahead for BATCH (a host still waiting for its jobs is written once, as it starts waiting) and
         run it in a thread of its own, on a connection of its own to the history."""
         begin = [h for h in batch if (h, step) not in self.begun]
         if begin:
             self.journal.begin_step(self.cid, begin, step)
-            if transitions.HOST_ROWS[transitions.HostState(step)].waits:
+            if transitions.HOST_ROWS[step].waits:
                 self.begun.update((h, step) for h in begin)
         self.load_befores()
         ctx = replace(self.ctx, befores=dict(self.ctx.befores))
         return self.clock.submit(pool, step, self.run_batch, step, ctx, batch)
 
-    def run_batch(self, step: str, ctx: steps.Context, batch: list[str]) -> tuple[dict[str, steps.Outcome], float]:
+    def run_batch(self, step: HostState, ctx: steps.Context,
+                  batch: list[str]) -> tuple[dict[str, steps.Outcome], float]:
         """STEP's runner for BATCH (in its own thread): its outcomes, and the seconds it spent in ansible-playbook."""
         in_ansible = self.parts.playbook_time.here
         if threading.current_thread() is threading.main_thread():  # a clock that runs it here (a simulated one)
@@ -511,7 +517,7 @@ class Engine:
             if self.heard:
                 self.heard(record)
 
-    def finish_batch(self, step: str, batch: list[str], results: dict[str, steps.Outcome], started: float,
+    def finish_batch(self, step: HostState, batch: list[str], results: dict[str, steps.Outcome], started: float,
                      in_ansible: float, looked: dict[str, float], scope: set[str]) -> None:
         """Record each host's outcome of STEP (a host still waiting for its jobs: when it was looked at)."""
         finished = []

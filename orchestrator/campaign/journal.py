@@ -20,7 +20,7 @@ from ..errors import OperationError
 from .. import chain
 from ..store import Store, now, operator, process_alive, process_identity
 from . import transitions
-from .transitions import Record
+from .transitions import HostState, Record
 from .options import Campaign, CampaignOptions
 
 SCHEMA = """
@@ -280,18 +280,18 @@ class Journal:
         return self.db.execute("SELECT * FROM campaign_steps WHERE campaign_id=? AND host=? ORDER BY id",
                                (cid, host)).fetchall()
 
-    def step_detail(self, cid: int, host: str, step: str) -> dict[str, Any] | None:
+    def step_detail(self, cid: int, host: str, step: HostState) -> dict[str, Any] | None:
         row = self.db.execute("SELECT detail FROM campaign_steps WHERE campaign_id=? AND host=? AND step=?",
                               (cid, host, step)).fetchone()
         return json.loads(row[0]) if row and row[0] else None
 
-    def step_started(self, cid: int, host: str, step: str) -> str | None:
+    def step_started(self, cid: int, host: str, step: HostState) -> str | None:
         """When HOST's STEP was first written ahead (a resumed step keeps it), or None."""
         row = self.db.execute("SELECT started_at FROM campaign_steps WHERE campaign_id=? AND host=? AND step=?",
                               (cid, host, step)).fetchone()
         return row[0] if row else None
 
-    def begin_step(self, cid: int, hosts: list[str], step: str) -> None:
+    def begin_step(self, cid: int, hosts: list[str], step: HostState) -> None:
         """Write ahead: STEP is about to run on HOSTS."""
         with self.tx() as db:
             stamp = now()
@@ -315,7 +315,7 @@ class Journal:
                 self._event(db, cid, Record.STEP_STARTED, host, step=step, resumed=row is not None)
         self._flush()
 
-    def finish_step(self, cid: int, host: str, step: str, outcome: str, reason: str | None,
+    def finish_step(self, cid: int, host: str, step: HostState, outcome: str, reason: str | None,
                     detail: dict[str, Any] | None, before: dict[str, Any] | None = None) -> str:
         """The step's outcome and the host's next state, in one transaction. Returns the next state."""
         with self.tx() as db:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import audit, controls, gate, probe, runner
+from .. import audit, controls, gate, probe
 from ..timefmt import parse, stamp
 from . import cohort, steps
 from .journal import Journal
@@ -33,7 +33,7 @@ from .options import soak_length
 from .context import Context
 from .transitions import HostState
 
-GATE_STEPS = ("probe_again", "probe_after")  # the gate probe a changed host passed last, newest first
+GATE_STEPS = (HostState.PROBE_AGAIN, HostState.PROBE_AFTER)  # the gate probe a changed host passed last, newest first
 GATE_VERDICTS = {"gate": "end-of-soak gate", "gate_less_drift": "end-of-soak gate less the fleet's drift",
                  "canary_gate": "canary command", "canary_gate_less_drift": "canary command less the fleet's drift"
                  }  # an end-of-soak observation's verdicts (_final_throughput)
@@ -143,8 +143,8 @@ def observe(ctx: Context, hosts: list[str], final: bool) -> dict[str, Observatio
     # audit's facts come in the same run: the controls are judged as the verify judges them (changed_controls).
     fleet = ctx.fleet.only(hosts)
     options = _probe_options(ctx, canary=not final)
-    outcomes = runner.run_on_fleet("soak.yml", fleet, probe.extravars(options, fleet, ctx.base, markers),
-                                   options.forks, options.preflight)
+    outcomes = ctx.playbooks.run_on_fleet("soak.yml", fleet, probe.extravars(options, fleet, ctx.base, markers),
+                                          options.forks, options.preflight)
     collected = probe.results(fleet, outcomes)
     audited = {e["name"]: e for e in audit.evaluate_outcomes(fleet, ctx.base, outcomes, ctx.journal.store)}
     jobs_failed, jobs_unread = ctx.scheduler.failed_jobs(ctx, hosts) if not final else ({}, None)
@@ -257,8 +257,8 @@ def _judge(ctx: Context, m: Any, canary: list[str], control: list[str], min_samp
     """One metric's verdict (canary.judge_*), or {"verdict": "missing", "reason"} when it cannot be asked."""
     from .. import canary as judge, promql
     now = datetime.now(timezone.utc).timestamp()
-    back = [t for h in canary if (t := cohort.step_time(ctx, h, "undrain", "finished_at")) is not None]
-    drained = [t for h in canary if (t := cohort.step_time(ctx, h, "drain", "started_at")) is not None]
+    back = [t for h in canary if (t := cohort.step_time(ctx, h, HostState.UNDRAIN, "finished_at")) is not None]
+    drained = [t for h in canary if (t := cohort.step_time(ctx, h, HostState.DRAIN, "started_at")) is not None]
     said = {"name": m.name, "kind": m.kind, "good": m.good, "verdict": "missing"}
     if ctx.prometheus is None:
         return {**said, "reason": f"{m.name}: no Prometheus configured (--prometheus-url or prometheus_url)"}
@@ -325,7 +325,7 @@ def _final_throughput(ctx: Context, host: str, result: dict[str, Any], detail: d
     between its two moments (cohort.judged_less_drift), and that verdict decides. The verdicts in full go to
     DETAIL ("gate", "canary_gate", each "..._less_drift"); what failed, one problem each."""
     pol = gate.gate_policy(ctx.policy(host))
-    before = (ctx.journal.step_detail(ctx.campaign, host, "probe_before") or {}).get("probe") or {}
+    before = (ctx.journal.step_detail(ctx.campaign, host, HostState.PROBE_BEFORE) or {}).get("probe") or {}
     broken = {k: v for k, v in result.get("errors", {}).items() if k.startswith("throughput")}
     alike = bool(metrics) and all(m["verdict"] == "pass" for m in metrics)  # the canary moved as its controls did
 

@@ -10,6 +10,7 @@ from .. import audit, controls, domains, gate, plan, probe, runner
 from ..store import now
 from . import cohort, packages, transitions
 from .context import Context, Outcome, activation
+from .transitions import HostState
 
 
 FABRIC_WAIT_S, FABRIC_POLL_S = 120.0, 10.0  # verify waits this long for the fabric manager to register the GPUs
@@ -32,12 +33,12 @@ def unreachable_or_failed(outcome: runner.HostOutcome) -> Outcome | None:
 
 def playbook(ctx: Context, name: str, hosts: list[str], extravars: dict[str, Any],
              check_ssh: bool = True) -> dict[str, runner.HostOutcome]:
-    return runner.run_on_fleet(name, ctx.fleet.only(hosts), extravars, ctx.options.forks, check_ssh)
+    return ctx.playbooks.run_on_fleet(name, ctx.fleet.only(hosts), extravars, ctx.options.forks, check_ssh)
 
 
 def facts_of(ctx: Context, hosts: list[str]) -> dict[str, dict[str, Any]]:
     """Audit-style host entries (facts, findings) collected with the audit's playbook."""
-    return {e["name"]: e for e in audit.collect(ctx.fleet.only(hosts), ctx.base, ctx.options.forks,
+    return {e["name"]: e for e in audit.collect(ctx.playbooks, ctx.fleet.only(hosts), ctx.base, ctx.options.forks,
                                                 history=ctx.journal.store)}
 
 
@@ -79,7 +80,7 @@ def running_daemons(facts: dict[str, Any]) -> list[str]:
 
 
 def _probe(ctx: Context, hosts: list[str], throughput: bool) -> dict[str, dict[str, Any]]:
-    return probe.collect(ctx.probe_options(throughput), ctx.fleet.only(hosts), ctx.base)
+    return probe.collect(ctx.playbooks, ctx.probe_options(throughput), ctx.fleet.only(hosts), ctx.base)
 
 
 def probe_before(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
@@ -98,7 +99,7 @@ def probe_before(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     return out
 
 
-def _gate(ctx: Context, hosts: list[str], reference_step: str) -> dict[str, Outcome]:
+def _gate(ctx: Context, hosts: list[str], reference_step: HostState) -> dict[str, Outcome]:
     """Each host's probe now against its REFERENCE_STEP's; one that does not pass is judged again less the fleet's
     drift since the host was drained (cohort.judged_less_drift), and that verdict decides."""
     out = {}
@@ -124,7 +125,7 @@ def _gate(ctx: Context, hosts: list[str], reference_step: str) -> dict[str, Outc
 
 
 def probe_after(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    return _gate(ctx, hosts, "probe_before")
+    return _gate(ctx, hosts, HostState.PROBE_BEFORE)
 
 
 def drain(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
@@ -194,7 +195,7 @@ def install(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
     return _install(ctx, hosts, wanted)
 
 
-def _activate(ctx: Context, hosts: list[str], install_step: str,
+def _activate(ctx: Context, hosts: list[str], install_step: HostState,
               version_of: Callable[[str], str]) -> dict[str, Outcome]:
     boot_ids = {h: (ctx.journal.step_detail(ctx.campaign, h, install_step) or {}).get("boot_id") or "" for h in hosts}
     # No SSH pre-flight: after an interrupted run the host may be rebooting; the play waits for it.
@@ -202,7 +203,7 @@ def _activate(ctx: Context, hosts: list[str], install_step: str,
                         {"fleetctl_boot_ids": boot_ids, "fleetctl_versions": {h: version_of(h) for h in hosts},
                          # a reboot through the scheduler (scontrol reboot) where it has one
                          "fleetctl_reboot_commands": ctx.scheduler.reboot_commands(
-                             ctx, hosts, rollback=install_step == "rollback_install"),
+                             ctx, hosts, rollback=install_step == HostState.ROLLBACK_INSTALL),
                          "fleetctl_activation": {h: ctx.activation(h) for h in hosts},
                          # a reinstall stops them (prerm) and a reload or no-op activation does not start them
                          "fleetctl_running_units": {h: ctx.befores.get(h, {}).get("daemons", []) for h in hosts}},
@@ -229,7 +230,7 @@ def activation_detail(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def activate(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    return _activate(ctx, hosts, "install", lambda h: ctx.target)
+    return _activate(ctx, hosts, HostState.INSTALL, lambda h: ctx.target)
 
 
 def nvlink_up(facts: dict[str, Any]) -> dict[str, int]:
@@ -387,7 +388,7 @@ def rollback_set(ctx: Context, host: str) -> dict[str, str]:
     facts did not list (e.g. libnvidia-decode-550, removed with its branch): back exactly as it was."""
     before = ctx.befores[host]
     wanted = dict(before["packages"])
-    install = ctx.journal.step_detail(ctx.campaign, host, "install") or {}
+    install = ctx.journal.step_detail(ctx.campaign, host, HostState.INSTALL) or {}
     after = install.get("after") or {}
     for name, version in (install.get("before") or {}).items():
         if name not in wanted and after.get(name) != version and packages.upstream(version) == before["version"]:
@@ -400,7 +401,7 @@ def rollback_install(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
 
 
 def rollback_activate(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    return _activate(ctx, hosts, "rollback_install", lambda h: ctx.befores[h]["version"])
+    return _activate(ctx, hosts, HostState.ROLLBACK_INSTALL, lambda h: ctx.befores[h]["version"])
 
 
 def rollback_verify(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
@@ -408,9 +409,9 @@ def rollback_verify(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
 
 
 def rollback_probe(ctx: Context, hosts: list[str]) -> dict[str, Outcome]:
-    return _gate(ctx, hosts, "probe_before")
+    return _gate(ctx, hosts, HostState.PROBE_BEFORE)
 
 
 # Each step's runner, as the host table names it (transitions.HOST_TABLE: the step's whole row).
-STEPS: dict[str, Callable[[Context, list[str]], dict[str, Outcome]]] = {
+STEPS: dict[HostState, Callable[[Context, list[str]], dict[str, Outcome]]] = {
     row.step: globals()[row.runner] for row in transitions.HOST_TABLE}

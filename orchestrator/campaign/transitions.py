@@ -118,8 +118,8 @@ class Row:
                                                         "stays, looked at again every idle poll, until --idle-timeout"})
 
     @property
-    def step(self) -> str:
-        return self.state.value
+    def step(self) -> HostState:
+        return self.state
 
     def next(self, outcome: str) -> HostState:
         target = getattr(self, outcome)
@@ -210,18 +210,37 @@ class Move:
                 and (self.only is None or state in self.only) and state not in self.never)
 
 
-MOVES = {
-    # move         -> host state         which of the hosts named it concerns
-    "roll_back":   Move(ROLLBACK_START,  changed=True, never=(H.ROLLED_BACK, H.ROLLBACK_FAILED)),
-    "cancel":      Move(H.NOT_STARTED),                        # a later wave that will not run
-    "accept":      Move(H.UNDRAIN,       only=(H.HELD,)),      # the operator accepts a held host
-    "abandon":     Move(H.NOT_STARTED,   only=READ_ONLY_STATES),  # aborted before anything changed it
-    # a host of its NVLink domain failed: the others stop where they are, the domain moves as one
-    "stop":        Move(H.FAILED,        only=READ_ONLY_STATES + (H.DRAIN,)),     # nothing done to it yet
-    "release":     Move(H.RELEASE,       unchanged=True, only=(H.WAIT_IDLE, H.INSTALL)),  # drained: undrained
-    "fail":        Move(H.FAILED,        changed=True, only=(H.INSTALL, H.ACTIVATE, H.VERIFY, H.PROBE_AFTER,
-                                                             H.PROBE_AGAIN, H.UNDRAIN)),  # goes back with it
-}
+def moves_of(table: tuple[Row, ...]) -> dict[str, Move]:
+    """The moves, read off a host TABLE: which hosts each concerns follows from where the table drains a host (its
+    first hook step), where it first changes it (its first changes_host step), where it undrains it (the next hook
+    step), where a held host was (the step whose inconclusive holds it) and where the rollback ends."""
+    order = [r.state for r in table]
+
+    def between(first: HostState, last: HostState) -> tuple[HostState, ...]:
+        return tuple(order[order.index(first):order.index(last) + 1])
+
+    drain = next(r.state for r in table if r.hook)
+    drained = table[order.index(drain) + 1]  # a drained host's first step: its failure undrains the host
+    change = next(r.state for r in table if r.changes_host)
+    undrain = next(r.state for r in table[order.index(change):] if r.hook)
+    held_at = next(r for r in table if r.inconclusive == H.HELD)
+    rollback = [r for r in table if r.state in IN_ROLLBACK]
+    looks = tuple(r.state for r in table if r.read_only)
+    return {
+        # move       -> host state          which of the hosts named it concerns
+        "roll_back": Move(rollback[0].state, changed=True, never=(rollback[-1].ok, rollback[-1].fail)),
+        "cancel":    Move(H.NOT_STARTED),                                # a later wave that will not run
+        "accept":    Move(held_at.ok,        only=(H.HELD,)),            # the operator accepts a held host
+        "abandon":   Move(H.NOT_STARTED,     only=looks),                # aborted before anything changed it
+        # a host of its NVLink domain failed: the others stop where they are, the domain moves as one
+        "stop":      Move(H.FAILED,          only=between(order[0], drain)),  # nothing done to it yet
+        "release":   Move(drained.fail,      unchanged=True, only=between(drained.state, change)),  # undrained
+        "fail":      Move(H.FAILED,          changed=True, only=between(change, undrain)),  # goes back with it
+    }
+
+
+MOVES = moves_of(HOST_TABLE)
+
 # The events that move hosts between the tables, and how; Journal.transition (and Journal.move, for a host's own
 # rollback within its wave's budget) apply them in the event's transaction, in this order.
 EVENT_MOVES = {

@@ -10,7 +10,7 @@ from .. import audit as audit_mod, settings
 from ..exitcodes import documented
 from ..files import writable
 from ..store import Store
-from . import options, render
+from . import config, options, render
 from .output import run_notes, stored_argv, write_report
 
 
@@ -33,5 +33,6 @@ def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_prefl
     writable(output)
     with Store() as store:  # the report written before the run is sealed: its record holds what fleetctl exits with
         report = audit_mod.run(opts, store, stored_argv(), run_notes(), lambda r: write_report(
-            r, fmt, output, lambda r, console: render.print_audit(r, console, show_all)))
+            r, fmt, output, lambda r, console: render.print_audit(r, console, show_all)),
+            runner_config=config.runner_config())
     sys.exit(report["summary"]["exit_code"])

@@ -11,7 +11,7 @@ import click
 from .. import gate, settings, upgrade as upgrade_mod
 from ..exitcodes import Exit, documented
 from ..store import Store
-from . import campaign_view, options
+from . import campaign_view, config, options
 from .output import campaign_end, stored_argv, terminal
 
 
@@ -70,7 +70,8 @@ def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, 
         click.confirm(f"Upgrade the fleet's driver to {target}?", abort=True)
     with Store() as store:
         cid, code, text = upgrade_mod.start(opts, store, stored_argv(), dry_run, campaign_view.live(terminal()),
-                                           options.notifier(), options.prometheus_client())
+                                           options.notifier(), options.prometheus_client(),
+                                           runner_config=config.runner_config())
     campaign_end(text, code)
 
 
@@ -130,11 +131,13 @@ def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window, 
         if interrupted:
             code, text = upgrade_mod.resume_interrupted(store, inventory_path, baseline, window,
                                                         campaign_view.live(terminal()), options.notifier(),
-                                                        argv=stored_argv(), prometheus=options.prometheus_client())
+                                                        argv=stored_argv(), prometheus=options.prometheus_client(),
+                                                        runner_config=config.runner_config())
         else:
             code, text = upgrade_mod.resume(store, campaign_id, inventory_path, baseline, window,
                                             campaign_view.live(terminal()), options.notifier(), argv=stored_argv(),
-                                            prometheus=options.prometheus_client(), capacity_budget=capacity_budget)
+                                            prometheus=options.prometheus_client(), capacity_budget=capacity_budget,
+                                            runner_config=config.runner_config())
     campaign_end(text, code)
 
 
@@ -161,7 +164,7 @@ def campaign_judge(campaign_id, decision, reason, inventory_path, baseline) -> N
     with Store() as store:
         code, text = upgrade_mod.judge(store, campaign_id, decision, reason, inventory_path, baseline,
                                        campaign_view.live(terminal()), options.notifier(), argv=stored_argv(),
-                                       prometheus=options.prometheus_client())
+                                       prometheus=options.prometheus_client(), runner_config=config.runner_config())
     campaign_end(text, code)
 
 
@@ -184,5 +187,5 @@ def rollback(campaign_id, inventory_path, baseline) -> None:
     """Roll every host a campaign changed back to the exact packages recorded before it."""
     with Store() as store:
         code, text = upgrade_mod.rollback(store, campaign_id, inventory_path, baseline, campaign_view.live(terminal()),
-                                          options.notifier(), argv=stored_argv())
+                                          options.notifier(), argv=stored_argv(), runner_config=config.runner_config())
     campaign_end(text, code)

@@ -14,6 +14,7 @@ from ..exitcodes import documented
 from . import options
 
 META = "fleetctl.config"  # the root context's meta key of the config file in use
+RUNNER = "fleetctl.runner"  # and of how the command's playbooks run (runner_config)
 
 
 def apply(ctx: click.Context) -> None:
@@ -26,9 +27,15 @@ def apply(ctx: click.Context) -> None:
     nodes = cfg.values.get(settings.EXECUTION_NODES.name, [])  # no flag: the runner takes them (a bad one: exit 2)
     quiet = settings.WORKER_SILENCE  # no flag either: how long a worker may send nothing
     silence = quiet.parse(cfg.values.get(quiet.name, quiet.default))
-    execution_nodes.use(execution_nodes.parse(nodes, inputs.shown(cfg.path)) if nodes else (), silence)
+    ctx.meta[RUNNER] = execution_nodes.RunnerConfig(
+        execution_nodes.parse(nodes, inputs.shown(cfg.path)) if nodes else (), silence)
     if cfg.values:
         ctx.default_map = config_mod.merge(ctx.default_map or {}, config_mod.default_map(cfg.values))
+
+
+def runner_config() -> execution_nodes.RunnerConfig:
+    """How this command's playbooks run: the config file's execution nodes and worker silence (apply)."""
+    return click.get_current_context().find_root().meta.get(RUNNER, execution_nodes.RunnerConfig())
 
 
 def option_type(key: Setting) -> click.ParamType | None:

@@ -10,7 +10,7 @@ from .. import plan as plan_mod
 from ..exitcodes import documented
 from ..files import writable
 from ..store import Store
-from . import options, render
+from . import config, options, render
 from .output import stored_argv, write_report
 
 
@@ -38,5 +38,6 @@ def plan(target, inventory_path, limit, baseline, waves, fmt, output, forks, no_
     writable(output)
     with Store() as store:
         report = plan_mod.run(opts, store, stored_argv(), options.prometheus_client(),
-                              lambda r: write_report(r, fmt, output, render.print_plan))
+                              lambda r: write_report(r, fmt, output, render.print_plan),
+                              runner_config=config.runner_config())
     sys.exit(report["summary"]["exit_code"])

@@ -10,7 +10,7 @@ from .. import probe as probe_mod
 from ..exitcodes import documented
 from ..files import writable
 from ..store import Store
-from . import options, render
+from . import config, options, render
 from .output import run_notes, stored_argv, write_report
 
 
@@ -45,5 +45,6 @@ def probe(inventory_path, limit, baseline, throughput, engine, canary, samples, 
                                   forks=forks, preflight=not no_preflight)
     with Store() as store:
         report = probe_mod.run(opts, store, stored_argv(), run_notes(),
-                               lambda r: write_report(r, fmt, output, render.print_probe))
+                               lambda r: write_report(r, fmt, output, render.print_probe),
+                               runner_config=config.runner_config())
     sys.exit(report["summary"]["exit_code"])

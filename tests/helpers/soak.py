@@ -55,7 +55,7 @@ def answer(monkeypatch, result=None, reachable=True, error=None, facts=None):
     and FACTS as the audit's (default: the real H100's); records the markers and the probe options."""
     seen = {}
 
-    def run_on_fleet(name, fleet, extravars, forks=None, check_ssh=True):
+    def run_on_fleet(playbooks, name, fleet, extravars, forks=None, check_ssh=True):
         assert name == "soak.yml"
         seen.update(markers=extravars["fleetctl_kmsg_markers"], opts=extravars)
         if result is None:
@@ -64,7 +64,7 @@ def answer(monkeypatch, result=None, reachable=True, error=None, facts=None):
         return {h.name: runner.HostOutcome(h.name, "ok", "", {
             "fleetctl.gpu.gpu_probe": {"probe": result},
             "fleetctl.gpu.gpu_facts": {"facts_json": json.dumps(facts or FACTS)}}) for h in fleet.hosts}
-    monkeypatch.setattr(runner, "run_on_fleet", run_on_fleet)
+    monkeypatch.setattr(runner.Runner, "run_on_fleet", run_on_fleet)
     return seen
 
 

@@ -157,9 +157,9 @@ def test_what_a_killed_local_worker_started_is_stopped_before_fleetctl_returns(t
     left a zombie of fleetctl's, when run_playbook returns; the other node's hosts and the in-process one complete."""
     monkeypatch.delenv("FLEETCTL_WORKER", raising=False)
     fleet = inventory.load(str(lab(tmp_path, slow=("b1", "b2"))))
-    execution_nodes.use(execution_nodes.parse([{"name": "rack1", "worker": worker(tmp_path, "n1"), "hosts": "rack1"},
-                                               {"name": "rack2", "worker": worker(tmp_path, "n2"), "hosts": "rack2"}],
-                                              "config.yml"))
+    playbooks = runner.Runner(execution_nodes.RunnerConfig(execution_nodes.parse(
+        [{"name": "rack1", "worker": worker(tmp_path, "n1"), "hosts": "rack1"},
+         {"name": "rack2", "worker": worker(tmp_path, "n2"), "hosts": "rack2"}], "config.yml")))
     started: dict[psutil.Process, str] = {}  # what rack2's worker had started, with its command line
 
     def kill_rack2() -> None:
@@ -173,12 +173,11 @@ def test_what_a_killed_local_worker_started_is_stopped_before_fleetctl_returns(t
     killer = threading.Thread(target=kill_rack2)
     killer.start()
     try:
-        outcomes = runner.run_playbook("audit.yml", fleet, [h.name for h in fleet.hosts])
+        outcomes = playbooks.run_playbook("audit.yml", fleet, [h.name for h in fleet.hosts])
         left = [command for p, command in started.items() if p.is_running()]
         zombies = [c.pid for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
     finally:
         killer.join()
-        execution_nodes.use(())
         (tmp_path / "release").touch()
     assert any("ansible-playbook" in command for command in started.values()), started
     assert (left, zombies) == ([], [])

@@ -1,4 +1,4 @@
-"""runner.meanwhile: work a campaign would otherwise do between two playbooks (scipy's import) is done while the next
+"""Runner.meanwhile: work a campaign would otherwise do between two playbooks (scipy's import) is done while the next
 playbook runs, after ansible-runner's fork, once. A real ansible-playbook on this machine (ansible_connection=local),
 whose host waits until the work has run: had the work waited for the playbook's end, the host would have waited its
 minute and the test failed on the time."""
@@ -34,13 +34,14 @@ def test_work_runs_once_while_the_playbook_runs(tmp_path):
     def broken() -> None:
         raise ImportError("no scipy here")
 
-    runner.meanwhile(broken)
-    runner.meanwhile(work)
+    playbooks = runner.Runner()
+    playbooks.meanwhile(broken)
+    playbooks.meanwhile(work)
     started = time.monotonic()
-    outcomes = runner.run_playbook("audit.yml", fleet(tmp_path), ["gpu-a"])
+    outcomes = playbooks.run_playbook("audit.yml", fleet(tmp_path), ["gpu-a"])
     assert time.monotonic() - started < 50, "the host waited for the work: it did not run during the playbook"
     assert len(seen) == 1 and any("ansible-playbook" in c for c in seen[0]), seen
     assert outcomes["gpu-a"].status == "ok" and outcomes["gpu-a"].results, outcomes["gpu-a"]
 
-    runner.run_playbook("audit.yml", fleet(tmp_path), ["gpu-a"])
+    playbooks.run_playbook("audit.yml", fleet(tmp_path), ["gpu-a"])
     assert len(seen) == 1  # once

@@ -8,17 +8,19 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import pytest
 
-from orchestrator import baseline as baseline_mod, inventory
+from orchestrator import baseline as baseline_mod, inventory, runner
 from orchestrator.campaign import engine as engine_mod, transitions
 from orchestrator.campaign.engine import Engine
 from orchestrator.campaign.journal import Journal
 from orchestrator.errors import OperationError
 from orchestrator.exitcodes import Exit
+from orchestrator.execution_nodes import RunnerConfig
 from orchestrator.store import process_alive, process_gone, process_identity, process_start
 from tests.helpers.campaign import SOAKING, UPGRADE, Script, Watch, options_of, parts, plan_of, start, states
 
@@ -57,6 +59,26 @@ def test_every_transition_lands_on_a_known_state_and_every_state_can_be_reached(
 def test_inconclusive_twice_holds_the_host_and_a_drain_failure_releases_it():
     assert walk("precheck", lambda s: "inconclusive" if s.startswith("probe_a") else "ok")[-1] == "held"
     assert walk("precheck", lambda s: "fail" if s == "wait_idle" else "ok")[-2:] == ["release", "failed"]
+
+
+def test_the_moves_between_the_tables_are_read_off_the_host_table():
+    """A domain peer's failure, an abort, a held host accepted, a rollback: which hosts each move concerns follows
+    from the host table, so a step added to the upgrade moves with its neighbours without anyone editing MOVES."""
+    H, rows, moves = transitions.HostState, transitions.HOST_ROWS, transitions.MOVES
+    assert moves["abandon"].only == transitions.READ_ONLY_STATES
+    assert moves["stop"].only == transitions.BEFORE_DRAIN + (H.DRAIN,)  # nothing done to the host yet
+    assert moves["release"].to == rows[H.WAIT_IDLE].fail and moves["release"].only == (H.WAIT_IDLE, H.INSTALL)
+    assert moves["fail"].only == (H.INSTALL, H.ACTIVATE, H.VERIFY, H.PROBE_AFTER, H.PROBE_AGAIN, H.UNDRAIN)
+    assert moves["accept"].to == rows[H.PROBE_AGAIN].ok and moves["roll_back"].to == transitions.ROLLBACK_START
+    assert moves["roll_back"].never == (H.ROLLED_BACK, H.ROLLBACK_FAILED)
+    table = list(transitions.HOST_TABLE)
+    at = table.index(rows[H.INSTALL])
+    table[at:at + 1] = [replace(rows[H.INSTALL], ok="firmware"),
+                        transitions.Row("firmware", H.ACTIVATE, H.FAILED, runner="install", changes_host=True)]
+    grown = transitions.moves_of(tuple(table))
+    assert grown["fail"].only == (H.INSTALL, "firmware", H.ACTIVATE, H.VERIFY, H.PROBE_AFTER, H.PROBE_AGAIN,
+                                  H.UNDRAIN)
+    assert {k: m for k, m in grown.items() if k != "fail"} == {k: m for k, m in moves.items() if k != "fail"}
 
 
 def test_campaign_table_and_exit_codes():
@@ -146,10 +168,11 @@ def test_each_run_that_drives_a_campaign_is_closed_with_its_outcome(store, monke
     first = journal.campaign(cid)["run_id"]
     assert store.run(first)["status"] == "running"  # planned and started: not finished
     code, _ = upgrade.driven(store, journal, runs.Run(first, "", "campaign", fleet, None, None), cid, fleet,
-                             baseline_mod.load(None), None, None, {"hosts": 2})
+                             baseline_mod.load(None), None, None, {"hosts": 2}, playbooks=runner.Runner())
     assert code == 5 and journal.campaign(cid)["state"] == "halted"
     script = Script()
-    code, text = upgrade.resume(store, cid, None, None, None, None, argv=["campaign", "resume", str(cid)])
+    code, text = upgrade.resume(store, cid, None, None, None, None, argv=["campaign", "resume", str(cid)],
+                                runner_config=RunnerConfig())
     assert code == 0 and f"campaign {cid} to 570.86.15: done" in text
     rows = store.db.execute("SELECT status, exit_code, summary, argv FROM runs WHERE kind='campaign' ORDER BY id")
     assert [(r["status"], r["exit_code"], json.loads(r["summary"])["state"], json.loads(r["argv"])) for r in rows] \
@@ -169,7 +192,7 @@ def test_a_campaign_that_rolls_back_closes_its_run_with_exit_4(store, monkeypatc
     monkeypatch.setattr(upgrade, "drive", lambda *a: engine.run())
     run_id = journal.campaign(cid)["run_id"]
     code, _ = upgrade.driven(store, journal, runs.Run(run_id, "", "campaign", None, None, None), cid, None, None,
-                             None, None, {"hosts": 2})
+                             None, None, {"hosts": 2}, playbooks=runner.Runner())
     row = store.run(run_id)
     assert (code, row["status"], row["exit_code"], json.loads(row["summary"])["state"]) == (4, "done", 4, "rolled_back")
 
@@ -351,7 +374,8 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
     journal = Journal(store)
     assert upgrade.interrupted(journal) == [crashed]  # the halted one waits for a person, the done one is done
     events = len(journal.events(finished))
-    code, text = upgrade.resume(store, finished, None, None, None, None, argv=[])  # a resume after a kill that came too late
+    # a resume after a kill that came too late
+    code, text = upgrade.resume(store, finished, None, None, None, None, argv=[], runner_config=RunnerConfig())
     assert code == 0 and text.startswith(f"campaign {finished} is done: nothing to resume\n")
     assert "exit 0" in text and len(journal.events(finished)) == events and "c" not in journal.locks()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -361,7 +385,7 @@ def test_interrupted_campaigns_are_those_at_work_whose_process_is_gone(store):
         events = len(journal.events(crashed))
         assert upgrade.interrupted(journal) == []
         with pytest.raises(OperationError, match=f"campaign {crashed} is being driven by pid {other.pid}"):
-            upgrade.resume(store, crashed, None, None, None, None, argv=[])
+            upgrade.resume(store, crashed, None, None, None, None, argv=[], runner_config=RunnerConfig())
         assert len(journal.events(crashed)) == events
         ticks = Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # as an older fleetctl wrote it
         reused = str(int(ticks) - 5 * os.sysconf("SC_CLK_TCK"))  # the same pid, a process started 5 s earlier

@@ -41,7 +41,8 @@ def test_sigterm_during_a_finished_campaigns_last_notification_keeps_its_outcome
         threading.Thread(target=terminate_once_done_is_sent, daemon=True).start()
         started = time.monotonic()
         with pytest.raises(interrupts.Interrupted) as stopped:
-            upgrade.driven(store, journal, run_, cid, engine.ctx.fleet, engine.ctx.base, None, notifier, {})
+            upgrade.driven(store, journal, run_, cid, engine.ctx.fleet, engine.ctx.base, None, notifier, {},
+                           playbooks=engine.parts.playbooks)
         took = time.monotonic() - started
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)

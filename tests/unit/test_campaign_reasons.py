@@ -36,7 +36,7 @@ def test_a_canary_rolled_back_by_the_gate_reads_in_one_line(store, monkeypatch):
     slower = copy.deepcopy(REAL)
     for s in slower["throughput"]["samples"]:
         s["value"] *= 0.9
-    monkeypatch.setattr(probe, "collect", lambda opts, fleet, base, markers=None: {
+    monkeypatch.setattr(probe, "collect", lambda playbooks, opts, fleet, base, markers=None: {
         h.name: {"reachable": True, "error": None, "probe": slower} for h in fleet.hosts})
     journal, cid, engine = start(store, RealGate(), ["a"], ["b"])
     assert engine.run() == "rolled_back"

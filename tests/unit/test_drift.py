@@ -92,7 +92,7 @@ def test_a_canary_run_slower_than_the_drift_still_fails(store, tmp_path, monkeyp
 
 def probed(monkeypatch, result) -> None:
     """The gate's probe (steps._probe) answers RESULT for every host."""
-    monkeypatch.setattr(probe, "collect", lambda opts, fleet, base, markers=None: {
+    monkeypatch.setattr(probe, "collect", lambda playbooks, opts, fleet, base, markers=None: {
         h.name: {"reachable": True, "error": None, "probe": copy.deepcopy(result)} for h in fleet.hosts})
 
 

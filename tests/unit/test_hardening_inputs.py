@@ -365,8 +365,8 @@ def test_a_probe_result_too_large_is_that_hosts_error_and_the_others_are_kept(mo
                             fleet.runner_inventory)
     outcomes["dropped"] = HostOutcome("dropped", results={"fleetctl.gpu.gpu_probe": {}})  # what ansible-runner
     #                                                     hands on of a result over MAX_EVENT_RES characters
-    monkeypatch.setattr(probe.runner, "run_on_fleet", lambda *a, **k: outcomes)
-    collected = probe.collect(probe.ProbeOptions(), fleet, baseline.load(None))
+    monkeypatch.setattr(probe.runner.Runner, "run_on_fleet", lambda *a, **k: outcomes)
+    collected = probe.collect(probe.runner.Runner(), probe.ProbeOptions(), fleet, baseline.load(None))
     assert collected["good"] == {"reachable": True, "error": None, "probe": REAL_PROBE}
     for name, why in (("deep", r"\$\.errors\.x[\[\]0.]*: nested more than 32 levels deep"),
                       ("huge", r"\$: more than 200000 values"),

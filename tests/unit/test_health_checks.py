@@ -293,10 +293,10 @@ def fleet_of(hosts):
 def audit_of(tmp_path, monkeypatch, facts_by_host, groups, base_groups=None):
     fleet = fleet_of([(n, groups[n]) for n in facts_by_host])
     base = Baseline(tmp_path / "b.yml", "b", "sha256:0", base_groups or {"all": {}})
-    monkeypatch.setattr(runner, "run_on_fleet", lambda *a, **k: {
+    monkeypatch.setattr(runner.Runner, "run_on_fleet", lambda *a, **k: {
         n: runner.HostOutcome(n, results={"fleetctl.gpu.gpu_facts": {"facts": f}}) for n, f in facts_by_host.items()})
     with Store(tmp_path / "history.sqlite3") as store:
-        entries = audit.collect(fleet, base, history=store)
+        entries = audit.collect(runner.Runner(), fleet, base, history=store)
     return {e["name"]: {f["control"]: f for f in e["findings"]} for e in entries}
 
 

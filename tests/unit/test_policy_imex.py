@@ -207,11 +207,11 @@ def audit_of(tmp_path, monkeypatch, facts_by_host, hostvars=None):
     fleet = Fleet("hosts.ini", tuple(Host(n, ("all", "gpu"), {"ansible_host": TRAYS.get(n, n), **hostvars.get(n, {})})
                                      for n in facts_by_host), frozenset({"all", "gpu"}), {})
     base = Baseline(tmp_path / "b.yml", "b", "sha256:0", {"all": {}})
-    monkeypatch.setattr(runner, "run_on_fleet", lambda *a, **k: {
+    monkeypatch.setattr(runner.Runner, "run_on_fleet", lambda *a, **k: {
         n: runner.HostOutcome(n, results={"fleetctl.gpu.gpu_facts": {"facts": f}}) if f is not None
         else runner.HostOutcome(n, "unreachable", "ssh: connect timed out") for n, f in facts_by_host.items()})
     with Store(tmp_path / "history.sqlite3") as store:
-        entries = audit.collect(fleet, base, history=store)
+        entries = audit.collect(runner.Runner(), fleet, base, history=store)
     return {e["name"]: {f["control"]: f for f in e["findings"]} for e in entries}
 
 

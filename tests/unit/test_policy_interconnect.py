@@ -412,13 +412,13 @@ def test_collect_hands_every_host_its_reference_with_one_query(tmp_path, hgx, mo
     names = [f"hgx-{i:02d}" for i in range(1, 6)]
     fleet = Fleet("hosts.ini", tuple(Host(n, ("all",)) for n in names), frozenset({"all"}), {})
     base = Baseline(tmp_path / "b.yml", "b", "sha256:0", {"all": {}})
-    monkeypatch.setattr(runner, "run_on_fleet", lambda *a, **k: {
+    monkeypatch.setattr(runner.Runner, "run_on_fleet", lambda *a, **k: {
         n: runner.HostOutcome(n, results={"fleetctl.gpu.gpu_facts": {"facts": fallen if n == "hgx-01" else hgx}}) for n in names})
     with Store(tmp_path / "history.sqlite3") as store:
         record_audit(store, {n: before for n in names}, {})
         queries = []
         store.db.set_trace_callback(queries.append)
-        entries = audit.collect(fleet, base, history=store)
+        entries = audit.collect(runner.Runner(), fleet, base, history=store)
         store.db.set_trace_callback(None)
     assert len([q for q in queries if q.lstrip().upper().startswith(("SELECT", "WITH"))]) == 1
     got = {e["name"]: {f["control"]: f for f in e["findings"]} for e in entries}

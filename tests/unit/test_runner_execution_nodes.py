@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from orchestrator import execution_nodes, inventory
+from orchestrator import execution_nodes, inventory, runner, settings
 from tests.helpers.cli import REPO, runs
 
 NODES = [{"name": "rack1", "worker": "ssh exec01 ansible-runner worker", "hosts": "rack1"},
@@ -27,16 +27,12 @@ def test_a_host_goes_to_the_first_node_that_serves_it_by_group_or_name(fleet):
     nodes = execution_nodes.parse(NODES, "config.yml")
     assert [str(n) for n in nodes] == ["execution node rack1 (ssh exec01 ansible-runner worker)",
                                        "execution node gpu (ssh exec02 ansible-runner worker)"]
-    execution_nodes.use(nodes)
-    try:
-        parts = execution_nodes.split(fleet.hosts)
-    finally:
-        execution_nodes.use(())
+    parts = execution_nodes.RunnerConfig(nodes).split(fleet.hosts)
     assert {(n.name if n else None): hosts for n, hosts in parts.items()} == {
         "rack1": ["gpu-01", "cpu-01"],  # gpu-01 is the second node's too: the first wins
         "gpu": ["gpu-02", "old-01"],  # old-01 by its parent group
         None: ["cpu-02"]}  # in-process, or $FLEETCTL_WORKER
-    assert execution_nodes.split(fleet.hosts) == {None: [h.name for h in fleet.hosts]}
+    assert execution_nodes.RunnerConfig().split(fleet.hosts) == {None: [h.name for h in fleet.hosts]}
 
 
 def audit(tmp_path, config: str) -> subprocess.CompletedProcess:
@@ -72,3 +68,33 @@ def test_config_show_names_each_node(tmp_path):
     line = next(line for line in proc.stdout.splitlines() if line.startswith("execution_nodes"))
     assert line.split(None, 1)[1] == ("rack1 (ssh exec01 ansible-runner worker): rack1, "
                                       f"gpu (ssh exec02 ansible-runner worker): gpu-0*,rack3  ({tmp_path}/config.yml)")
+
+
+def test_two_commands_in_one_process_each_run_their_playbooks_as_configured(fleet, monkeypatch):
+    """Nothing of one runner is left for another: the execution nodes, the worker silence and the work to do
+    meanwhile are each command's own, whichever ran first (a campaign and an audit in one process, a test suite)."""
+    parts: list[tuple[str, str | None, tuple[str, ...], float]] = []
+
+    def run_part(name, fleet, node, outcomes, extravars, forks, cancel, heard, silence):
+        heard()
+        parts.append((name, node.name if node else None, tuple(outcomes), silence))
+        for outcome in outcomes.values():
+            outcome.results["fleetctl.gpu.gpu_facts"] = {}
+
+    monkeypatch.setattr(runner, "run_part", run_part)
+    warmed: list[str] = []
+    racked = runner.Runner(execution_nodes.RunnerConfig(execution_nodes.parse(NODES, "config.yml"), silence=7))
+    racked.meanwhile(lambda: warmed.append("racked"))
+    plain = runner.Runner()
+    hosts = [h.name for h in fleet.hosts]
+    plain.run_playbook("audit.yml", fleet, hosts)
+    assert parts == [("audit.yml", None, tuple(hosts), settings.WORKER_SILENCE.value)] and warmed == []
+    parts.clear()
+    racked.run_playbook("probe.yml", fleet, hosts)
+    assert sorted(parts, key=str) == sorted([("probe.yml", "rack1", ("gpu-01", "cpu-01"), 7),
+                                             ("probe.yml", "gpu", ("gpu-02", "old-01"), 7),
+                                             ("probe.yml", None, ("cpu-02",), 7)], key=str)
+    assert warmed == ["racked"]
+    parts.clear()
+    plain.run_playbook("audit.yml", fleet, hosts)
+    assert parts == [("audit.yml", None, tuple(hosts), settings.WORKER_SILENCE.value)] and warmed == ["racked"]

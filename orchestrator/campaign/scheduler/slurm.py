@@ -33,7 +33,7 @@ from ... import inventory, slurm
 from ...errors import InputError
 from ...timefmt import parse, stamp
 from .. import transitions
-from ..transitions import Record
+from ..transitions import HostState, Record
 from ..context import Context, Outcome
 from ..journal import Journal
 from .nodes import node_names
@@ -169,7 +169,7 @@ class Slurm:
         names = node_names(ctx.fleet, hosts)
         since = {h: parse(t) for h in hosts
                  if (t := next((r["finished_at"] for r in ctx.journal.steps(ctx.campaign, h)
-                                if r["step"] == "undrain"), None))}
+                                if r["step"] == HostState.UNDRAIN), None))}
         if not since:
             return {}, None
         try:
