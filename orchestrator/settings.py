@@ -1,9 +1,10 @@
 """Every setting a person gives fleetctl, declared once: its flag, its config-file key, its type, bounds and default,
-its help, and the commands that take it. From here follow the click options (cli/options.py), the config file's
-keys (config.KEYS), schemas/config.schema.json (`python -m orchestrator.settings > schemas/config.schema.json`; a
-test holds the file equal) and the defaults of the options objects (probe.ProbeOptions, campaign/options.py,
-upgrade.UpgradeOptions). The fleetctl.gpu collection ships on its own and keeps its own role defaults: a test holds
-them equal to these.
+its help, and the commands that take it. From here follow every flag of fleetctl's commands (cli/options.py makes
+the click options), the config file's keys (config.KEYS), schemas/config.schema.json (`python -m orchestrator.settings
+> schemas/config.schema.json`; a test holds the file equal), the defaults of the options objects (probe.ProbeOptions,
+upgrade.UpgradeOptions) and the campaign's options (campaign/options.py: a field for each setting declared
+`recorded`, which `upgrade` hands on as it is given). The fleetctl.gpu collection ships on its own and keeps its own
+role defaults: a test holds them equal to these.
 
 A duration (every time flag and key) is seconds, or a number with a unit: 90, 90s, 5m, 2h, 1.5h, 14d. The options
 objects and the history hold seconds.

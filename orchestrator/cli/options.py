@@ -67,9 +67,11 @@ def option(s: Setting, help: str | None = None, **changes) -> Callable:
                             **({"flag_value": s.flag_value} if s.flag_value else {}), **changes)
     if s.timed and s.bounds:
         help = f"{help.rstrip('.')} ({s.bounds})."
-    return click.option(*flags, s.param, **{"type": param_type(s), "default": s.default, "multiple": s.many,
-                                            "show_default": s.default is not None, "metavar": s.metavar,
-                                            "help": help, **changes})
+    given = {"type": param_type(s), "default": s.default, "multiple": s.many, "show_default": s.default is not None,
+             "metavar": s.metavar, "help": help, **changes}
+    if given.get("required") and s.default is None:
+        given.pop("default")  # click's "Missing option", not a None given
+    return click.option(*flags, s.param, **given)
 
 
 def declared(*names: Setting, help: dict[Setting, str] | None = None) -> Callable:

@@ -99,7 +99,8 @@ def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list
     elif p["duration"] is None or p["target"] is None:
         raise click.UsageError("--window-schedule needs --duration and --to")
     if p["audit_schedule"] is None and p["window_schedule"] is None:
-        raise click.UsageError("nothing to install: give --audit-schedule and/or --window-schedule (with --duration, --to)")
+        raise click.UsageError("nothing to install: give --audit-schedule and/or --window-schedule "
+                               "(with --duration, --to)")
     exe = systemd.fleetctl_executable()
     inventory = systemd.absolute(p["inventory_path"], "--inventory")
     baseline = systemd.absolute(p["baseline"], "--baseline")
@@ -141,7 +142,8 @@ def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list
         # accept), and the window.
         resume = [exe, "campaign", "resume", "--interrupted", "--window", soft, *extra("campaign", "resume")]
         upgrade = [exe, "upgrade", "--to", target, "--yes", "--window", soft, *common, *extra("upgrade")]
-        window = systemd.WindowUnit(systemd.calendar(p["window_schedule"], "--window-schedule"), duration_s, target, resume, upgrade)
+        window = systemd.WindowUnit(systemd.calendar(p["window_schedule"], "--window-schedule"), duration_s, target,
+                                    resume, upgrade)
     unit_settings = os.path.join(os.path.abspath(p["unit_dir"]), systemd.SETTINGS_FILE)
     return systemd.Units(audit, window, in_file, {**systemd.environment(), config_mod.UNIT_ENV: unit_settings})
 
@@ -175,8 +177,8 @@ def systemd_group(root: click.Group) -> click.Group:
     @documented("systemd install")
     def install_cmd(ctx, **params) -> None:
         """Write the units (and enable the timers where systemd runs): an audit on --audit-schedule and/or an
-        upgrade to --to in each window (--window-schedule) of --duration. The window's start first resumes a campaign a crash
-        interrupted."""
+        upgrade to --to in each window (--window-schedule) of --duration. The window's start first resumes a campaign
+        a crash interrupted."""
         units = build(root, ctx, params, passthrough)
         check_commands(root, units)
         for line in systemd.install(units, params["unit_dir"], params["print_only"]):

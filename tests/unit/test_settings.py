@@ -96,15 +96,16 @@ def test_every_option_made_from_a_setting_is_the_settings_own():
         for param in cmd.params:
             s = next((s for s in settings.SETTINGS if s.flag in param.opts and path in s.commands),  # --within: 2
                      next((by_flag[o] for o in param.opts if o in by_flag), None))
-            if path == ("config", "show") or path[0] not in BUILTIN or isinstance(param, click.Argument) or param.hidden \
-                    or param.name == "help":
+            if path == ("config", "show") or path[0] not in BUILTIN or isinstance(param, click.Argument) \
+                    or param.hidden or param.name == "help":
                 continue
             assert s is not None, (path, param.opts)  # every flag is a setting's: the CLI is made from them
             assert param.name == s.param, (path, s.flag)
             if s.kind == "switch":
                 assert param.is_flag and (s.flag_value is None or param.flag_value == s.flag_value), (path, s.flag)
             else:
-                assert param.default == s.default or s in (settings.FORMAT, settings.UNIT_DIR), (path, s.flag)
+                assert param.default == s.default or s in (settings.FORMAT, settings.UNIT_DIR) \
+                    or (param.required and s.default is None), (path, s.flag)
                 assert type(param.type) is type(options.param_type(s) or click.STRING), (path, s.flag)
             takers[s.name].add(path)
     for s in settings.SETTINGS:
