@@ -87,7 +87,8 @@ class Derived:
 
 def options_class(recorded: tuple[settings.Setting, ...]) -> type:
     """The campaign's options: Derived's fields, and one for each setting RECORDED as it is given (its key, its
-    default the setting's, or RECORDED_BEFORE's for a campaign recorded before the key existed)."""
+    default the setting's, or RECORDED_BEFORE's for a campaign recorded before the key existed). One is resolved
+    before the campaign is recorded: max_in_flight, the words given (N or P%) until upgrade.start counts the hosts."""
     fields = [(s.recorded, Any, field(default=RECORDED_BEFORE.get(s.recorded, s.value)))
               for s in recorded if s.recorded and "." not in s.recorded]
     return make_dataclass("CampaignOptions", fields, bases=(Derived,), frozen=True, kw_only=True,

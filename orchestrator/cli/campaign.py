@@ -1,5 +1,6 @@
 """`fleetctl upgrade`, `fleetctl campaign list|show|resume|abort` and `fleetctl rollback`: the commands around the
-campaign engine (orchestrator/upgrade.py), a campaign shown live on a terminal (campaign_view.py)."""
+campaign engine (orchestrator/upgrade.py; what `campaign show` reads: campaign/readmodel.py), a campaign shown live
+on a terminal (campaign_view.py)."""
 
 from __future__ import annotations
 

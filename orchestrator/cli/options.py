@@ -74,11 +74,11 @@ def option(s: Setting, help: str | None = None, **changes) -> Callable:
     return click.option(*flags, s.param, **given)
 
 
-def declared(*names: Setting, help: dict[Setting, str] | None = None) -> Callable:
+def declared(*names: Setting) -> Callable:
     """The options of NAMES, in that order (a command's help lists them so)."""
     def add(f: Callable) -> Callable:
         for s in reversed(names):
-            f = option(s, (help or {}).get(s))(f)
+            f = option(s)(f)
         return f
     return add
 
