@@ -555,13 +555,12 @@ def replay(trace: Trace, n: int, policy: str, args: argparse.Namespace, made: di
                  "rollback_install": args.install, "activate": args.activate, "rollback_activate": args.activate,
                  "verify": args.verify, "rollback_verify": args.verify}
     clock = SimClock(cluster, durations)
-    opts = upgrade.UpgradeOptions(target=TARGET, waves=args.waves, soak_s=args.soak,
-                                  soak_interval_s=args.soak_interval, drain_preset="slurm",
-                                  idle_timeout_s=args.idle_timeout, pace=pace, drain_mode=drain_mode,
-                                  lead_s=args.lead, max_in_flight=args.max_in_flight)
-    options = upgrade.campaign_options(opts)  # as `fleetctl upgrade` makes them
+    options = upgrade.campaign_options({  # as `fleetctl upgrade` makes them, from its parameters
+        "soak": args.soak, "soak_interval": args.soak_interval, "drain_preset": "slurm",
+        "idle_timeout": args.idle_timeout, "pace": pace, "drain_mode": drain_mode, "lead": args.lead,
+        "max_in_flight": args.max_in_flight})
     units = {h.get("domain") or h["name"] for w in made["waves"] for h in w["hosts"]}
-    options = replace(options, max_in_flight=upgrade.in_flight_at_most(opts.max_in_flight, len(units)))
+    options = replace(options, max_in_flight=upgrade.in_flight_at_most(args.max_in_flight, len(units)))
     cluster.advance(args.warmup)
     parts = Parts(steps=SimSteps(), observe=observe, clock=clock, scheduler=SimScheduler(cluster))
     with simulated(clock), Store(home / f"history-{n}-{policy}.sqlite3") as store:

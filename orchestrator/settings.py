@@ -1,9 +1,10 @@
 """Every setting a person gives fleetctl, declared once: its flag, its config-file key, its type, bounds and default,
-its help, and the commands that take it. From here follow the click options (cli/options.py), the config file's
-keys (config.KEYS), schemas/config.schema.json (`python -m orchestrator.settings > schemas/config.schema.json`; a
-test holds the file equal) and the defaults of the options objects (probe.ProbeOptions, campaign/options.py,
-upgrade.UpgradeOptions). The fleetctl.gpu collection ships on its own and keeps its own role defaults: a test holds
-them equal to these.
+its help, and the commands that take it. From here follow every flag of fleetctl's commands (cli/options.py makes
+the click options), the config file's keys (config.KEYS), schemas/config.schema.json (`python -m orchestrator.settings
+> schemas/config.schema.json`; a test holds the file equal), the defaults of the options objects (probe.ProbeOptions,
+upgrade.UpgradeOptions) and the campaign's options (campaign/options.py: a field for each setting declared
+`recorded`, which `upgrade` hands on as it is given). The fleetctl.gpu collection ships on its own and keeps its own
+role defaults: a test holds them equal to these.
 
 A duration (every time flag and key) is seconds, or a number with a unit: 90, 90s, 5m, 2h, 1.5h, 14d. The options
 objects and the history hold seconds.
@@ -27,7 +28,7 @@ FORKS_CAP = 64  # hosts worked on at once by default, at most: more processes wo
 DURATION = r"[0-9]+(\.[0-9]+)?[smhd]?"
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 DURATION_EXAMPLES = "90, 90s, 5m or 2h"
-KINDS = ("text", "int", "number", "choice", "duration", "durations", "objects")
+KINDS = ("text", "int", "number", "choice", "duration", "durations", "objects", "switch")  # switch: a flag alone
 
 RUNS = (("audit",), ("probe",), ("plan",), ("upgrade",))
 NOTIFYING = (("audit",), ("probe",), ("upgrade",), ("campaign", "resume"), ("rollback",))
@@ -65,10 +66,16 @@ class Setting:
     path: bool = False  # a file: relative to the config file's directory, made absolute for a systemd unit
     many: bool = False  # repeatable (a list in the file)
     item: dict[str, Any] | None = None  # objects: each object of the list (JSON Schema; the schema's $defs.NAME)
+    flag_value: str | None = None  # a switch that sets PARAM to this word (--promote, --rollback: `decision`)
+    # A campaign's option: `upgrade` takes it and hands it to the campaign. Its key in the campaign's options
+    # (campaign/options.py: a field of CampaignOptions each, as the history records it; "probe.samples": nested), or ""
+    # where the campaign records what follows from it (--window: the window's end; the drain hooks; the idle wait).
+    recorded: str | None = None
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS and (self.kind == "choice") == bool(self.choices), self.name
         assert (self.kind == "objects") == bool(self.item) and (self.flag is not None or not self.commands), self.name
+        assert self.kind != "switch" or not self.file, self.name
         if not self.param:
             object.__setattr__(self, "param", self.name)
 
@@ -149,7 +156,7 @@ INVENTORY = Setting(name="inventory", flag="--inventory", short="-i", param="inv
 BASELINE = Setting(name="baseline", flag="--baseline", short="-b", metavar="BASELINE", path=True, commands=RUNS,
                    help="Baseline YAML. Default: the embedded one.")
 FORKS = Setting(name="forks", flag="--forks", kind="int", minimum=1, maximum=1000, commands=RUNS,
-                help=f"Hosts worked on at once (default: all, up to {FORKS_CAP}).")
+                help=f"Hosts worked on at once (default: all, up to {FORKS_CAP}).", recorded="forks")
 FAIL_ON = Setting(name="fail_on", flag="--fail-on", kind="choice", choices=(*reversed(SEVERITIES), "never"),
                   default="high", commands=(("audit",),),
                   help="Exit 1 when a control fails at or above this severity.")
@@ -157,60 +164,69 @@ WAVES = Setting(name="waves", flag="--waves", default="1,10%,50%,100%", metavar=
                 help="Cumulative wave targets: host counts or percentages of the eligible hosts, ending at 100%.")
 # The canary soaks for hours, later waves less.
 SOAK = Setting(name="soak", flag="--soak", kind="durations", default="2h,30m", metavar="DURATIONS", commands=UPGRADE,
-               help="Watched soak between waves, one length per gap (the last repeated), e.g. 2h,30m; 0: none.")
+               help="Watched soak between waves, one length per gap (the last repeated), e.g. 2h,30m; 0: none.",
+               recorded="soak_s")
 SOAK_INTERVAL = Setting(name="soak_interval", flag="--soak-interval", kind="duration", above=True, default="1m",
                         metavar="DURATION", commands=UPGRADE,
-                        help="A health check and a canary run of every changed host this often while soaking.")
+                        help="A health check and a canary run of every changed host this often while soaking.",
+                        recorded="soak_interval_s")
 SOAK_GRACE = Setting(name="soak_grace", flag="--soak-grace", kind="duration", default="5m", metavar="DURATION",
-                     commands=UPGRADE, help="A changed host unreachable this long during a soak fails.")
+                     commands=UPGRADE, help="A changed host unreachable this long during a soak fails.",
+                     recorded="soak_grace_s")
 CANARY = Setting(name="canary", flag="--canary", metavar="CMD", commands=UPGRADE,
                  help="The canary workload run on changed hosts while soaking (the probe command engine's protocol; "
-                      "default: the host's probe engine).")
+                      "default: the host's probe engine).", recorded="canary")
 CANARY_MAX_FAILURES = Setting(name="canary_max_failures", flag="--canary-max-failures", kind="int", minimum=0,
                               maximum=100000, default=0, commands=UPGRADE,
-                              help="Failed canary runs a host may have before it fails.")
+                              help="Failed canary runs a host may have before it fails.",
+                              recorded="canary_max_failures")
 WINDOW = Setting(name="window", flag="--window", kind="duration", above=True, metavar="DURATION", file=False,
                  commands=(*UPGRADE, ("campaign", "resume")),
-                 help=f"Maintenance window length: no wave starts after it (exit {Exit.HALTED:d}).")
+                 help=f"Maintenance window length: no wave starts after it (exit {Exit.HALTED:d}).", recorded="")
 ROLLBACK_SCOPE = Setting(name="rollback_scope", flag="--rollback-scope", kind="choice", choices=("campaign", "wave"),
                          default="campaign", commands=UPGRADE,
-                         help="On a failed wave roll back every changed host, or the wave's only.")
+                         help="On a failed wave roll back every changed host, or the wave's only.",
+                         recorded="rollback_scope")
 DRAIN_PRESET = Setting(name="drain_preset", flag="--drain-preset", kind="choice", choices=tuple(sorted(PRESETS)),
                        commands=UPGRADE,
-                       help="Drain/undrain with Slurm (scontrol) or Kubernetes (kubectl drain/uncordon).")
+                       help="Drain/undrain with Slurm (scontrol) or Kubernetes (kubectl drain/uncordon).", recorded="")
 DRAIN = Setting(name="drain", flag="--drain", metavar="CMD", commands=UPGRADE,
-                help="Drain command template run on this machine: {host} {node} {campaign}.")
-UNDRAIN = Setting(name="undrain", flag="--undrain", metavar="CMD", commands=UPGRADE, help="Undrain command template.")
+                help="Drain command template run on this machine: {host} {node} {campaign}.", recorded="")
+UNDRAIN = Setting(name="undrain", flag="--undrain", metavar="CMD", commands=UPGRADE, help="Undrain command template.",
+                  recorded="")
 IDLE_TIMEOUT = Setting(name="idle_timeout", flag="--idle-timeout", kind="duration", maximum=MAX_DURATION_S,
                        metavar="DURATION", commands=UPGRADE,
                        help="How long a drained host waits for its own jobs to end and its GPUs to be free (default: "
-                            "until the window closes, else 24h).")
+                            "until the window closes, else 24h).", recorded="")
 PACE = Setting(name="pace", flag="--pace", kind="choice", choices=("host", "wave"), default="host", commands=UPGRADE,
                help="host: each host goes on as soon as its own jobs end; wave: the wave's hosts move step by step "
-                    "together (the wave waits for its longest job).")
+                    "together (the wave waits for its longest job).", recorded="pace")
 MAX_IN_FLIGHT = Setting(name="max_in_flight", flag="--max-in-flight", metavar="N|P%", pattern=r"^[0-9]+%?$",
                         commands=UPGRADE,
                         help="Hosts (NVLink domains) out of service at once, at most: a number or a share of the "
-                             "campaign's (default: a whole wave).")
+                             "campaign's (default: a whole wave).", recorded="max_in_flight")
 DRAIN_MODE = Setting(name="drain_mode", flag="--drain-mode", kind="choice", choices=("drain", "reservation"),
                      default="drain", commands=UPGRADE,
                      help="With --drain-preset slurm: drain each wave as it starts, or reserve its nodes (a Slurm "
-                          "maintenance reservation) from the end of the soak before it, so jobs end in time.")
+                          "maintenance reservation) from the end of the soak before it, so jobs end in time.",
+                     recorded="drain_mode")
 LEAD = Setting(name="lead", flag="--lead", kind="duration", default="30m", metavar="DURATION", commands=UPGRADE,
                help="--drain-mode reservation: how long after the campaign starts the canary wave's reservation, "
-                    "and its drain, start (its checks run meanwhile).")
+                    "and its drain, start (its checks run meanwhile).", recorded="lead_s")
 CAPACITY_BUDGET = Setting(name="capacity_budget", flag="--capacity-budget", kind="number", minimum=0, above=True,
                           maximum=10**7, metavar="NODE_HOURS", commands=(*UPGRADE, ("campaign", "resume")),
                           help="Node-hours the campaign may take from the fleet (hosts drained and idle, or in change; "
-                               "a host is one node): no further host is drained while that would exceed it.")
+                               "a host is one node): no further host is drained while that would exceed it.",
+                          recorded="capacity_budget_node_hours")
 SAMPLES = Setting(name="samples", flag="--samples", kind="int", minimum=1, maximum=1000, default=10, file=False,
-                  commands=(("probe",), *UPGRADE), help="Throughput samples per metric and GPU.")
+                  commands=(("probe",), *UPGRADE), help="Throughput samples per metric and GPU.",
+                  recorded="probe.samples")
 WARMUP = Setting(name="warmup", flag="--warmup", param="warmup_s", kind="duration", maximum=600, default="20s",
                  metavar="DURATION", file=False, commands=(("probe",), *UPGRADE),
-                 help="Warm-up before the throughput samples.")
+                 help="Warm-up before the throughput samples.", recorded="probe.warmup_s")
 TRIAL = Setting(name="trial", flag="--trial", param="trial_s", kind="duration", minimum=0.01, maximum=60,
                 default="1s", metavar="DURATION", file=False, commands=(("probe",), *UPGRADE),
-                help="Sustained work per throughput sample.")
+                help="Sustained work per throughput sample.", recorded="probe.trial_s")
 NOTIFY = Setting(name="notify", flag="--notify", metavar="CMD", many=True, commands=NOTIFYING,
                  help="Run CMD on this machine for each event (no shell; the event as JSON on stdin; placeholders "
                       "{event} {severity} {kind} {campaign} {host} {target} {state} {run}). Repeatable.")
@@ -250,6 +266,93 @@ WINDOW_MARGIN = Setting(name="margin", flag="--margin", kind="duration", metavar
                         help="No wave starts in the window's last DURATION: the campaign halts between waves for a "
                              "person (default 0: a wave still running when the window ends is stopped, and resumed "
                              "by the next window).")
+
+# The flags of the command line alone (no key of the config file): each command words their help for itself where
+# it differs.
+CAMPAIGN_CMDS = (("campaign", "resume"), ("campaign", "judge"), ("rollback",))
+LIMIT = Setting(name="limit", flag="--limit", short="-l", metavar="LIMIT", file=False,
+                commands=(*RUNS, ("report",), ("systemd", "install")), help="Ansible host pattern.")
+OUTPUT = Setting(name="output", flag="--output", short="-o", metavar="FILE", file=False,
+                 commands=(("audit",), ("probe",), ("plan",), ("report",), ("report", "drivers")),
+                 help="Write the report to FILE (atomically) instead of stdout.")
+FORMAT = Setting(name="format", flag="--format", param="fmt", kind="choice", file=False,
+                 choices=("table", "json", "csv", "html", "oscal", "prometheus"),
+                 help="The output's format (each command takes some: its first is the default).")
+TARGET = Setting(name="to", flag="--to", param="target", metavar="VERSION", file=False,
+                 commands=(("plan",), *UPGRADE, ("systemd", "install")),
+                 help="Target driver version, e.g. 570.86.15.")
+NO_PREFLIGHT = Setting(name="no_preflight", flag="--no-preflight", kind="switch", file=False,
+                       commands=RUNS, help="Skip the SSH reachability and host-key pre-flight.")
+UNIT_DIR = Setting(name="unit_dir", flag="--unit-dir", metavar="DIR", file=False,
+                   commands=(("systemd", "install"), ("systemd", "uninstall")), help="Where the units are.")
+SHOW_ALL = Setting(name="all", flag="--all", short="-a", param="show_all", kind="switch", file=False,
+                   commands=(("audit",),), help="Table: show passing controls too.")
+YES = Setting(name="yes", flag="--yes", kind="switch", file=False, commands=UPGRADE,
+              help="Do not ask for confirmation (needed without a terminal).")
+DRY_RUN = Setting(name="dry_run", flag="--dry-run", kind="switch", file=False, commands=UPGRADE,
+                  help="Print what would be done, change nothing.")
+VERBOSE = Setting(name="verbose", flag="--verbose", kind="switch", file=False, commands=(("campaign", "show"),),
+                  help="Also every failed gate's reasons in full and its series (GPU, metric), one row each.")
+INTERRUPTED = Setting(name="interrupted", flag="--interrupted", kind="switch", file=False,
+                      commands=(("campaign", "resume"),),
+                      help=f"Every campaign at work whose process is gone (a crash or reboot); exit {Exit.OK:d} when "
+                           f"there is none.")
+PROMOTE = Setting(name="promote", flag="--promote", param="decision", kind="switch", flag_value="promote", file=False,
+                  commands=(("campaign", "judge"),),
+                  help="Go on: the held hosts are accepted and the next wave starts (as campaign resume).")
+ROLLBACK = Setting(name="rollback", flag="--rollback", param="decision", kind="switch", flag_value="rollback",
+                   file=False, commands=(("campaign", "judge"),),
+                   help="Roll back every host the campaign changed (as fleetctl rollback).")
+REASON = Setting(name="reason", flag="--reason", metavar="TEXT", file=False, commands=(("campaign", "judge"),),
+                 help="Why, recorded with the decision (one line, at most 500 characters).")
+GROUP = Setting(name="group", flag="--group", short="-g", param="groups", metavar="GROUP", many=True, file=False,
+                commands=(("check",),),
+                help="A baseline group this node belongs to (repeatable; 'all' always applies).")
+SLURM = Setting(name="slurm", flag="--slurm", param="use_slurm", kind="switch", file=False, commands=(("check",),),
+                help="Drain this Slurm node on a failing critical control (reason `fleetctl check: ...`); resume it "
+                     "when healthy, only if check drained it.")
+NODE = Setting(name="node", flag="--node", metavar="NAME", file=False, commands=(("check",),),
+               help="The Slurm node. Default: $SLURMD_NODENAME, else the short host name.")
+TEXTFILE = Setting(name="textfile", flag="--textfile", metavar="DIR", file=False, commands=(("check",),),
+                   help="Also write the results into DIR (atomically), for node_exporter.")
+REPEAT_OFFENDERS = Setting(name="repeat_offenders", flag="--repeat-offenders", kind="switch", file=False,
+                           commands=(("hosts",),),
+                           help="Only the repeat offenders, to send for repair: by the baseline's "
+                                "incidents.repeat_offender (its all group's), each with its evidence. --within is the "
+                                "policy's then.")
+THROUGHPUT = Setting(name="throughput", flag="--throughput", kind="switch", file=False, commands=(("probe",),),
+                     help="Take throughput samples too (warm-up, then N sustained trials).")
+ENGINE = Setting(name="engine", flag="--engine", kind="choice", choices=("builtin", "command"), file=False,
+                 commands=(("probe",),),
+                 help="Throughput engine (default: the host's gpu_probe_engine inventory variable, else builtin).")
+COMMAND = Setting(name="command", flag="--command", param="canary", metavar="CMD", file=False, commands=(("probe",),),
+                  help="Canary workload for --engine command (prints JSON metrics).")
+SINCE = Setting(name="since", flag="--since", metavar="DATE", file=False, commands=(("report",), ("report", "drivers")),
+                help="First day (YYYY-MM-DD, UTC) or ISO timestamp.")
+UNTIL = Setting(name="until", flag="--until", metavar="DATE", file=False, commands=(("report",),),
+                help="Last day (YYYY-MM-DD, UTC) or ISO timestamp.")
+SIGN = Setting(name="sign", flag="--sign", param="sign_key", metavar="KEY", file=False, commands=(("report",),),
+               help="ed25519 private key (PEM): write FILE.sig next to -o FILE.")
+HEAD = Setting(name="head", flag="--head", metavar="DIGEST", file=False, commands=(("report", "verify"),),
+               help="The chain head an export stated: the history must end there.")
+SIGNATURE = Setting(name="signature", flag="--signature", metavar="FILE.sig", file=False,
+                    commands=(("report", "verify"),), help="Check an export's detached signature instead.")
+SIGNED_FILE = Setting(name="file", flag="--file", param="signed_file", metavar="FILE", file=False,
+                      commands=(("report", "verify"),), help="The signed export (default: named in FILE.sig).")
+KEY = Setting(name="key", flag="--key", metavar="PUBKEY", file=False, commands=(("report", "verify"),),
+              help="The signer's ed25519 public key (PEM) the signature must be from.")
+# A calendar time is a *-schedule (a systemd calendar expression); --window is a duration wherever it is taken.
+AUDIT_SCHEDULE = Setting(name="audit_schedule", flag="--audit-schedule", metavar="CALENDAR", file=False,
+                         commands=(("systemd", "install"),),
+                         help="Audit on this systemd calendar expression: daily, hourly, 'Mon..Fri 06:00'.")
+AUDIT_OUTPUT = Setting(name="audit_output", flag="--audit-output", metavar="FILE", file=False,
+                       commands=(("systemd", "install"),),
+                       help="The audit writes Prometheus metrics to FILE (e.g. node_exporter's textfile directory).")
+WINDOW_SCHEDULE = Setting(name="window_schedule", flag="--window-schedule", metavar="CALENDAR", file=False,
+                          commands=(("systemd", "install"),),
+                          help="When the maintenance window opens (a systemd calendar expression): 'Sat 02:00'.")
+PRINT = Setting(name="print", flag="--print", param="print_only", kind="switch", file=False,
+                commands=(("systemd", "install"),), help="Print the units instead of writing them.")
 EXECUTION_NODE = {
     "type": "object", "description": "An execution node: its hosts' playbooks run through its worker.",
     "additionalProperties": False, "required": ["name", "worker", "hosts"],
@@ -275,6 +378,7 @@ WORKER_SILENCE = Setting(
          "$ANSIBLE_RUNNER_KEEPALIVE_SECONDS), is stopped and fails its hosts.")
 
 SETTINGS = tuple(v for v in tuple(globals().values()) if isinstance(v, Setting))
+CAMPAIGN = tuple(s for s in SETTINGS if s.recorded is not None)  # the campaign's options, `upgrade` takes each
 
 
 def config_schema() -> dict[str, Any]:

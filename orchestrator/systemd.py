@@ -4,8 +4,8 @@ Four units at most, each headed by MARKER so that uninstall (and a later install
 
 - fleetctl-audit.service (Type=oneshot: `fleetctl audit ...`) + fleetctl-audit.timer (OnCalendar from
   --audit-schedule, Persistent=true: an audit missed while the control node was down runs at the next boot).
-- fleetctl-window.service + fleetctl-window.timer (OnCalendar from --window, Persistent=false: a window missed while
-  the control node was down is NOT run late, at hours nobody agreed to). The service is Type=exec so that its
+- fleetctl-window.service + fleetctl-window.timer (OnCalendar from --window-schedule, Persistent=false: a window missed
+  while the control node was down is NOT run late, at hours nobody agreed to). The service is Type=exec so that its
   runtime can be bounded (RuntimeMaxSec= does nothing for Type=oneshot): ExecStartPre= first resumes campaigns
   whose fleetctl died (a crash or reboot of this node, the end of the previous window), bounded by
   TimeoutStartSec=; ExecStart= then runs `fleetctl upgrade --to VERSION --yes --window ...`, bounded by

@@ -1,88 +1,66 @@
-"""fleetctl upgrade, campaign list|show|resume|abort, rollback: the commands around the campaign engine."""
+"""fleetctl upgrade, campaign resume|judge|abort, rollback: the commands around the campaign engine. What they and
+`campaign show|list` read of a campaign is its read model, campaign/readmodel.py."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from . import (audit, baseline as baseline_mod, domains, gate, interrupts, inventory, notify, notify_events,
                offenders, plan, runner, runs, settings)
-from .campaign import capacity, hooks, packages, progress, scheduler, soak, steps, transitions
+from .campaign import hooks, packages, progress, scheduler, steps, transitions
 from .campaign.transitions import CampaignState, HostState, Record
 from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
-from .campaign.options import IDLE_TIMEOUT_S, CampaignOptions, IdleOptions, ProbeSettings
+from .campaign.options import IDLE_TIMEOUT_S, CampaignOptions, IdleOptions
+from .campaign.readmodel import campaign_row, exit_code, summary_text
 from .errors import InputError, OperationError
 from .execution_nodes import RunnerConfig
 from .exitcodes import Exit
 from .store import Store, operator
-from .timefmt import parse as parse_time
 
 @dataclass(frozen=True, kw_only=True)
 class UpgradeOptions:
-    """What `fleetctl upgrade` was given (durations in seconds); the defaults are the settings' (settings.py)."""
+    """What `fleetctl upgrade` was given: the run's own (what to plan) and the campaign's options as the command line
+    made them (campaign_options), which the engine reads and the history records."""
     target: str
     waves: str = settings.WAVES.value
     inventory: str | None = None
     limit: str | None = None
     baseline: str | None = None
-    forks: int | None = None
     preflight: bool = True
-    soak_s: tuple[float, ...] = settings.SOAK.value
-    soak_interval_s: float = settings.SOAK_INTERVAL.value
-    soak_grace_s: float = settings.SOAK_GRACE.value
-    canary: str | None = None
-    canary_max_failures: int = settings.CANARY_MAX_FAILURES.value
-    window_s: float | None = None
-    rollback_scope: str = settings.ROLLBACK_SCOPE.value
-    drain_preset: str | None = None
-    drain: str | None = None
-    undrain: str | None = None
-    idle_timeout_s: float | None = None  # None: until the window closes, else IDLE_TIMEOUT_S
-    pace: str = settings.PACE.value
-    max_in_flight: str | None = None  # N or P% (of the campaign's hosts, or NVLink domains)
-    drain_mode: str = settings.DRAIN_MODE.value
-    lead_s: float = settings.LEAD.value
-    capacity_budget_node_hours: float | None = None  # None: no budget
-    samples: int = settings.SAMPLES.value
-    warmup_s: float = settings.WARMUP.value
-    trial_s: float = settings.TRIAL.value
+    campaign: CampaignOptions = field(default_factory=lambda: campaign_options({}))
 
 
-def campaign_options(opts: UpgradeOptions) -> CampaignOptions:
-    h = hooks.resolve(opts.drain_preset, opts.drain, opts.undrain)
-    if opts.rollback_scope not in settings.ROLLBACK_SCOPE.choices:
-        raise InputError(f"--rollback-scope {opts.rollback_scope!r}: choose "
-                         f"{' or '.join(settings.ROLLBACK_SCOPE.choices)}")
-    if opts.canary is not None and not opts.canary.strip():
+def campaign_options(given: dict[str, Any]) -> CampaignOptions:
+    """The campaign's options from GIVEN, the command's parameters (by the settings' `param`; a setting not given:
+    its default), checked: every setting settings.CAMPAIGN declares `recorded` as it is, and what follows from the
+    others. --max-in-flight stays the words given until the plan counts the hosts (start)."""
+    g = {s.param: s.value for s in settings.CAMPAIGN} | given
+    h = hooks.resolve(g["drain_preset"], g["drain"], g["undrain"])
+    for s in (settings.ROLLBACK_SCOPE, settings.PACE, settings.DRAIN_MODE):
+        if g[s.param] not in s.choices:
+            raise InputError(f"{s.flag} {g[s.param]!r}: choose {' or '.join(s.choices)}")
+    if g["canary"] is not None and not g["canary"].strip():
         raise InputError("--canary: an empty command")
-    idle_s = math.ceil(opts.idle_timeout_s if opts.idle_timeout_s is not None else
-                       opts.window_s if opts.window_s else IDLE_TIMEOUT_S)  # the role's idle wait takes whole seconds
-    if opts.pace not in settings.PACE.choices:
-        raise InputError(f"--pace {opts.pace!r}: choose {' or '.join(settings.PACE.choices)}")
-    if opts.drain_mode not in settings.DRAIN_MODE.choices:
-        raise InputError(f"--drain-mode {opts.drain_mode!r}: choose {' or '.join(settings.DRAIN_MODE.choices)}")
-    if opts.drain_mode == "reservation" and not scheduler.of(CampaignOptions(hooks=h)).reserves:
+    window_s = g["window"]
+    idle_s = math.ceil(g["idle_timeout"] if g["idle_timeout"] is not None else
+                       window_s if window_s else IDLE_TIMEOUT_S)  # the role's idle wait takes whole seconds
+    if g["drain_mode"] == "reservation" and not scheduler.of(CampaignOptions(hooks=h)).reserves:
         raise InputError("--drain-mode reservation: only fleetctl's own Slurm drains reserve nodes "
                          "(--drain-preset slurm, without --drain or --undrain)")
-    in_flight_at_most(opts.max_in_flight, 1)  # the share's own bounds, before anything is contacted
-    budget = opts.capacity_budget_node_hours
+    in_flight_at_most(g["max_in_flight"], 1)  # the share's own bounds, before anything is contacted
+    budget = g["capacity_budget"]
     if budget is not None and not 0 < budget <= settings.CAPACITY_BUDGET.maximum:
         raise InputError(f"--capacity-budget {budget!r}: node-hours above 0, at most "
                          f"{settings.CAPACITY_BUDGET.maximum:.0f}")
-    if opts.max_in_flight is not None and opts.pace == "wave":
+    if g["max_in_flight"] is not None and g["pace"] == "wave":
         raise InputError("--max-in-flight paces hosts one by one: it needs --pace host (a wave's hosts move together)")
-    return CampaignOptions(
-        forks=opts.forks, soak_s=list(opts.soak_s), soak_interval_s=opts.soak_interval_s,
-        soak_grace_s=opts.soak_grace_s, canary=opts.canary, canary_max_failures=opts.canary_max_failures,
-        rollback_scope=opts.rollback_scope, pace=opts.pace, drain_mode=opts.drain_mode, lead_s=opts.lead_s,
-        capacity_budget_node_hours=budget,
-        window_end=later(opts.window_s) if opts.window_s else None,
-        hooks=h, idle=IdleOptions(timeout_s=idle_s, poll_s=min(IdleOptions.poll_s, max(1, idle_s // 5))),
-        probe=ProbeSettings(samples=opts.samples, warmup_s=opts.warmup_s, trial_s=opts.trial_s))
+    return CampaignOptions.recording(
+        g, window_end=later(window_s) if window_s else None, hooks=h,
+        idle=IdleOptions(timeout_s=idle_s, poll_s=min(IdleOptions.poll_s, max(1, idle_s // 5))))
 
 
 def in_flight_at_most(value: str | None, units: int) -> int | None:
@@ -107,7 +85,7 @@ def make_plan(opts: UpgradeOptions, store: Store, fleet: inventory.Fleet, base: 
     """The plan (as `fleetctl plan` makes it, repeat offenders left out), hosts locked by another campaign excluded,
     and those the campaign's scheduler leaves out (with fleetctl's Slurm drains: nodes someone else took out of
     service, left as they are)."""
-    entries = audit.collect(playbooks, fleet, base, opts.forks, opts.preflight)
+    entries = audit.collect(playbooks, fleet, base, opts.campaign.forks, opts.preflight)
     out = [{"name": e["name"], "code": "in_campaign", "reason": f"in campaign {locks[e['name']]} (host lock)"}
            for e in entries if e["name"] in locks]
     out += offenders.left_out(store, [(e["name"], e["groups"]) for e in entries if e["name"] not in locks], base)
@@ -191,21 +169,6 @@ def drive(journal: Journal, cid: int, fleet: inventory.Fleet, base: baseline_mod
         raise
 
 
-def exit_code(journal: Journal, cid: int) -> Exit | None:
-    """The campaign's exit code; None while it is running (or stopped by a crash mid-way). A host whose rollback
-    failed needs a person whatever else happened (6); a campaign done with hosts off the target, failed and
-    rolled back or left out at plan, is not a success (1)."""
-    c = journal.campaign(cid)
-    code = transitions.CAMPAIGN_EXIT.get(c["state"])
-    hosts = journal.hosts(cid)
-    if code is not None and any(r["state"] == HostState.ROLLBACK_FAILED for r in hosts):
-        return Exit.NEEDS_PERSON
-    if c["state"] == CampaignState.DONE and (any(r["state"] in transitions.FAILED for r in hosts)
-                                 or json.loads(c["plan"])["excluded"]):
-        return Exit.FINDINGS
-    return code
-
-
 def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
           live: Live | None, notifier: notify.Notifier | None = None,
           prometheus: Any = None, *, runner_config: RunnerConfig) -> tuple[int | None, Exit, str]:
@@ -214,7 +177,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     with the campaign's outcome and exit code when it stops (a rolled-back campaign's run says 4)."""
     ramp = plan.parse_ramp(opts.waves)
     plan.parse_target(opts.target)
-    options = campaign_options(opts)
+    options = opts.campaign
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     plan.blessed_for_some(fleet, base, opts.target)  # a dry run too: exit 2 before any host is contacted
     metrics = plan.canary_metrics(fleet, base, prometheus)  # a query that does not parse: before any host is touched
@@ -240,7 +203,7 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
         return None, code, "nothing to upgrade: " + "; ".join(
             f"{h['name']}: {h['reason']}" for h in made["skipped"] + made["excluded"]) + "\n"
     units = {h.get("domain") or h["name"] for w in made["waves"] for h in w["hosts"]}
-    options = replace(options, max_in_flight=in_flight_at_most(opts.max_in_flight, len(units)))
+    options = replace(options, max_in_flight=in_flight_at_most(options.max_in_flight, len(units)))
     with runs.recorded(store, "campaign", argv, fleet, base, opts.limit) as run_:
         cid, _ = journal.create(run_.id, made, options)
         return cid, *driven(store, journal, run_, cid, fleet, base, live, notifier,
@@ -285,13 +248,6 @@ def load_for(store: Store, journal: Journal, cid: int, inventory_path: str | Non
         raise InputError(f"{base.path}: the baseline changed since campaign {cid} started "
                          f"({run['baseline_digest'][:19]} then, {base.digest[:19]} now); give -b to use it anyway")
     return fleet, base
-
-
-def campaign_row(journal: Journal, cid: int):
-    try:
-        return journal.campaign(cid)
-    except LookupError:
-        raise InputError(f"no campaign {cid} in the history") from None
 
 
 def resume(store: Store, cid: int, inventory_path: str | None, baseline_path: str | None,
@@ -426,135 +382,3 @@ def release_reservations(journal: Journal, cid: int) -> str:
     except OperationError as e:
         return f"its reservations are still held: {e}; `fleetctl campaign resume {cid}` deletes them\n"
     return ""
-
-
-# ---- reading campaigns ----------------------------------------------------------------------------------
-
-def document(store: Store, cid: int) -> dict[str, Any]:
-    """Everything the history holds about a campaign, as one JSON document."""
-    journal = Journal(store)
-    c = campaign_row(journal, cid)
-    run = store.run(c["run_id"])
-    hosts = []
-    domain = {h["name"]: h.get("domain") for w in json.loads(c["plan"])["waves"] for h in w["hosts"]}
-    for r in journal.hosts(cid):
-        steps = []
-        for s in journal.steps(cid, r["host"]):
-            seconds = None
-            if s["finished_at"]:
-                seconds = round((parse_time(s["finished_at"]) - parse_time(s["started_at"])).total_seconds(), 3)
-            detail = json.loads(s["detail"]) if s["detail"] else None
-            if detail and "probe" in detail:  # the samples stay in the history; the document keeps the verdict
-                detail = {k: v for k, v in detail.items() if k != "probe"}
-            steps.append({"step": s["step"], "status": s["status"], "attempts": s["attempts"],
-                          "started_at": s["started_at"], "finished_at": s["finished_at"], "seconds": seconds,
-                          "reason": s["reason"], "detail": detail})
-        before = json.loads(r["before"]) if r["before"] else None
-        hosts.append({"name": r["host"], "wave": r["wave"], "domain": domain.get(r["host"]),
-                      "state": r["state"], "changed": bool(r["changed"]),
-                      "reason": r["reason"], "from_version": before["version"] if before else None,
-                      "before_packages": before["packages"] if before else None, "steps": steps})
-    return {"schema_version": 1, "campaign": {
-        "id": cid, "target": c["target"], "state": c["state"], "wave": c["wave"], "reason": c["reason"],
-        "created_at": c["created_at"], "updated_at": c["updated_at"], "operator": run["operator"],
-        "control_node": run["control_node"], "inventory": run["inventory"], "baseline_digest": run["baseline_digest"],
-        "options": json.loads(c["options"]), "exit_code": exit_code(journal, cid)},
-        "plan": json.loads(c["plan"]), "hosts": hosts, "soak": soak_document(journal, c),
-        "events": len(journal.events(cid)),
-        "time": time_split(journal.events(cid)),
-        "capacity": capacity.of_campaign(journal, cid),
-        "event_log": str(progress.log_path(cid))}
-
-
-def soak_document(journal: Journal, c) -> dict[str, Any]:
-    """The watched soaks: the one under way (time left) and, per host, what its checks saw."""
-    options = json.loads(c["options"])
-    records = journal.soak_records(c["id"])
-    remaining = None
-    if c["state"] == CampaignState.SOAKING and c["soak_until"]:
-        until = parse_time(c["soak_until"])
-        remaining = round(max(0.0, (until - datetime.now(until.tzinfo)).total_seconds()), 1)
-    hosts: dict[str, dict[str, Any]] = {}
-    for r in records:
-        h = hosts.setdefault(r["host"], {"checks": 0, "gates": 0, "failed_canary_runs": 0, "last": None,
-                                         "gate_verdicts": []})
-        h["checks" if r["kind"] == "check" else "gates"] += 1
-        if r["kind"] == "gate":  # the end-of-soak gate's verdicts in full (campaign show --verbose)
-            h["gate_verdicts"].append({"gap": r["gap"], "at": r["at"], "status": r["status"],
-                                       **{k: r["detail"][k] for k in soak.GATE_VERDICTS if k in r["detail"]}})
-        h["failed_canary_runs"] += not r["detail"].get("canary", {}).get("ok", True)
-        h["last"] = {"at": r["at"], "gap": r["gap"], "kind": r["kind"], "status": r["status"], "reason": r["reason"],
-                     "seen": r["detail"].get("seen", [])}
-    last = records[-1] if records else None
-    soaking = c["state"] == CampaignState.SOAKING
-    return {"soaking": soaking, "after_wave": c["wave"] - 1 if soaking else None,
-            "until": c["soak_until"] if soaking else None, "remaining_s": remaining,
-            "lengths_s": options.get("soak_s"), "interval_s": options.get("soak_interval_s"),
-            "grace_s": options.get("soak_grace_s"), "canary": options.get("canary"),
-            "canary_max_failures": options.get("canary_max_failures"),
-            "last_check_at": last["at"] if last else None, "hosts": hosts,
-            # the latest verdict of each canary metric (docs/canary.md), as the soak recorded it
-            "canary_metrics": journal.canary_metrics(c["id"])}
-
-
-def time_split(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where the campaign's time went, from its events: per step the wall time of its batches and the part inside
-    ansible-playbook. fleetctl's own time is the campaign's span less the time inside ansible-playbook, hooks and
-    soaks (planning before the first event is not in the span)."""
-    steps: dict[str, dict[str, float]] = {}
-    for e in events:
-        if e["event"] == Record.BATCH_FINISHED:
-            t = steps.setdefault(e["step"], {"batch_s": 0.0, "ansible_s": 0.0, "batches": 0})
-            t["batch_s"] += e["batch_s"]
-            t["ansible_s"] += e["ansible_s"]
-            t["batches"] += 1
-    stamp = lambda e: parse_time(e["at"]).timestamp()  # noqa: E731
-    soak, soak_from = 0.0, None
-    for e in events:
-        if e["event"] == Record.WAVE_PASSED:
-            soak_from = stamp(e)
-        elif soak_from is not None and e["event"] in (Record.SOAKED, Record.SOAK_FAILED, Record.WINDOW_CLOSED,
-                                                      Record.ABORT_REQUESTED):
-            soak, soak_from = soak + stamp(e) - soak_from, None
-    worked = [e for e in events if e["event"] != Record.NOTIFICATION_FAILED]  # recorded after the last delivery try
-    span = stamp(worked[-1]) - stamp(worked[0]) if worked else 0.0
-    hooks_s = sum(t["batch_s"] for k, t in steps.items() if k in HOOK_STEPS)
-    in_ansible = sum(t["ansible_s"] for t in steps.values())
-    own = span - in_ansible - hooks_s - soak
-    return {"span_s": round(span, 3), "ansible_s": round(in_ansible, 3), "hooks_s": round(hooks_s, 3),
-            "soak_s": round(soak, 3), "fleetctl_s": round(own, 3),
-            "fleetctl_share": round(own / span, 4) if span else None,
-            "steps": {k: {n: round(v, 3) for n, v in t.items()} for k, t in steps.items()}}
-
-
-HOOK_STEPS = transitions.HOOK_STEPS
-
-
-def summary_text(journal: Journal, cid: int) -> str:
-    c = journal.campaign(cid)
-    counts = journal.tally(cid)
-    states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    code = exit_code(journal, cid)
-    text = f"campaign {cid} to {c['target']}: {c['state']} ({states}); exit {code}"
-    if c["reason"] and c["state"] != CampaignState.DONE:
-        text += f"\nreason: {c['reason']}"
-    excluded = json.loads(c["plan"])["excluded"]
-    if excluded:
-        text += "\nleft out at plan, not on the target: " + "; ".join(f"{h['name']}: {h['reason']}" for h in excluded)
-    broken = [r["host"] for r in journal.hosts(cid) if r["state"] == HostState.ROLLBACK_FAILED]
-    if broken:
-        text += (f"\nNEEDS A PERSON: the rollback failed on {', '.join(broken)}: neither on the recorded packages nor "
-                 f"known good (fleetctl campaign show {cid})")
-    return text + f"\nevent log: {progress.log_path(cid)}\n"
-
-
-def listing(store: Store) -> list[dict[str, Any]]:
-    """Every campaign, newest last: what `fleetctl campaign list` shows."""
-    journal = Journal(store)
-    rows = []
-    for c in journal.campaigns():
-        rows.append({"id": c["id"], "target": c["target"], "state": c["state"], "wave": c["wave"],
-                     "waves": len(json.loads(c["plan"])["waves"]), "hosts": journal.tally(c["id"]),
-                     "created_at": c["created_at"], "operator": store.run(c["run_id"])["operator"],
-                     "reason": c["reason"]})
-    return rows

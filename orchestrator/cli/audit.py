@@ -23,7 +23,7 @@ from .output import run_notes, stored_argv, write_report
 @options.option(settings.FAIL_ON)
 @options.forks()
 @options.no_preflight()
-@click.option("-a", "--all", "show_all", is_flag=True, help="Table: show passing controls too.")
+@options.option(settings.SHOW_ALL)
 @options.notifications
 @documented("audit")
 def audit(inventory_path, limit, baseline, fmt, output, fail_on, forks, no_preflight, show_all) -> None:

@@ -1,5 +1,6 @@
 """`fleetctl upgrade`, `fleetctl campaign list|show|resume|abort` and `fleetctl rollback`: the commands around the
-campaign engine (orchestrator/upgrade.py), a campaign shown live on a terminal (campaign_view.py)."""
+campaign engine (orchestrator/upgrade.py; what `campaign show` reads: campaign/readmodel.py), a campaign shown live
+on a terminal (campaign_view.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import sys
 import click
 
 from .. import gate, settings, upgrade as upgrade_mod
-from ..exitcodes import Exit, documented
+from ..exitcodes import documented
+from ..campaign import readmodel
 from ..store import Store
 from . import campaign_view, config, options
 from .output import campaign_end, stored_argv, terminal
@@ -21,49 +23,25 @@ from .output import campaign_end, stored_argv, terminal
 @options.limit("Ansible host pattern to restrict the campaign to.")
 @options.baseline("Baseline YAML (blessed versions, budget, gate).")
 @options.waves()
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
-@click.option("--dry-run", is_flag=True, help="Print what would be done, change nothing.")
-@options.option(settings.SOAK)
-@options.option(settings.SOAK_INTERVAL)
-@options.option(settings.SOAK_GRACE)
-@options.option(settings.CANARY)
-@options.option(settings.CANARY_MAX_FAILURES)
-@options.window()
-@options.option(settings.ROLLBACK_SCOPE)
-@options.option(settings.DRAIN_PRESET)
-@options.option(settings.DRAIN)
-@options.option(settings.UNDRAIN)
-@options.option(settings.IDLE_TIMEOUT)
-@options.option(settings.PACE)
-@options.option(settings.MAX_IN_FLIGHT)
-@options.option(settings.DRAIN_MODE)
-@options.option(settings.LEAD)
-@options.option(settings.CAPACITY_BUDGET)
-@options.samples(gate.DEFAULTS.min_samples,
-                 f"Throughput samples per probe (>= {gate.DEFAULTS.min_samples}: the gate's test needs them).")
-@options.warmup()
-@options.trial()
-@options.forks(f"Hosts of a wave worked on at once (default: all, up to {settings.FORKS_CAP}).")
+@options.declared(settings.YES, settings.DRY_RUN)
+@options.campaign(samples=options.samples(gate.DEFAULTS.min_samples, f"Throughput samples per probe (>= "
+                                          f"{gate.DEFAULTS.min_samples}: the gate's test needs them)."),
+                  forks=options.forks(f"Hosts of a wave worked on at once (default: all, up to {settings.FORKS_CAP})."))
 @options.no_preflight("Skip the SSH pre-flight of the planning audit.")
 @options.notifications
 @options.prometheus
 @documented("upgrade")
-def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, soak, soak_interval, soak_grace, canary,
-            canary_max_failures, window, rollback_scope, drain_preset, drain, undrain, idle_timeout, pace, max_in_flight,
-            drain_mode, lead, capacity_budget, samples, warmup_s, trial_s, forks, no_preflight) -> None:
+def upgrade(target, inventory_path, limit, baseline, waves, yes, dry_run, no_preflight, **campaign) -> None:
     """Move the fleet's driver to VERSION in canary waves, gated by GPU probes, watched while they soak, rolled
     back on failure. Done with hosts off the target (failed and rolled back within the budget, or left out at
     plan) is not a success.
     """
+    canary = campaign["canary"]
     if canary and ("{{" in canary or "{%" in canary):
         raise click.UsageError("--canary may not contain '{{' or '{%'")  # Ansible would template it here
-    opts = upgrade_mod.UpgradeOptions(
-        target=target, waves=waves, inventory=inventory_path, limit=limit, baseline=baseline, forks=forks,
-        preflight=not no_preflight, soak_s=soak, soak_interval_s=soak_interval, soak_grace_s=soak_grace,
-        canary=canary, canary_max_failures=canary_max_failures, window_s=window, rollback_scope=rollback_scope,
-        drain_preset=drain_preset, drain=drain, undrain=undrain, idle_timeout_s=idle_timeout, pace=pace,
-        max_in_flight=max_in_flight, drain_mode=drain_mode, lead_s=lead, capacity_budget_node_hours=capacity_budget,
-        samples=samples, warmup_s=warmup_s, trial_s=trial_s)
+    opts = upgrade_mod.UpgradeOptions(target=target, waves=waves, inventory=inventory_path, limit=limit,
+                                      baseline=baseline, preflight=not no_preflight,
+                                      campaign=upgrade_mod.campaign_options(campaign))
     if not dry_run and not yes:
         if not sys.stdin.isatty():
             raise click.UsageError("--yes is needed to upgrade without a terminal (or use --dry-run)")
@@ -91,14 +69,13 @@ def campaign_list() -> None:
 @campaign.command("show")
 @options.campaign_id()
 @options.fmt("table", "json")
-@click.option("--verbose", is_flag=True,
-              help="Also every failed gate's reasons in full and its series (GPU, metric), one row each.")
+@options.option(settings.VERBOSE)
 @documented("campaign show")
 def campaign_show(campaign_id, fmt, verbose) -> None:
     """One campaign: hosts, steps (with attempts and times), reasons (one line each; in full with --verbose or
     --format json)."""
     with Store(readonly=True) as store:
-        doc = upgrade_mod.document(store, campaign_id)
+        doc = readmodel.document(store, campaign_id)
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
     else:
@@ -107,9 +84,7 @@ def campaign_show(campaign_id, fmt, verbose) -> None:
 
 @campaign.command("resume")
 @options.campaign_id(required=False)
-@click.option("--interrupted", is_flag=True,
-              help="Every campaign at work whose process is gone (a crash or reboot); exit "
-                   f"{Exit.OK:d} when there is none.")
+@options.option(settings.INTERRUPTED)
 @options.inventory(options.OWN_INVENTORY_HELP)
 @options.baseline(options.OWN_BASELINE_HELP)
 @options.window("A new maintenance window from now.")
@@ -143,11 +118,7 @@ def campaign_resume(campaign_id, interrupted, inventory_path, baseline, window, 
 
 @campaign.command("judge")
 @options.campaign_id()
-@click.option("--promote", "decision", flag_value="promote",
-              help="Go on: the held hosts are accepted and the next wave starts (as campaign resume).")
-@click.option("--rollback", "decision", flag_value="rollback",
-              help="Roll back every host the campaign changed (as fleetctl rollback).")
-@click.option("--reason", metavar="TEXT", help="Why, recorded with the decision (one line, at most 500 characters).")
+@options.declared(settings.PROMOTE, settings.ROLLBACK, settings.REASON)
 @options.inventory(options.OWN_INVENTORY_HELP)
 @options.baseline(options.OWN_BASELINE_HELP)
 @options.notifications

@@ -11,7 +11,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .. import timefmt, upgrade
+from .. import timefmt
+from ..campaign import readmodel
 from ..campaign import capacity
 from ..campaign.progress import describe
 from ..campaign.soak import GATE_VERDICTS
@@ -94,7 +95,7 @@ def list_table(store: Store, console: Console) -> None:
     t = Table(title="fleetctl campaigns", title_justify="left")
     for col in ("ID", "Target", "State", "Wave", "Hosts", "Started", "Operator", "Reason"):
         t.add_column(col, overflow="fold")
-    for c in upgrade.listing(store):
+    for c in readmodel.listing(store):
         style = STATE_STYLE.get(c["state"], "cyan")
         t.add_row(str(c["id"]), safe(c["target"]), safe(c["state"], style), f"{c['wave']}/{c['waves']}",
                   safe(", ".join(f"{n} {s}" for s, n in sorted(c["hosts"].items()))), safe(c["created_at"][:19]),

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .. import check as check_mod
+from .. import check as check_mod, settings
 from ..exitcodes import documented
 from ..controls import severity_rank
 from ..sanitize import clean_line
@@ -38,14 +38,9 @@ def text(report: dict) -> str:
 
 @click.command()
 @options.baseline("Baseline YAML (blessed matrix). Default: the embedded one.")
-@click.option("-g", "--group", "groups", multiple=True, metavar="GROUP",
-              help="A baseline group this node belongs to (repeatable; 'all' always applies).")
-@click.option("--slurm", "use_slurm", is_flag=True,
-              help="Drain this Slurm node on a failing critical control (reason `fleetctl check: ...`); resume it "
-                   "when healthy, only if check drained it.")
-@click.option("--node", metavar="NAME", help="The Slurm node. Default: $SLURMD_NODENAME, else the short host name.")
-@click.option("--textfile", metavar="DIR",
-              help=f"Also write the results to DIR/{check_mod.TEXTFILE_NAME} (atomically), for node_exporter.")
+@options.declared(settings.GROUP, settings.SLURM, settings.NODE)
+@options.option(settings.TEXTFILE,
+                f"Also write the results to DIR/{check_mod.TEXTFILE_NAME} (atomically), for node_exporter.")
 @options.fmt("table", "json")
 @documented("check")
 def check(baseline, groups, use_slurm, node, textfile, fmt) -> None:

@@ -19,9 +19,7 @@ from .render import safe
 
 @click.group(invoke_without_command=True)
 @options.option(settings.WITHIN)
-@click.option("--repeat-offenders", is_flag=True,
-              help="Only the repeat offenders, to send for repair: by the baseline's incidents.repeat_offender (its "
-                   "all group's), each with its evidence. --within is the policy's then.")
+@options.option(settings.REPEAT_OFFENDERS)
 @options.baseline("Baseline YAML whose repeat-offender policy applies (the embedded one sets none: "
                   "docs/hosts.md shows one).")
 @options.fmt("table", "json")

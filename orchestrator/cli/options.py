@@ -20,8 +20,6 @@ PROMETHEUS = "fleetctl.prometheus"  # the context's meta key of the command's Pr
 
 OWN_INVENTORY_HELP = "Default: the campaign's own."
 OWN_BASELINE_HELP = "Default: the campaign's own (unchanged)."
-PREFLIGHT_HELP = "Skip the SSH reachability and host-key pre-flight."
-OUTPUT_HELP = "Write the report to FILE (atomically) instead of stdout."
 HOST_PATTERNS_HELP = "Hosts or groups (shell patterns, comma separated)."
 
 
@@ -61,14 +59,39 @@ def param_type(s: Setting) -> click.ParamType | None:
 
 def option(s: Setting, help: str | None = None, **changes) -> Callable:
     """S as a click option; HELP: the command's own wording of it; CHANGES: click.option's arguments where a
-    command takes it otherwise (upgrade's --samples minimum)."""
+    command takes it otherwise (upgrade's --samples minimum, a command's --format choices)."""
     flags = [s.short, s.flag] if s.short else [s.flag]
     help = help or s.help
+    if s.kind == "switch":
+        return click.option(*flags, s.param, is_flag=True, help=help,
+                            **({"flag_value": s.flag_value} if s.flag_value else {}), **changes)
     if s.timed and s.bounds:
         help = f"{help.rstrip('.')} ({s.bounds})."
-    return click.option(*flags, s.param, **{"type": param_type(s), "default": s.default, "multiple": s.many,
-                                            "show_default": s.default is not None, "metavar": s.metavar,
-                                            "help": help, **changes})
+    given = {"type": param_type(s), "default": s.default, "multiple": s.many, "show_default": s.default is not None,
+             "metavar": s.metavar, "help": help, **changes}
+    if given.get("required") and s.default is None:
+        given.pop("default")  # click's "Missing option", not a None given
+    return click.option(*flags, s.param, **given)
+
+
+def declared(*names: Setting) -> Callable:
+    """The options of NAMES, in that order (a command's help lists them so)."""
+    def add(f: Callable) -> Callable:
+        for s in reversed(names):
+            f = option(s)(f)
+        return f
+    return add
+
+
+def campaign(**own: Callable) -> Callable:
+    """The campaign's options (settings.CAMPAIGN, in their order): `upgrade` hands them to the campaign as they
+    are, by their parameters. OWN: a setting's option (by its name) as the command words it itself."""
+    def add(f: Callable) -> Callable:
+        for s in reversed(settings.CAMPAIGN):
+            f = own[s.name](f) if s.name in own else option(s)(f)
+        return f
+    assert set(own) <= {s.name for s in settings.CAMPAIGN}, own
+    return add
 
 
 def inventory(help: str | None = None) -> Callable:
@@ -76,32 +99,33 @@ def inventory(help: str | None = None) -> Callable:
 
 
 def limit(help: str) -> Callable:
-    return click.option("-l", "--limit", metavar="LIMIT", help=help)
+    return option(settings.LIMIT, help)
 
 
 def baseline(help: str) -> Callable:
     return option(settings.BASELINE, help)
 
 
-def output(help: str = OUTPUT_HELP) -> Callable:
-    return click.option("-o", "--output", metavar="FILE", help=help)
+def output(help: str | None = None) -> Callable:
+    return option(settings.OUTPUT, help)
 
 
 def fmt(*choices: str) -> Callable:
     """--format, its first choice the default."""
-    return click.option("--format", "fmt", type=click.Choice(list(choices)), default=choices[0], show_default=True)
+    assert set(choices) <= set(settings.FORMAT.choices), choices
+    return option(settings.FORMAT, type=click.Choice(list(choices)), default=choices[0], show_default=True)
 
 
 def forks(help: str | None = None) -> Callable:
     return option(settings.FORKS, help)
 
 
-def no_preflight(help: str = PREFLIGHT_HELP) -> Callable:
-    return click.option("--no-preflight", is_flag=True, help=help)
+def no_preflight(help: str | None = None) -> Callable:
+    return option(settings.NO_PREFLIGHT, help)
 
 
-def target(required: bool = True, help: str = "Target driver version, e.g. 570.86.15.") -> Callable:
-    return click.option("--to", "target", required=required, metavar="VERSION", help=help)
+def target(required: bool = True, help: str | None = None) -> Callable:
+    return option(settings.TARGET, help, required=required)
 
 
 def waves() -> Callable:
@@ -129,7 +153,7 @@ def campaign_id(required: bool = True) -> Callable:
 
 
 def unit_dir(default: str) -> Callable:
-    return click.option("--unit-dir", default=default, show_default=True, metavar="DIR")
+    return option(settings.UNIT_DIR, default=default, show_default=True)
 
 
 def notifications(f: Callable) -> Callable:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .. import probe as probe_mod
+from .. import probe as probe_mod, settings
 from ..exitcodes import documented
 from ..files import writable
 from ..store import Store
@@ -18,10 +18,7 @@ from .output import run_notes, stored_argv, write_report
 @options.inventory()
 @options.limit("Ansible host pattern to restrict the run to.")
 @options.baseline("Baseline YAML (gate thresholds, Xid overrides).")
-@click.option("--throughput", is_flag=True, help="Take throughput samples too (warm-up, then N sustained trials).")
-@click.option("--engine", type=click.Choice(["builtin", "command"]),
-              help="Throughput engine (default: the host's gpu_probe_engine inventory variable, else builtin).")
-@click.option("--command", "canary", metavar="CMD", help="Canary workload for --engine command (prints JSON metrics).")
+@options.declared(settings.THROUGHPUT, settings.ENGINE, settings.COMMAND)
 @options.samples(1)
 @options.warmup()
 @options.trial()

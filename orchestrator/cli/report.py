@@ -21,10 +21,9 @@ from .output import emit
 @click.group(invoke_without_command=True)
 @options.fmt("json", "csv", "html", "oscal")
 @options.output("Write the report to FILE instead of stdout.")
-@click.option("--since", metavar="DATE", help="First day (YYYY-MM-DD, UTC) or ISO timestamp.")
-@click.option("--until", metavar="DATE", help="Last day (YYYY-MM-DD, UTC) or ISO timestamp.")
+@options.declared(settings.SINCE, settings.UNTIL)
 @options.limit(options.HOST_PATTERNS_HELP)
-@click.option("--sign", "sign_key", metavar="KEY", help="ed25519 private key (PEM): write FILE.sig next to -o FILE.")
+@options.option(settings.SIGN)
 @click.pass_context
 @documented("report")
 def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
@@ -51,10 +50,7 @@ def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
 
 
 @report.command("verify")
-@click.option("--head", metavar="DIGEST", help="The chain head an export stated: the history must end there.")
-@click.option("--signature", "signature", metavar="FILE.sig", help="Check an export's detached signature instead.")
-@click.option("--file", "signed_file", metavar="FILE", help="The signed export (default: named in FILE.sig).")
-@click.option("--key", metavar="PUBKEY", help="The signer's ed25519 public key (PEM) the signature must be from.")
+@options.declared(settings.HEAD, settings.SIGNATURE, settings.SIGNED_FILE, settings.KEY)
 @documented("report verify")
 def report_verify(head, signature, signed_file, key) -> None:
     """Check the history's hash chain and name the first broken record, and SQLite's integrity check of the file
@@ -86,7 +82,7 @@ def report_verify(head, signature, signed_file, key) -> None:
 @options.fmt("table", "json", "csv", "html")
 @options.output("Write the report to FILE instead of stdout.")
 @options.option(settings.DRIVERS_WITHIN)
-@click.option("--since", metavar="DATE", help="Count from DATE (YYYY-MM-DD, UTC) or an ISO timestamp instead.")
+@options.option(settings.SINCE, "Count from DATE (YYYY-MM-DD, UTC) or an ISO timestamp instead.")
 @documented("report drivers")
 def report_drivers(fmt, output, within, since) -> None:
     """Which driver is best: per driver version and GPU model, the hosts and GPU-days observed and the incidents of

@@ -90,16 +90,17 @@ def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list
     given = given_words(ctx, p, passthrough)
     if p["audit_output"] is not None and p["audit_schedule"] is None:
         raise click.UsageError("--audit-output needs --audit-schedule")
-    if p["window"] is None:
+    if p["window_schedule"] is None:
         audit_takes = {q.name for q in command_for(root, ["audit"])[0].params} if p["audit_schedule"] else set()
         stray = [f for f, v in (("--duration", p["duration"]), ("--to", p["target"]), ("--margin", p["margin"]))
                  if v is not None] + [words[0] for name, words in given if name not in audit_takes and words]
         if stray:
-            raise click.UsageError(f"{stray[0]} needs --window")
+            raise click.UsageError(f"{stray[0]} needs --window-schedule")
     elif p["duration"] is None or p["target"] is None:
-        raise click.UsageError("--window needs --duration and --to")
-    if p["audit_schedule"] is None and p["window"] is None:
-        raise click.UsageError("nothing to install: give --audit-schedule and/or --window (with --duration, --to)")
+        raise click.UsageError("--window-schedule needs --duration and --to")
+    if p["audit_schedule"] is None and p["window_schedule"] is None:
+        raise click.UsageError("nothing to install: give --audit-schedule and/or --window-schedule "
+                               "(with --duration, --to)")
     exe = systemd.fleetctl_executable()
     inventory = systemd.absolute(p["inventory_path"], "--inventory")
     baseline = systemd.absolute(p["baseline"], "--baseline")
@@ -130,7 +131,7 @@ def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list
         argv = [exe, "audit", *common] + (["--format", "prometheus", "-o", metrics] if metrics else []) \
             + extra("audit")
         audit = systemd.AuditUnit(systemd.calendar(p["audit_schedule"], "--audit-schedule"), argv, metrics)
-    if p["window"] is not None:
+    if p["window_schedule"] is not None:
         duration_s, margin_s = p["duration"], p["margin"] or 0.0
         if margin_s >= duration_s:
             raise InputError(f"--margin {settings.duration_text(margin_s)}: not shorter than --duration "
@@ -141,7 +142,8 @@ def build(root: click.Group, ctx: click.Context, params: dict, passthrough: list
         # accept), and the window.
         resume = [exe, "campaign", "resume", "--interrupted", "--window", soft, *extra("campaign", "resume")]
         upgrade = [exe, "upgrade", "--to", target, "--yes", "--window", soft, *common, *extra("upgrade")]
-        window = systemd.WindowUnit(systemd.calendar(p["window"], "--window"), duration_s, target, resume, upgrade)
+        window = systemd.WindowUnit(systemd.calendar(p["window_schedule"], "--window-schedule"), duration_s, target,
+                                    resume, upgrade)
     unit_settings = os.path.join(os.path.abspath(p["unit_dir"]), systemd.SETTINGS_FILE)
     return systemd.Units(audit, window, in_file, {**systemd.environment(), config_mod.UNIT_ENV: unit_settings})
 
@@ -162,11 +164,7 @@ def systemd_group(root: click.Group) -> click.Group:
                    "the notification options also into the audit's and the resume's). Text (commands, URLs: "
                    f"--drain, --notify, --webhook...) is not written into the units (world-readable): it goes into "
                    f"{systemd.SETTINGS_FILE} beside them, mode 0600, which the units read over the config file.")
-    @click.option("--audit-schedule", metavar="CALENDAR",
-                  help="Audit on this systemd calendar expression: daily, hourly, 'Mon..Fri 06:00'.")
-    @click.option("--audit-output", metavar="FILE",
-                  help="The audit writes Prometheus metrics to FILE (e.g. node_exporter's textfile directory).")
-    @click.option("--window", metavar="CALENDAR", help="When the maintenance window opens: 'Sat 02:00'.")
+    @options.declared(settings.AUDIT_SCHEDULE, settings.AUDIT_OUTPUT, settings.WINDOW_SCHEDULE)
     @options.option(settings.WINDOW_DURATION)
     @options.option(settings.WINDOW_MARGIN)
     @options.target(required=False, help="Target driver version of the window's upgrade.")
@@ -174,13 +172,13 @@ def systemd_group(root: click.Group) -> click.Group:
     @options.baseline("Baseline YAML for both units.")
     @options.limit("Ansible host pattern for both units.")
     @options.unit_dir(systemd.DEFAULT_UNIT_DIR)
-    @click.option("--print", "print_only", is_flag=True, help="Print the units instead of writing them.")
+    @options.option(settings.PRINT)
     @click.pass_context
     @documented("systemd install")
     def install_cmd(ctx, **params) -> None:
         """Write the units (and enable the timers where systemd runs): an audit on --audit-schedule and/or an
-        upgrade to --to in each --window of --duration. The window's start first resumes a campaign a crash
-        interrupted."""
+        upgrade to --to in each window (--window-schedule) of --duration. The window's start first resumes a campaign
+        a crash interrupted."""
         units = build(root, ctx, params, passthrough)
         check_commands(root, units)
         for line in systemd.install(units, params["unit_dir"], params["print_only"]):

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from orchestrator import baseline as baseline_mod, inventory, runner
-from orchestrator.campaign import engine as engine_mod, transitions
+from orchestrator.campaign import engine as engine_mod, readmodel, transitions
 from orchestrator.campaign.engine import Engine
 from orchestrator.campaign.journal import Journal
 from orchestrator.errors import OperationError
@@ -177,7 +177,7 @@ def test_each_run_that_drives_a_campaign_is_closed_with_its_outcome(store, monke
     rows = store.db.execute("SELECT status, exit_code, summary, argv FROM runs WHERE kind='campaign' ORDER BY id")
     assert [(r["status"], r["exit_code"], json.loads(r["summary"])["state"], json.loads(r["argv"])) for r in rows] \
         == [("done", 5, "halted", []), ("done", 0, "done", ["campaign", "resume", str(cid)])]
-    assert upgrade.document(store, cid)["campaign"]["exit_code"] == 0
+    assert readmodel.document(store, cid)["campaign"]["exit_code"] == 0
     latest = store.db.execute(  # the query docs/reports.md gives
         "SELECT exit_code, json_extract(summary, '$.state') FROM runs WHERE kind = 'campaign'"
         " AND json_extract(summary, '$.campaign') = ? ORDER BY id DESC LIMIT 1", (cid,)).fetchone()
@@ -345,7 +345,7 @@ def test_abort_list_and_show(store):
     out = io.StringIO()
     campaign_view.list_table(store, Console(file=out, width=200))
     assert "aborted" in out.getvalue() and "1 done, 1 held" in out.getvalue()
-    doc = upgrade_mod.document(store, cid)
+    doc = readmodel.document(store, cid)
     assert doc["campaign"]["exit_code"] == 5 and doc["time"]["steps"]["install"]["batches"] == 1
     assert [s["attempts"] for s in next(h for h in doc["hosts"] if h["name"] == "b")["steps"]
             if s["step"] == "install"] == [2]
@@ -418,7 +418,8 @@ def test_soak_lengths_one_per_gap_the_last_repeated():
     options = {"soak_s": [7200.0, 1800.0]}
     assert [soak.length(options, gap) for gap in (1, 2, 3, 7)] == [7200.0, 1800.0, 1800.0, 1800.0]
     assert soak.length({"soak_s": 300}, 4) == 300.0  # a campaign recorded before per-gap lengths
-    assert settings.SOAK.value == upgrade_mod.UpgradeOptions(target="570.86.15").soak_s == (7200.0, 1800.0)
+    assert settings.SOAK.value == (7200.0, 1800.0)
+    assert upgrade_mod.UpgradeOptions(target="570.86.15").campaign.soak_s == [7200.0, 1800.0]  # as the history has it
     for bad in ("2h,,30m", "", "2h,x", "-5", "2h,400d", "2h,9000h"):
         with pytest.raises(ValueError, match="is not a duration|is longer than a year"):
             settings.SOAK.parse(bad)
@@ -433,7 +434,7 @@ def test_a_soak_check_watches_every_changed_host_then_gates_them_at_its_end(stor
     gap2 = [hosts for k, hosts in watch.calls if k == "gate"][1]
     assert gap2 == ("a", "b", "c")  # every host changed so far, not only the last wave
     assert all(r["status"] == "ok" for r in journal.soak_records(cid))
-    assert upgrade_mod.exit_code(journal, cid) == 0
+    assert readmodel.exit_code(journal, cid) == 0
 
 
 def test_a_canary_failing_its_soak_rolls_the_campaign_back_before_the_next_wave(store):
@@ -446,7 +447,7 @@ def test_a_canary_failing_its_soak_rolls_the_campaign_back_before_the_next_wave(
     assert "the soak after wave 1 failed" in journal.campaign(cid)["reason"]
     assert [r["reason"] for r in journal.hosts(cid)][0] == "soak: new Xid 119"
     assert [e["event"] for e in journal.events(cid)].count("soak_check_failed") == 1
-    assert upgrade_mod.exit_code(journal, cid) == 4
+    assert readmodel.exit_code(journal, cid) == 4
 
 
 def test_a_later_host_failing_its_soak_within_the_budget_rolls_back_alone(store):
@@ -459,7 +460,7 @@ def test_a_later_host_failing_its_soak_within_the_budget_rolls_back_alone(store)
     assert ("rollback_drain", ("c",)) in script.calls
     # the rollback came before wave 3 started
     assert script.calls.index(("rollback_undrain", ("c",))) < script.calls.index(("precheck", ("e",)))
-    assert upgrade_mod.exit_code(journal, cid) == 1
+    assert readmodel.exit_code(journal, cid) == 1
 
 
 def test_soak_failures_over_a_later_waves_budget_roll_the_campaign_back(store):
@@ -504,16 +505,16 @@ def test_exit_codes_a_failed_rollback_needs_a_person_and_hosts_left_out_are_not_
     journal, cid, engine = start(store, script, ["a"], ["b", "c", "d"], fail_at=[1, 3])
     assert engine.run() == "done"
     assert states(journal, cid)["b"] == "rollback_failed"
-    assert upgrade_mod.exit_code(journal, cid) == Exit.NEEDS_PERSON == 6
-    assert "NEEDS A PERSON: the rollback failed on b" in upgrade_mod.summary_text(journal, cid)
+    assert readmodel.exit_code(journal, cid) == Exit.NEEDS_PERSON == 6
+    assert "NEEDS A PERSON: the rollback failed on b" in readmodel.summary_text(journal, cid)
     # a clean campaign whose plan left a host out (unhealthy, unreachable): done, exit 1, the reason said
     plan = dict(plan_of(["x"]), excluded=[{"name": "y", "groups": [], "code": "unhealthy", "reason": "GPU lost"}])
     run_id, _ = store.begin_run("campaign", [], "test", None, None)
     cid2, _ = journal.create(run_id, plan, options_of())
     fleet = inventory.Fleet("test", (inventory.Host("x", ("all",)),), frozenset({"all"}), {})
     assert Engine(journal, journal.handle(cid2), fleet, baseline_mod.load(None), parts(Script())).run() == "done"
-    assert upgrade_mod.exit_code(journal, cid2) == 1
-    assert "left out at plan, not on the target: y: GPU lost" in upgrade_mod.summary_text(journal, cid2)
+    assert readmodel.exit_code(journal, cid2) == 1
+    assert "left out at plan, not on the target: y: GPU lost" in readmodel.summary_text(journal, cid2)
 
 
 def test_the_live_view_shows_the_soaks_time_left_and_its_last_check(store):

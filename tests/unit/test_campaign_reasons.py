@@ -9,7 +9,8 @@ import io
 
 from rich.console import Console
 
-from orchestrator import probe, upgrade
+from orchestrator import probe
+from orchestrator.campaign import readmodel
 from orchestrator.campaign import steps
 from orchestrator.cli import campaign_view
 from tests.helpers.campaign import WALL, OldGate, Script, start
@@ -45,7 +46,7 @@ def test_a_canary_rolled_back_by_the_gate_reads_in_one_line(store, monkeypatch):
     listed = [line for line in printed(campaign_view.list_table, store) if "rolled_back" in line]
     assert len(listed) == 1 and WHY in listed[0]  # the row is one line, the reason whole
 
-    doc = upgrade.document(store, cid)
+    doc = readmodel.document(store, cid)
     shown = printed(campaign_view.show_table, doc)
     assert f"reason: {WHY}" in shown
     gate = next(s for s in doc["hosts"][0]["steps"] if s["step"] == "probe_after")
@@ -66,7 +67,7 @@ def test_a_reason_recorded_by_an_earlier_fleetctl_still_shows(store):  # noqa: F
     assert engine.run() == "rolled_back"
     listed = [line for line in printed(campaign_view.list_table, store) if "rolled_back" in line]
     assert len(listed) == 1 and "a: gate fail: GPU health unchanged" in listed[0] and "GPU 7" not in listed[0]
-    shown = printed(campaign_view.show_table, upgrade.document(store, cid), width=6000)
+    shown = printed(campaign_view.show_table, readmodel.document(store, cid), width=6000)
     assert any(line.endswith(WALL) for line in shown)
 
 
@@ -98,7 +99,7 @@ def test_campaign_show_lists_the_canary_metrics_latest_verdicts(store):  # noqa:
             return out
     journal, cid, engine = start(store, Script(), ["a"], ["b"], observe=Judged(), **SOAKING)
     assert engine.run() == "done"
-    doc = upgrade.document(store, cid)
+    doc = readmodel.document(store, cid)
     assert doc["soak"]["canary_metrics"]["metrics"] == [tensor, xid] and doc["soak"]["canary_metrics"]["gap"] == 1
     shown = printed(campaign_view.show_table, doc, width=160)
     row = next(line for line in shown if "tensor_active" in line)

@@ -23,7 +23,8 @@ import pytest
 import yaml
 from rich.console import Console
 
-from orchestrator import cli, files, notify, systemd, upgrade
+from orchestrator import cli, files, notify, systemd
+from orchestrator.campaign import readmodel
 from orchestrator.campaign import progress
 from orchestrator.cli import campaign_view, render
 from orchestrator.errors import InputError
@@ -147,7 +148,7 @@ def test_campaign_list_show_and_progress_show_host_text_as_data(tmp_path, monkey
     with Store(home / "history.sqlite3") as store:
         journal, cid, engine = start(store, Hostile({("gpu[b]", "verify"): "fail"}), ["gpu[b]"])
         assert engine.run() == "rolled_back"
-        doc = upgrade.document(store, cid)
+        doc = readmodel.document(store, cid)
         listed = plain(campaign_view.list_table, store)
         events = journal.events(cid)
     shown = plain(campaign_view.show_table, doc)
@@ -267,7 +268,7 @@ def unit_env(tmp_path, monkeypatch):
     units = tmp_path / "units"
     units.mkdir()
     return SimpleNamespace(config=config, units=units, install=[
-        "systemd", "install", "--window", "Sat 02:00", "--duration", "3h", "--to", "570.86.15",
+        "systemd", "install", "--window-schedule", "Sat 02:00", "--duration", "3h", "--to", "570.86.15",
         "-i", str(etc / "inventory.ini"), "-b", str(etc / "baseline.yml"), "--unit-dir", str(units)])
 
 

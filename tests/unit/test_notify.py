@@ -19,6 +19,7 @@ import time
 import pytest
 
 from orchestrator import notify, notify_events, redact, schemas, upgrade, webhook as webhook_mod
+from orchestrator.campaign import readmodel
 from orchestrator.campaign import engine as engine_mod, progress
 from orchestrator.errors import InputError
 from orchestrator.store import Store
@@ -174,11 +175,11 @@ def test_failing_notifications_change_nothing_in_a_campaign_and_are_recorded(sto
             assert drive(journal, cid, engine, notifier) == final
             took = time.monotonic() - started
             runs[notifier is None] = (script.calls, states(journal, cid), event_names(journal, cid),
-                                      journal.campaign(cid)["reason"], upgrade.exit_code(journal, cid), cid)
+                                      journal.campaign(cid)["reason"], readmodel.exit_code(journal, cid), cid)
             err = capfd.readouterr().err
         # nothing waited for the hanging command (0.5 s per event, one after the other) but the end of the drive,
         # and the campaign's measured span leaves the failures recorded after it out
-        span = upgrade.time_split(journal.events(cid))["span_s"]
+        span = readmodel.time_split(journal.events(cid))["span_s"]
         assert took >= 0.5 * len(expected) and span < 0.5 * len(expected), (took, span)
         timings.append(f"{name}: drive {took:.2f}s with failing notifications, campaign span {span:.2f}s")
         (calls0, states0, events0, reason0, code0, _), (calls1, states1, events1, reason1, code1, cid) = \

@@ -308,7 +308,7 @@ SHARED = {
 # Deliberate exceptions: (module, name) -> why; they hold only as a key (a document's field) or, in notify_events,
 # as the notification's name (the `event` argument of CampaignNotes.event, and of its declaration, Note(event, ...)).
 EXCEPTIONS = {
-    (f"{PACKAGE}.upgrade", "soaking"): "the campaign document's soak.soaking field (a boolean)",
+    (f"{PACKAGE}.campaign.readmodel", "soaking"): "the campaign document's soak.soaking field (a boolean)",
     (f"{PACKAGE}.cli.campaign_view", "soaking"): "reads that field",
     (f"{PACKAGE}.report", "rolled_back"): "the compliance report's field: hosts a campaign rolled back",
     (f"{PACKAGE}.report", "rollback_failed"): "the compliance report's field: hosts whose rollback failed",

@@ -60,7 +60,7 @@ def fleetctl(monkeypatch, capsys, *args):
 
 def full_install(env, *extra):
     return ["systemd", "install", "--audit-schedule", "daily", "--audit-output", env["metrics"],
-            "--window", "Sat 02:00", "--duration", "3h", "--to", "570.86.15",
+            "--window-schedule", "Sat 02:00", "--duration", "3h", "--to", "570.86.15",
             "-i", env["inventory"], "-b", env["baseline"], "--waves", "1,50%,100%", "--soak", "10m",
             "--drain-preset", "slurm", "--drain", DRAIN, "--samples", "7", "--no-preflight",
             "--unit-dir", str(env["units"]), *extra]
@@ -221,7 +221,7 @@ def normalized(expression: str) -> str:
 
 @needs_analyze
 def test_duration_margin_and_a_calendar_with_ranges(env, monkeypatch, capsys):
-    code, _, err = fleetctl(monkeypatch, capsys, "systemd", "install", "--window", "Mon..Fri 22:30",
+    code, _, err = fleetctl(monkeypatch, capsys, "systemd", "install", "--window-schedule", "Mon..Fri 22:30",
                             "--duration", "90m", "--margin", "30m", "--to", "570.86.15",
                             "--unit-dir", str(env["units"]))
     assert (code, err) == (0, "")
@@ -348,9 +348,9 @@ BAD = [
     (["--margin", "-5m"], "Invalid value for '--margin'"),
     (["--soak-grace", "forever"], "Invalid value for '--soak-grace'"),
     (["--idle-timeout", "2w"], "Invalid value for '--idle-timeout'"),
-    (["--window", "Blursday 25:00"], "--window 'Blursday 25:00': not a systemd calendar expression"),
-    (["--window", "2001-01-01"], "never elapses"),
-    (["--window", ""], "--window '': not a systemd calendar expression"),
+    (["--window-schedule", "Blursday 25:00"], "--window-schedule 'Blursday 25:00': not a systemd calendar expression"),
+    (["--window-schedule", "2001-01-01"], "never elapses"),
+    (["--window-schedule", ""], "--window-schedule '': not a systemd calendar expression"),
     (["--audit-schedule", "every tuesday"], "--audit-schedule 'every tuesday'"),
     (["--to", "57"], "57"),
     (["--margin", "3h"], "--margin 3h: not shorter than --duration 3h"),
@@ -381,10 +381,10 @@ def test_bad_input_is_one_line_and_exit_2(env, monkeypatch, capsys, change, mess
 
 @pytest.mark.parametrize("args, message", [
     ([], "nothing to install"),
-    (["--duration", "3h"], "--duration needs --window"),
-    (["--audit-schedule", "daily", "--waves", "1,100%"], "--waves needs --window"),
-    (["--window", "Sat 02:00", "--to", "570.86.15"], "--window needs --duration and --to"),
-    (["--window", "Sat 02:00", "--duration", "3h"], "--window needs --duration and --to"),
+    (["--duration", "3h"], "--duration needs --window-schedule"),
+    (["--audit-schedule", "daily", "--waves", "1,100%"], "--waves needs --window-schedule"),
+    (["--window-schedule", "Sat 02:00", "--to", "570.86.15"], "--window-schedule needs --duration and --to"),
+    (["--window-schedule", "Sat 02:00", "--duration", "3h"], "--window-schedule needs --duration and --to"),
     (["--audit-output", "/tmp/x.prom"], "--audit-output needs --audit-schedule"),
     (["--audit-schedule", "daily", "--unit-dir", "/nonexistent/units"], "--unit-dir /nonexistent/units"),
 ])
@@ -396,6 +396,16 @@ def test_usage_errors(env, monkeypatch, capsys, args, message):
     assert unit_names(env["units"]) == set()
 
 
+def test_the_window_start_is_a_calendar_flag_of_its_own(env, monkeypatch, capsys):
+    """`--window` is a duration wherever fleetctl takes it (upgrade, campaign resume): the window's start, a calendar
+    time, is --window-schedule, and the old spelling is refused in one line naming the new one."""
+    code, out, err = fleetctl(monkeypatch, capsys, "systemd", "install", "--window", "Sat 02:00", "--duration", "3h",
+                              "--to", "570.86.15", "--unit-dir", str(env["units"]))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "No such option '--window'" in err and "--window-schedule" in err, err
+    assert unit_names(env["units"]) == set()
+
+
 def test_uninstall_of_a_missing_directory(monkeypatch, capsys):
     code, out, err = fleetctl(monkeypatch, capsys, "systemd", "uninstall", "--unit-dir", "/nonexistent/units")
     assert code == 2 and err.count("\n") == 1 and "not a directory" in err
@@ -404,11 +414,11 @@ def test_uninstall_of_a_missing_directory(monkeypatch, capsys):
 def test_without_systemd_analyze_only_obvious_nonsense_is_refused(monkeypatch):
     real_which = shutil.which
     monkeypatch.setattr(systemd.shutil, "which", lambda name: None if name == "systemd-analyze" else real_which(name))
-    assert systemd.calendar("Sat 02:00", "--window") == "Sat 02:00"
-    assert systemd.calendar("Mon..Fri 06:00 Europe/Berlin", "--window") == "Mon..Fri 06:00 Europe/Berlin"
+    assert systemd.calendar("Sat 02:00", "--window-schedule") == "Sat 02:00"
+    assert systemd.calendar("Mon..Fri 06:00 Europe/Berlin", "--window-schedule") == "Mon..Fri 06:00 Europe/Berlin"
     for bad in ("", "daily; rm -rf /", "Sat\n02:00", "100%", '"daily"'):
         with pytest.raises(systemd.InputError, match="not a systemd calendar expression"):
-            systemd.calendar(bad, "--window")
+            systemd.calendar(bad, "--window-schedule")
 
 
 def test_timespans_and_durations():
