@@ -10,10 +10,11 @@ import pytest
 
 from orchestrator.baseline import CanaryMetric
 from orchestrator.judge.canary import kinds
-from tests.unit.test_campaign_engine import store  # noqa: F401 (the fixture)
+from tests.unit import test_campaign_engine
 from tests.unit.test_soak import Prometheus, observe, slower, soaking_after, with_metrics
 
 T0 = 1.7e9
+store = test_campaign_engine.store  # the fixture
 
 
 def minutes(level: float, hosts: str, n: int = 60, seed: int = 1) -> dict[str, list[tuple[float, float]]]:
