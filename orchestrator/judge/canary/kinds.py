@@ -42,7 +42,8 @@ class Window:
 class Kind:
     """NAME (the baseline's `kind`), SAYS (one line: what such a metric is), JUDGE(window, metric, min_samples) ->
     a verdict dict as the statistics return it; DRIFT: whether its control cohort's movement says how far the
-    fleet drifted (cohort.moved, for a metric where higher is good). The statistics: orchestrator/canary.py."""
+    fleet drifted (cohort.moved, for a metric where higher is good). The statistics:
+    orchestrator/canary.py."""
     name: str
     says: str
     judge: Callable[[Window, Metric, int | None], dict[str, Any]]
