@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from . import inputs, promql, resources, schemas
+from .judge.canary import kinds
 from .errors import InputError, yaml_error
 
 DEFAULT_PATH = resources.data_path("default-baseline.yml")
@@ -40,7 +41,7 @@ class Baseline:
         """The canary analysis of a host of HOST_GROUPS (its policy's `canary`, inherited as the rest)."""
         section = self.policy_for(host_groups).get("canary", {})
         metrics = tuple(CanaryMetric(name=m["name"], query=m["query"], good=m["good"],
-                                     max_change=max_change(m["max_change"]), kind=m.get("kind", "level"),
+                                     max_change=max_change(m["max_change"]), kind=m.get("kind", kinds.DEFAULT),
                                      host_label=m.get("host_label", promql.DEFAULT_HOST_LABEL))
                         for m in section.get("metrics", ()))
         return Canary(on_missing=section.get("on_missing", "hold"), min_samples=section.get("min_samples"),
@@ -57,7 +58,7 @@ class CanaryMetric:
     query: str  # with the {hosts} placeholder: promql.render
     good: str  # higher | lower
     max_change: float  # the fraction tolerated in the bad direction, in (0, 1]
-    kind: str = "level"  # level | rate
+    kind: str = kinds.DEFAULT  # a name of judge/canary/kinds.py
     host_label: str = promql.DEFAULT_HOST_LABEL
 
 
@@ -75,7 +76,8 @@ def max_change(value: float | str) -> float:
 
 def canary_problem(groups: dict[str, Any]) -> str | None:
     """'JSON path: why' of the first canary metric the schema cannot refuse (a second one of a name in its group, a
-    percentage outside (0%, 100%], a {hosts} outside a quoted matcher), or None."""
+    percentage outside (0%, 100%], a {hosts} outside a quoted matcher, a kind judge/canary/kinds.py does not know),
+    or None."""
     for group, policy in groups.items():
         seen: set[str] = set()
         for i, metric in enumerate(policy.get("canary", {}).get("metrics", ())):
@@ -89,6 +91,10 @@ def canary_problem(groups: dict[str, Any]) -> str | None:
                 promql.placeholders(metric["query"])
             except ValueError as e:
                 return f"{where}.query: {e}"
+            try:
+                kinds.of(metric.get("kind", kinds.DEFAULT))
+            except LookupError as e:
+                return f"{where}.kind: {e.args[0]}"
     return None
 
 

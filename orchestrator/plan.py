@@ -44,8 +44,9 @@ from typing import Any, Mapping
 
 import copy
 
-from . import audit, baseline as baseline_mod, controls, domains, offenders, promql, runs, schemas, settings
+from . import audit, baseline as baseline_mod, controls, domains, offenders, runs, schemas, settings
 from .inventory import primary_group
+from .judge.canary import planning
 from .campaign import packages
 from .errors import InputError
 from .execution_nodes import RunnerConfig
@@ -364,57 +365,6 @@ def build(target: str, ramp: tuple[Step, ...], entries: list[dict[str, Any]], ba
             "breaker": breaker([base.policy_for(h["groups"]) for h in eligible])}
 
 
-# ---- canary metrics --------------------------------------------------------------------------------
-
-CANARY_LOOKBACK_S, CANARY_STEP_S = 600.0, 30.0  # plan looks for each canary metric's series over the last 10 min
-
-
-def canary_metrics(fleet: Any, base: baseline_mod.Baseline, client: Any) -> list[dict[str, Any]]:
-    """The baseline's canary metrics (docs/canary.md), checked before any host is touched when Prometheus is
-    configured (CLIENT, promql.Client): each query parses (a syntax error is an InputError, one line), and returns a
-    series for some host of its group over the last CANARY_LOOKBACK_S (none at all is an InputError too; the hosts
-    without one are listed). Without a client the metrics are listed, unchecked."""
-    by_group: dict[str, list[Any]] = {}
-    for h in fleet.hosts:
-        by_group.setdefault(primary_group(h.groups), []).append(h)
-    out = []
-    for group, hosts in by_group.items():
-        for m in base.canary_for(list(hosts[0].groups)).metrics:
-            entry = {"group": group, "metric": m.name, "kind": m.kind, "good": m.good, "max_change": m.max_change,
-                     "checked": client is not None, "without_series": []}
-            if client is not None:
-                where = f"baseline canary metric {m.name} (group {group})"
-                query = promql.render(m.query, hosts)
-                try:
-                    client.check(query)
-                except InputError as e:
-                    raise InputError(f"{where}: {e}") from None
-                now = time.time()
-                found = promql.by_host(client.range(query, now - CANARY_LOOKBACK_S, now, CANARY_STEP_S,
-                                                    m.host_label), hosts)
-                entry["without_series"] = [h.name for h in hosts if h.name not in found]
-                if not found:
-                    raise InputError(f"{where}: no series for any of its {len(hosts)} hosts over the last "
-                                     f"{CANARY_LOOKBACK_S / 60:g} minutes (label {m.host_label}): {query[:120]}")
-            out.append(entry)
-    return out
-
-
-def canary_summary(report: dict[str, Any]) -> str | None:
-    """The plan's canary metrics in one line: each checked against Prometheus or not, the hosts without a series."""
-    canary = report.get("canary")
-    if not canary:
-        return None
-    said = []
-    for m in canary["metrics"]:
-        state = ("no Prometheus configured: not checked" if not m["checked"] else
-                 f"{len(m['without_series'])} host(s) without a series: {', '.join(m['without_series'][:3])}"
-                 if m["without_series"] else "series for every host")
-        said.append(f"{m['metric']} (group {m['group']}, {m['kind']}, {m['good']} is good, "
-                    f"{m['max_change']:.0%} tolerated): {state}")
-    return "canary metrics, judged by the soak against the control cohort: " + "; ".join(said)
-
-
 def breaker_summary(report: dict[str, Any]) -> str | None:
     """The plan's circuit breaker in one line, or None where the baseline sets none."""
     b = report.get("breaker")
@@ -423,24 +373,6 @@ def breaker_summary(report: dict[str, Any]) -> str | None:
     share = f", {b['percent']:g}% of the hosts changed within it" if b.get("percent") else ""
     return (f"circuit breaker: the campaign halts (exit {int(Exit.HALTED)}) once max({b['failures']} failed "
             f"hosts{share}) failed within {b['within']}, across waves")
-
-
-def cohort(host: dict[str, Any]) -> str:
-    """The cohort a plan's host is judged within by the canary metrics: its group and GPU model ("gpu (NVIDIA
-    H100 80GB HBM3)"; the group alone where the model is unknown)."""
-    model = host.get("gpu_model")
-    return primary_group(host["groups"]) + (f" ({model})" if model else "")
-
-
-def control_cohorts(made: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
-    """Per wave, per cohort (its group and GPU model): the hosts the canary metrics compare that wave's hosts with
-    (the cohort's hosts of later waves, not changed yet while it soaks)."""
-    out = {}
-    for w in made["waves"]:
-        later = [h for x in made["waves"] if x["index"] > w["index"] for h in x["hosts"]]
-        cohorts = dict.fromkeys(cohort(h) for h in w["hosts"])
-        out[str(w["index"])] = {c: [h["name"] for h in later if cohort(h) == c] for c in cohorts}
-    return out
 
 
 REFUSED = ("not_blessed", "target_not_blessed")  # the baseline's matrix refuses the target for the host
@@ -478,13 +410,13 @@ def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None
     ramp = parse_ramp(opts.waves)
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     blessed_for_some(fleet, base, target)
-    metrics = canary_metrics(fleet, base, prometheus)
+    metrics = planning.check_metrics(fleet, base, prometheus)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as run_:
         hosts = audit.collect(runner.Runner(runner_config), fleet, base, opts.forks, opts.preflight)
         plan = build(target, ramp, hosts, base, domains.group(fleet, {h["name"]: h["facts"] for h in hosts}),
                      offenders.left_out(store, [(h["name"], h["groups"]) for h in hosts], base))
         if metrics:
-            plan["canary"] = {"metrics": metrics, "control": control_cohorts(plan), "judged_by_soak": True}
+            plan["canary"] = planning.section(metrics, plan)
         unreachable = sum(1 for h in hosts if not h["reachable"])
         summary = {"hosts": len(hosts), "eligible": sum(w["size"] for w in plan["waves"]), "waves": len(plan["waves"]),
                    "skipped": len(plan["skipped"]), "excluded": len(plan["excluded"]), "unreachable": unreachable,

@@ -18,6 +18,7 @@ from .campaign.options import IDLE_TIMEOUT_S, CampaignOptions, IdleOptions
 from .campaign.readmodel import campaign_row, exit_code, summary_text
 from .errors import InputError, OperationError
 from .execution_nodes import RunnerConfig
+from .judge.canary import planning as canary_planning
 from .exitcodes import Exit
 from .store import Store, operator
 
@@ -122,7 +123,7 @@ def dry_run_text(made: dict[str, Any], entries: list[dict[str, Any]], options: C
     breaker = plan.breaker_summary(made)
     if breaker is not None:
         lines.append(breaker)
-    canary = plan.canary_summary(made)
+    canary = canary_planning.summary(made)
     if canary is not None:
         lines.append(canary)
         for wave, cohorts in (made.get("canary") or {}).get("control", {}).items():
@@ -180,12 +181,12 @@ def start(opts: UpgradeOptions, store: Store, argv: list[str], dry_run: bool,
     options = opts.campaign
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     plan.blessed_for_some(fleet, base, opts.target)  # a dry run too: exit 2 before any host is contacted
-    metrics = plan.canary_metrics(fleet, base, prometheus)  # a query that does not parse: before any host is touched
+    metrics = canary_planning.check_metrics(fleet, base, prometheus)  # a query that does not parse: before any host
     journal, playbooks = Journal(store), runner.Runner(runner_config)
     with runs.recorded(store, "plan", argv, fleet, base, opts.limit) as planning:
         made, entries = make_plan(opts, store, fleet, base, ramp, journal.locks(), options, playbooks)
         if metrics:
-            made["canary"] = {"metrics": metrics, "control": plan.control_cohorts(made), "judged_by_soak": True}
+            made["canary"] = canary_planning.section(metrics, made)
         hosts = sum(w["size"] for w in made["waves"])
         refused = not hosts and made["excluded"] and all(h["code"] in plan.REFUSED for h in made["excluded"])
         # The command's code where no campaign starts, and a dry run's: what the plan implies (its facts may refuse

@@ -9,6 +9,7 @@ reference/notification.md  orchestrator/notify_events.py's NOTES, then schemas/n
 reference/exit-codes.md    orchestrator/exitcodes.py
 reference/metrics.md       the metrics orchestrator/prometheus.py exports
 reference/incidents.md     the ledger's incident classes (orchestrator/ledger.py CLASSES)
+reference/canary-kinds.md  the canary metrics' kinds (orchestrator/judge/canary/kinds.py KINDS)
 reference/cli.md           the click commands (cli/), grouped by task (TASKS); the options several commands declare
                            alike (cli/options.py; shared_groups) listed once
 """
@@ -222,6 +223,16 @@ def incidents_page() -> str:
             + table(("class", "what", "derived from", "repeat offender"), rows))
 
 
+def canary_kinds_page() -> str:
+    from orchestrator.judge.canary.kinds import DEFAULT, KINDS
+    rows = [(f"`{k.name}`" + (" (default)" if k.name == DEFAULT else ""), k.says,
+             "yes" if k.drift else "") for k in KINDS.values()]
+    return ("# Canary metric kinds\n\nThe values of a canary metric's `kind` ([the canary](../canary.md)), made "
+            "from `orchestrator/judge/canary/kinds.py` (`KINDS`) at each build. *Fleet drift*: its control cohort's "
+            "movement (a metric where higher is good) is the drift taken out of a host's comparison with its own "
+            "past.\n\n" + table(("kind", "what", "fleet drift"), rows))
+
+
 # The commands by task: each of fleetctl's commands (cli/main.py BUILTIN) in exactly one (tests/unit/test_docs.py);
 # a plugin's command not named here is listed under "Plugins". A group's subcommands follow it.
 TASKS = {
@@ -340,6 +351,7 @@ def cli_page() -> str:
 PAGES = {
     "cli.md": cli_page,
     "incidents.md": incidents_page,
+    "canary-kinds.md": canary_kinds_page,
     "controls.md": controls_page,
     "steps.md": steps_page,
     "exit-codes.md": exit_codes_page,

@@ -1,7 +1,7 @@
 """The control cohort of a changed host, and a drift the whole fleet shares taken out of every comparison of that
 host with its own past (docs/canary.md).
 
-The control cohort: the campaign's hosts of the host's group and GPU model (plan.cohort) that it has not changed
+The control cohort: the campaign's hosts of the host's group and GPU model (planning.cohort) that it has not changed
 nor begun to change (later waves; those a rollback cancelled). The soak judges the canary metrics against it
 (soak.canary_metrics); and a gate that holds a host against itself at an earlier moment (the end-of-soak gate
 and the canary's last run against its first, soak.py; probe_after and the rollback's probe, steps.py) fails under
@@ -16,7 +16,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from .. import gate, plan
+from .. import gate
+from ..judge.canary import kinds, planning
 from ..timefmt import parse, stamp
 from .context import Context
 from .transitions import HostState
@@ -32,9 +33,9 @@ def planned(ctx: Context) -> dict[str, dict[str, Any]]:
 
 
 def names(ctx: Context, hosts: list[str] | None = None) -> dict[str, str]:
-    """The cohort of each of HOSTS (default: the plan's): its group and GPU model (plan.cohort), else its group."""
+    """The cohort of each of HOSTS (default: the plan's): its group and GPU model (planning.cohort), else its group."""
     entries = planned(ctx)
-    return {h: plan.cohort(entries[h]) if h in entries else ctx.fleet.host(h).group
+    return {h: planning.cohort(entries[h]) if h in entries else ctx.fleet.host(h).group
             for h in (hosts if hosts is not None else entries)}
 
 
@@ -60,14 +61,14 @@ def now() -> float:
 
 def moved(ctx: Context, host: str, since: float, until: float) -> dict[str, Any] | None:
     """How far HOST's control cohort moved from the moment SINCE to UNTIL (Unix times), by the baseline's canary
-    metrics of kind level where higher is good: per metric, each control host's latest points over the WINDOW_S
-    before UNTIL against those before SINCE (canary.control_moved); the least movement of those metrics, so a drift
-    is never over-counted: {"metric", "moved" (-0.06: 6% down), "control_hosts", "between": the two moments}. None when
-    nothing says the fleet moved down: no Prometheus, no such metric, no control host, a metric Prometheus could
-    not answer or without enough points, or a movement that is not down."""
+    metrics of a drift kind (kinds.Kind.drift: level) where higher is good: per metric, each control host's latest
+    points over the WINDOW_S before UNTIL against those before SINCE (canary.control_moved); the least movement of
+    those metrics, so a drift is never over-counted: {"metric", "moved" (-0.06: 6% down), "control_hosts",
+    "between": the two moments}. None when nothing says the fleet moved down: no Prometheus, no such metric, no
+    control host, a metric Prometheus could not answer or without enough points, or a movement that is not down."""
     from .. import canary, promql
     levels = [m for m in ctx.base.canary_for(list(ctx.fleet.host(host).groups)).metrics
-              if m.kind == "level" and m.good == "higher"]
+              if m.kind in kinds.drift_kinds() and m.good == "higher"]
     cohorts = names(ctx)
     mine = cohorts.get(host) or ctx.fleet.host(host).group
     control = [h for h in untouched(ctx) if cohorts.get(h) == mine]

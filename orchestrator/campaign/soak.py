@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import audit, controls, gate, probe
 from ..timefmt import parse, stamp
+from ..judge.canary import kinds
 from . import cohort, steps
 from .journal import Journal
 from .options import soak_length
@@ -213,9 +214,10 @@ class Judged:
 
 def canary_metrics(ctx: Context, hosts: list[str], final: bool) -> dict[str, Judged]:
     """The baseline's canary metrics of HOSTS (the watched ones: the canary cohort), per cohort (group and GPU
-    model, plan.cohort), judged against the cohort's hosts this campaign has not changed yet (the control cohort)
-    over the window since the canary hosts came back, each host's level before its drain as its own reference
-    (canary.judge_level); rates per GPU-hour (judge_rate), each host's GPUs as the plan counted them. A failing
+    model, planning.cohort), judged against the cohort's hosts this campaign has not changed yet (the control cohort)
+    over the window since the canary hosts came back, each by its kind (judge/canary/kinds.py: a level against each
+    host's own level before its drain, a rate per GPU-hour of the GPUs the plan counted), from the series _window
+    reads. A failing
     metric fails every canary host of the cohort; one that cannot be judged (Prometheus unreachable or erring, no
     control host, no series, too few samples) is a note at a check and, at the end of the soak (FINAL), what the
     baseline's canary.on_missing says: hold, fail or ignore."""
@@ -254,18 +256,31 @@ def canary_metrics(ctx: Context, hosts: list[str], final: bool) -> dict[str, Jud
 
 def _judge(ctx: Context, m: Any, canary: list[str], control: list[str], min_samples: int | None,
            gpus: dict[str, int]) -> dict[str, Any]:
-    """One metric's verdict (canary.judge_*), or {"verdict": "missing", "reason"} when it cannot be asked."""
-    from .. import canary as judge, promql
+    """One metric's verdict (kinds.judge, from the series read here), or {"verdict": "missing", "reason"} when it
+    cannot be asked."""
+    said = {"name": m.name, "kind": m.kind, "good": m.good, "verdict": "missing"}
+    window = _window(ctx, m, canary, control, gpus)
+    if isinstance(window, str):
+        return {**said, "reason": f"{m.name}: {window}"}
+    result = kinds.judge(m, window, min_samples)
+    return {**said, "window": [stamp_of(window.start), stamp_of(window.end)], "control_hosts": list(window.control),
+            **result}
+
+
+def _window(ctx: Context, m: Any, canary: list[str], control: list[str],
+            gpus: dict[str, int]) -> kinds.Window | str:
+    """METRIC's series from Prometheus since the CANARY hosts came back and as long before they were drained, the
+    CONTROL hosts' beside them: the judge's data; or why they cannot be read."""
+    from .. import promql
     now = datetime.now(timezone.utc).timestamp()
     back = [t for h in canary if (t := cohort.step_time(ctx, h, HostState.UNDRAIN, "finished_at")) is not None]
     drained = [t for h in canary if (t := cohort.step_time(ctx, h, HostState.DRAIN, "started_at")) is not None]
-    said = {"name": m.name, "kind": m.kind, "good": m.good, "verdict": "missing"}
     if ctx.prometheus is None:
-        return {**said, "reason": f"{m.name}: no Prometheus configured (--prometheus-url or prometheus_url)"}
+        return "no Prometheus configured (--prometheus-url or prometheus_url)"
     if not control:
-        return {**said, "reason": f"{m.name}: no control host (every host of the cohort is changed or in this wave)"}
+        return "no control host (every host of the cohort is changed or in this wave)"
     if not back or not drained:
-        return {**said, "reason": f"{m.name}: the canary hosts' drain and return are not in the journal"}
+        return "the canary hosts' drain and return are not in the journal"
     start, end = max(back), now
     length = max(end - start, STEP_MIN_S * 10)
     step = max(STEP_MIN_S, length / POINTS)
@@ -276,35 +291,16 @@ def _judge(ctx: Context, m: Any, canary: list[str], control: list[str], min_samp
         before = promql.by_host(ctx.prometheus.range(query, min(drained) - length, min(drained), step,
                                                      m.host_label), fleet)
     except (promql.PrometheusError, ValueError) as e:
-        return {**said, "reason": f"{m.name}: {e}"}
+        return str(e)
     silent = [h for h in canary + control if not during.get(h)]
     if any(h in silent for h in canary):
-        return {**said, "reason": f"{m.name}: no series for {', '.join(h for h in canary if h in silent)} "
-                                  "since it came back"}
+        return f"no series for {', '.join(h for h in canary if h in silent)} since it came back"
     ctl = [h for h in control if h not in silent]
     if not ctl:
-        return {**said, "reason": f"{m.name}: no series for any control host"}
-    if m.kind == "rate":
-        hours = (end - start) / 3600
-        result = judge.judge_rate({h: increase(during[h]) for h in canary}, {h: gpus[h] * hours for h in canary},
-                                  {h: increase(during[h]) for h in ctl}, {h: gpus[h] * hours for h in ctl},
-                                  m.good, m.max_change, name=m.name)
-    else:
-        kwargs = {"min_samples": min_samples} if min_samples else {}
-        result = judge.judge_level({h: during[h] for h in canary}, {h: during[h] for h in ctl}, m.good,
-                                   m.max_change, name=m.name, canary_before={h: before.get(h, []) for h in canary},
-                                   control_before={h: before.get(h, []) for h in ctl}, **kwargs)
-    return {**said, "window": [stamp_of(start), stamp_of(end)], "control_hosts": ctl, **result}
-
-
-def increase(points: list[tuple[float, float]]) -> float:
-    """A counter's increase over POINTS, resets included (a host that rebooted starts again from zero)."""
-    total, last = 0.0, None
-    for _, v in points:
-        if last is not None:
-            total += v - last if v >= last else v
-        last = v
-    return total
+        return "no series for any control host"
+    return kinds.Window(canary={h: during[h] for h in canary}, control={h: during[h] for h in ctl}, start=start,
+                        end=end, canary_before={h: before.get(h, []) for h in canary},
+                        control_before={h: before.get(h, []) for h in ctl}, gpus=gpus)
 
 
 def stamp_of(t: float) -> str:

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from .. import plan as plan_mod
 from ..exitcodes import Exit
+from ..judge.canary import planning as canary_planning
 from ..sanitize import clean, clean_line
 
 def safe(value: object, style: str = "") -> Text:
@@ -163,7 +164,7 @@ def plan_summary_line(report: dict[str, Any]) -> Text:
 
 
 def plan_canary_line(report: dict[str, Any]) -> Text | None:
-    line = plan_mod.canary_summary(report)
+    line = canary_planning.summary(report)
     return Text(clean_line(line), style="yellow") if line else None
 
 

@@ -639,6 +639,6 @@ def test_canary_metrics_not_judged_at_the_end_of_a_soak_hold_the_campaign_and_a_
 
 
 def test_a_counters_increase_counts_across_a_reset():
-    from orchestrator.campaign.soak import increase
+    from orchestrator.judge.canary.kinds import increase
     assert increase([(0, 3.0), (60, 5.0), (120, 1.0), (180, 2.0)]) == 4.0  # 3->5 (+2), a reboot: 0->1 (+1), 1->2 (+1)
     assert increase([(0, 7.0)]) == 0.0 and increase([]) == 0.0

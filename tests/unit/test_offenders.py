@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator import baseline as baseline_mod, offenders, plan, schemas, settings, timefmt
 from orchestrator.exitcodes import Exit
+from orchestrator.judge.canary import planning
 from orchestrator.store import Store
 from tests.helpers.cli import fleetctl
 from tests.helpers.facts import entry, on
@@ -60,7 +61,7 @@ def test_a_host_with_xid_79_in_three_boots_is_left_out_of_the_plan_and_of_every_
                               "reason": THREE}]
     planned = [h["name"] for w in p["waves"] for h in w["hosts"]]
     assert sorted(planned) == ["gpu2", "gpu3", "gpu4", "gpu5"]  # two in the window: below the count, planned
-    controls = [h for cohorts in plan.control_cohorts(p).values() for c in cohorts.values() for h in c]
+    controls = [h for cohorts in planning.control_cohorts(p).values() for c in cohorts.values() for h in c]
     assert controls and "gpu1" not in controls
 
 

@@ -212,11 +212,11 @@ def test_the_control_cohort_is_the_group_hosts_of_the_canarys_gpu_model_not_chan
 
 
 def test_a_plan_lists_a_control_cohort_per_group_and_gpu_model():
-    from orchestrator import plan
+    from orchestrator.judge.canary import planning
     h = lambda name, model: {"name": name, "groups": ["all", "gpu"], "gpu_model": model}  # noqa: E731
     made = {"waves": [{"index": 1, "hosts": [h("a", "H100")]},
                       {"index": 2, "hosts": [h("b", "H100"), h("c", "H200"), h("d", None)]}]}
-    assert plan.control_cohorts(made) == {"1": {"gpu (H100)": ["b"]}, "2": {"gpu (H100)": [], "gpu (H200)": [],
+    assert planning.control_cohorts(made) == {"1": {"gpu (H100)": ["b"]}, "2": {"gpu (H100)": [], "gpu (H200)": [],
                                                                              "gpu": []}}
 
 
