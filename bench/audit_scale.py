@@ -42,7 +42,7 @@ sys.path.insert(1, str(REPO / "lab"))  # the lab distribution (lab/fleetctl_lab)
 
 import ssh_masters  # noqa: E402 - bench/ssh_masters.py, beside this script
 from fleetctl_lab import state  # noqa: E402
-from orchestrator.runner import ANSIBLE_ENV  # noqa: E402
+from orchestrator.fleet.runner import ANSIBLE_ENV  # noqa: E402
 
 FLEETCTL = [sys.executable, "-m", "orchestrator.cli"]
 PER_CHECK_PLAYBOOK = REPO / "bench" / "playbooks" / "task_per_check_audit.yml"

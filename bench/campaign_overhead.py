@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 FLEETCTL = [sys.executable, "-m", "orchestrator.cli"]
 VERSIONS = ("550.163.01", "570.86.15")
 INSTALLED = ("orchestrator.cli.campaign", "orchestrator.upgrade", "orchestrator.campaign.steps", "orchestrator.probe",
-             "orchestrator.preflight", "orchestrator.canary")  # and every module they import
+             "orchestrator.fleet.preflight", "orchestrator.judge.canary.statistics")  # and every module they import
 FAST = ["--yes", "--soak", "0", "--warmup", "0", "--trial", "0.02", "--samples", "10", "--idle-timeout", "20"]
 
 # Runs the CLI in this process and writes, at exit, what only the process itself knows.

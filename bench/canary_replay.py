@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Replay the canary judgement (orchestrator/canary.py) on synthetic series: false rollbacks and detection.
+"""Replay the canary judgement (orchestrator/judge/canary/statistics.py) on synthetic series: false rollbacks and
+detection.
 
 Usage: .venv/bin/python bench/canary_replay.py [--iterations 400] [--quick] [--seed 0] [--jobs N] [--looks MIN]
                                               [--canaries 1,4,16] [--controls 4,16,64]
@@ -44,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from orchestrator import canary  # noqa: E402
+from orchestrator.judge.canary import statistics as canary  # noqa: E402
 
 LEVEL, OFFSET_SD, OWN_PHI, OWN_SD, SHARED_PHI, SHARED_SD, WHITE_SD, MISSING = 0.65, 0.03, 0.8, 0.02, 0.95, 0.02, 0.01, 0.01
 DRIFT, DRIFT_START_MAX_MIN = 0.08, 30
@@ -81,7 +82,7 @@ def draw(rng: np.random.Generator, hosts: int, drift: bool) -> tuple[np.ndarray,
 
 
 def series(minutes: np.ndarray, values: np.ndarray, names: list[str]) -> dict[str, list[tuple[float, float]]]:
-    """Rows -> host -> [(unix time, value)], as orchestrator/promql.py's range() gives them (NaN: no sample)."""
+    """Rows -> host -> [(unix time, value)], as orchestrator/judge/promql.py's range() gives them (NaN: no sample)."""
     t = 1.7e9 + minutes * 60.0
     return {name: [(a, b) for a, b in zip(t.tolist(), row.tolist()) if b == b] for name, row in zip(names, values)}
 

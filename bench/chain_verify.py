@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator import chain  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.history import chain  # noqa: E402
+from orchestrator.history.store import Store  # noqa: E402
 
 
 def main() -> None:

@@ -90,17 +90,18 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from orchestrator import audit, baseline as baseline_mod, inventory, plan, settings, upgrade  # noqa: E402
-from orchestrator import store as store_mod  # noqa: E402
+from orchestrator import audit, baseline as baseline_mod, plan, settings, upgrade
+from orchestrator.fleet import inventory  # noqa: E402
+from orchestrator.history import store as store_mod  # noqa: E402
 from orchestrator.campaign import capacity, engine as engine_mod, soak, steps  # noqa: E402
 from orchestrator.campaign.context import Outcome  # noqa: E402
 from orchestrator.campaign.engine import Engine, Parts  # noqa: E402
 from orchestrator.campaign.journal import Journal  # noqa: E402
 from orchestrator.errors import InputError  # noqa: E402
 from orchestrator.exitcodes import Exit  # noqa: E402
-from orchestrator.runner import HostOutcome  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
-from orchestrator.timefmt import stamp  # noqa: E402
+from orchestrator.fleet.runner import HostOutcome  # noqa: E402
+from orchestrator.history.store import Store  # noqa: E402
+from orchestrator.history.timefmt import stamp  # noqa: E402
 
 HOUR = 3600.0
 FROM, TARGET = "550.163.01", "570.86.15"

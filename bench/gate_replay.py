@@ -20,13 +20,13 @@ tests/testdata/*-health/bench.json (below), and exits 2 when there are none. Inp
                         p99 of 300 iterations resampled from the real ones (one run's spread, not run-to-run: the
                         probe-series capture gives that)
 
-Series of a metric the gate does not gate (orchestrator/gate.py METRICS, e.g. gemm_p99_ms) and reference series are
-replayed and listed, but left out of the targets below: their rows say what gating them would do.
+Series of a metric the gate does not gate (orchestrator/judge/gate.py METRICS, e.g. gemm_p99_ms) and reference series
+are replayed and listed, but left out of the targets below: their rows say what gating them would do.
 For every (file, GPU, metric) series it draws, with replacement, two sides of --samples values:
   no regression   both sides from the real series                    -> false-rollback rate (fail)
   3% / 5% drop    the 'after' side worse by 3% / 5% (x0.97 / x0.95;  -> detection rate (fail)
                   x1.03 / x1.05 for a lower-is-better metric)
-and judges them with orchestrator.gate.judge_series under the default policy. It also judges every pair of real
+and judges them with orchestrator.judge.gate.judge_series under the default policy. It also judges every pair of real
 runs with the same device, engine and trial length against each other as they are (no change between them: a fail
 there is a false rollback that resampling one run cannot show, e.g. thermal or power-cap drift). Exit 0 when the targets are met
 (<= 1% false rollbacks, >= 95% detection of a 5% drop), 1 when one is missed.
@@ -53,7 +53,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator import gate, schemas
+from orchestrator.judge import gate
+from orchestrator import schemas
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO / "collections"))  # the probe's own percentile, from the collection's module_utils

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long the ledger (orchestrator/ledger.py), `fleetctl hosts` and `fleetctl report drivers` take on a large
+"""How long the ledger (orchestrator/history/ledger.py), `fleetctl hosts` and `fleetctl report drivers` take on a large
 history.
 
     python bench/ledger_scale.py [HOSTS] [AUDITS] [DIR]
@@ -28,8 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator import drivers, ledger as ledger_mod, timefmt  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
+from orchestrator import drivers
+from orchestrator.history import ledger as ledger_mod, timefmt  # noqa: E402
+from orchestrator.history.store import Store  # noqa: E402
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 XID_79 = "NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."

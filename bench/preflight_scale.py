@@ -40,8 +40,8 @@ def listen(n: int) -> None:
 def preflight(n: int, timeout: float, ports: list[int]) -> None:
     """Run the pre-flight on N hosts over PORTS; print its wall time, the banner verdicts and the peak RSS."""
     sys.path.insert(0, str(REPO))
-    from orchestrator import preflight
-    from orchestrator.inventory import Host
+    from orchestrator.fleet import preflight
+    from orchestrator.fleet.inventory import Host
     hosts = [Host(f"silent-{i}", ("all",), {"ansible_host": "127.0.0.1", "ansible_port": ports[i % len(ports)]})
              for i in range(n)]
     started = time.perf_counter()

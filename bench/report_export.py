@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.history.store import Store  # noqa: E402
 
 CAPTURE = ROOT / "tests/testdata/h100-580.159.04-audit/audit-nvml.json"
 

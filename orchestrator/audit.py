@@ -6,13 +6,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import baseline as baseline_mod, controls, domains, inputs, inventory, schemas, settings
+from . import baseline as baseline_mod, controls, inputs, schemas, settings
+from .fleet import domains, inventory
 from .exitcodes import Exit
 
 if TYPE_CHECKING:
-    from . import runner
-    from .execution_nodes import RunnerConfig
-    from .store import Store  # imported where used: `fleetctl check` imports this module and needs no history
+    from .fleet import runner
+    from .fleet.execution_nodes import RunnerConfig
+    from .history.store import Store  # imported where used: `fleetctl check` imports this module and needs no history
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +124,7 @@ def references(fleet: inventory.Fleet, history: Store | None) -> dict[str, dict[
     names, compared = [h.name for h in fleet.hosts], controls.reference_controls()
     if history is not None:
         return history.passing_facts(names, compared)
-    from .store import Store
+    from .history.store import Store
     with Store() as store:
         return store.passing_facts(names, compared)
 
@@ -170,7 +171,8 @@ def run(opts: AuditOptions, store: Store, argv: list[str], notifier=None, delive
     NOTIFIER (notify_events.RunNotes): told of findings before the run is sealed, what became of that in its
     summary.
     DELIVER(report): the command's output, before the run is sealed (runs.close)."""
-    from . import runner, runs  # here: `fleetctl check` imports this module and never Ansible
+    from .fleet import runner
+    from . import runs  # here: `fleetctl check` imports this module and never Ansible
     started = time.monotonic()
     fleet, base = runs.prepare(opts.inventory, opts.limit, opts.baseline)
     with runs.recorded(store, "audit", argv, fleet, base, opts.limit) as run_:

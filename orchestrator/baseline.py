@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from . import inputs, promql, resources, schemas
+from . import inputs, resources, schemas
+from .judge import promql
 from .judge.canary import kinds
 from .errors import InputError, yaml_error
 
@@ -131,7 +132,7 @@ def repeat_offender_problem(groups: dict[str, Any]) -> str | None:
     imports, 10 ms) is imported only then, not on each `fleetctl check` of a baseline without one."""
     if not any("repeat_offender" in policy.get("incidents", {}) for policy in groups.values()):
         return None
-    from . import offenders
+    from .history import offenders
     return offenders.problem(groups)
 
 

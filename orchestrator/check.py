@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import audit, baseline as baseline_mod, inventory, resources, schemas, timefmt
+from . import audit, baseline as baseline_mod, resources, schemas
+from .fleet import inventory
+from .history import timefmt
 from .errors import InputError, SlurmError
 from .exitcodes import Exit
 from .sanitize import one_line
 
 if TYPE_CHECKING:
-    from . import slurm
+    from .schedulers import slurmctl as slurm
 
 FAIL_ON = "critical"  # what makes a node one to drain: audit.blocking at this severity
 COMMAND_TIMEOUT_S = 10.0  # each command the collector runs (dpkg-query, nvidia-smi, lsinitramfs...)
@@ -97,7 +99,8 @@ def critical_failures(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def drain_reason(failing: list[dict[str, Any]]) -> str:
     """`fleetctl check: CONTROL: DETAIL` of the first failing critical control (and how many more)."""
-    from . import slurm  # here, as in decide() and act_on_slurm(): a check without --slurm does not import it
+    # here, as in decide() and act_on_slurm(): a check without --slurm does not import it
+    from .schedulers import slurmctl as slurm
     first = failing[0]
     more = f" (+{len(failing) - 1} more)" if len(failing) > 1 else ""
     return slurm.check_reason(first["control"], one_line(first["message"], 100) + more)
@@ -107,7 +110,7 @@ def decide(node: slurm.Node, failing: list[dict[str, Any]]) -> tuple[str, str]:
     """(action, why) for the Slurm node given the critical failures: action is drain, resume or none.
     Unhealthy: drain, unless someone else has taken the node out already (their state and reason stay), or it is
     drained by check with this very reason. Healthy: resume only a drain check made."""
-    from . import slurm
+    from .schedulers import slurmctl as slurm
     if failing:
         reason = drain_reason(failing)
         if slurm.owned_by_check(node):
@@ -125,7 +128,7 @@ def decide(node: slurm.Node, failing: list[dict[str, Any]]) -> tuple[str, str]:
 def act_on_slurm(name: str, failing: list[dict[str, Any]]) -> dict[str, Any]:
     """Drain or resume NAME as decide() says; a Slurm failure is recorded in the result, not raised (the health
     verdict and its exit code stand on their own)."""
-    from . import slurm
+    from .schedulers import slurmctl as slurm
     out: dict[str, Any] = {"node": name, "state": None, "action": "none", "detail": None, "error": None}
     try:
         current = slurm.node(name)

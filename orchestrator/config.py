@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 import yaml
 
-from . import inputs, notify, redact, schemas, settings
+from . import inputs, redact, schemas, settings
+from .notify import send as notify
 from .sanitize import clean_line
 from .baseline import non_string_key
 from .errors import InputError, yaml_error

@@ -1,8 +1,8 @@
 """fleetctl report drivers: which driver is best, by the fleet's own incident rates (docs/hosts.md, "Which driver is
 best").
 
-From the ledger (orchestrator/ledger.py), per driver version and GPU model: the hosts observed on it, the GPU-days
-observed (Ledger.gpu_days: each gap between two observations of a host, at most MAX_GAP_S, times the GPUs that
+From the ledger (orchestrator/history/ledger.py), per driver version and GPU model: the hosts observed on it, the
+GPU-days observed (Ledger.gpu_days: each gap between two observations of a host, at most MAX_GAP_S, times the GPUs that
 answered at the first, credited to the first's driver) and the incidents of each class per 1,000 GPU-days with the
 exact Poisson 95% interval (Garwood's, from the chi-square distribution). Then each version against the one it
 replaced on that GPU model (replaced()), per class with incidents on either, as a rate ratio: given the two counts'
@@ -22,11 +22,12 @@ from typing import Any
 
 from scipy import stats
 
-from . import __version__, chain, schemas, timefmt
-from .ledger import CLASSES, MAX_GAP_S, Ledger
+from . import __version__, schemas
+from .history import chain, timefmt
+from .history.ledger import CLASSES, MAX_GAP_S, Ledger
 from .report import cell, environment
 from .sanitize import clean_data
-from .store import operator
+from .history.store import operator
 
 PER = 1000  # rates per this many GPU-days
 LEVEL = 0.95

@@ -44,14 +44,16 @@ from typing import Any, Mapping
 
 import copy
 
-from . import audit, baseline as baseline_mod, controls, domains, offenders, runs, schemas, settings
-from .inventory import primary_group
+from . import audit, baseline as baseline_mod, controls, runs, schemas, settings
+from .fleet import domains
+from .history import offenders
+from .fleet.inventory import primary_group
 from .judge.canary import planning
 from .campaign import packages
 from .errors import InputError
-from .execution_nodes import RunnerConfig
+from .fleet.execution_nodes import RunnerConfig
 from .exitcodes import Exit
-from .store import Store
+from .history.store import Store
 
 DEFAULT_BUDGET_HOSTS, DEFAULT_BUDGET_PERCENT = 2, 10  # docs/upgrades.md "Planning": later waves fail at >= 2 hosts or 10%
 VERSION_RE = re.compile(r"[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?")  # whole string (fullmatch): no "570.86.15\n"
@@ -404,7 +406,7 @@ def run(opts: PlanOptions, store: Store, argv: list[str], prometheus: Any = None
     DELIVER(report): the command's output, before the run is sealed (runs.close).
 
     Input errors (InputError) are raised before anything is recorded."""
-    from . import runner  # here: Ansible only for a command that runs a playbook
+    from .fleet import runner  # here: Ansible only for a command that runs a playbook
     started = time.monotonic()
     target = parse_target(opts.target)
     ramp = parse_ramp(opts.waves)

@@ -6,11 +6,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import baseline as baseline_mod, gate, inputs, inventory, resources, runner, runs, schemas, settings
+from . import baseline as baseline_mod, inputs, resources, runs, schemas, settings
+from .judge import gate
+from .fleet import inventory, runner
 from .audit import xid_overrides
-from .execution_nodes import RunnerConfig
+from .fleet.execution_nodes import RunnerConfig
 from .exitcodes import Exit
-from .store import Store
+from .history.store import Store
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,8 +25,8 @@ from .campaign import capacity
 from .campaign.journal import Journal
 from .campaign.transitions import TERMINAL, CampaignState
 from .report import selected
-from .store import Store
-from . import timefmt
+from .history.store import Store
+from .history import timefmt
 
 # name (as exposed) -> (help, labels). The one list of what fleetctl exports: the docs' metrics page, the dashboard test
 # and the alert-rule tests read it.

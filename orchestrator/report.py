@@ -20,14 +20,15 @@ from typing import Any
 
 import jinja2
 
-from . import __version__, chain, schemas, timefmt
+from . import __version__, schemas
+from .history import chain, timefmt
 from .errors import InputError
 from .sanitize import clean_data, one_line, visible
 from .campaign import capacity
 from .campaign.journal import Journal
 from .campaign.transitions import CampaignState, HostState
-from .gate import metric_figures
-from .store import HistoryError, Store, now, operator
+from .judge.gate import metric_figures
+from .history.store import HistoryError, Store, now, operator
 
 CSV_FIELDS = ("host", "groups", "audit_run", "audited_at", "control", "severity", "status", "message",
               "baseline_digest", "evidence")

@@ -10,10 +10,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from . import __version__, baseline as baseline_mod, domains, interrupts, inventory, runner
+from . import __version__, baseline as baseline_mod, interrupts
+from .fleet import domains, inventory, runner
 from .errors import InputError, OperationError
 from .exitcodes import Exit
-from .store import Store, now
+from .history.store import Store, now
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from typing import Any
 from .campaign.hooks import PRESETS
 from .controls.base import SEVERITIES
 from .exitcodes import Exit
-from .notify import FORMATS, HEADERS_ENV, TRIES
-from .promql import TRIES as PROMQL_TRIES
+from .notify.send import FORMATS, HEADERS_ENV, TRIES
+from .judge.promql import TRIES as PROMQL_TRIES
 
 MAX_DURATION_S = 366 * 86400
 FORKS_CAP = 64  # hosts worked on at once by default, at most: more processes would hurt the control node

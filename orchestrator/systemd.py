@@ -38,7 +38,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from . import __version__, store as store_mod
+from . import __version__
+from .history import store as store_mod
 from .errors import InputError, OperationError
 from .exitcodes import BY_COMMAND, COMMON, Exit
 from .files import write_atomically

@@ -8,19 +8,23 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from . import (audit, baseline as baseline_mod, domains, gate, interrupts, inventory, notify, notify_events,
-               offenders, plan, runner, runs, settings)
-from .campaign import hooks, packages, progress, scheduler, steps, transitions
+from . import audit, baseline as baseline_mod, interrupts, plan, runs, settings
+from .fleet import domains, inventory, runner
+from .judge import gate
+from .notify import send as notify, events as notify_events
+from .history import offenders
+from .campaign import hooks, packages, progress, steps, transitions
+from .schedulers import scheduler
 from .campaign.transitions import CampaignState, HostState, Record
 from .campaign.engine import Engine, Parts, accept_held, later, request_rollback
 from .campaign.journal import Journal, driven_elsewhere
 from .campaign.options import IDLE_TIMEOUT_S, CampaignOptions, IdleOptions
 from .campaign.readmodel import campaign_row, exit_code, summary_text
 from .errors import InputError, OperationError
-from .execution_nodes import RunnerConfig
+from .fleet.execution_nodes import RunnerConfig
 from .judge.canary import planning as canary_planning
 from .exitcodes import Exit
-from .store import Store, operator
+from .history.store import Store, operator
 
 @dataclass(frozen=True, kw_only=True)
 class UpgradeOptions:

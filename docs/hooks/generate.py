@@ -5,11 +5,12 @@ reference/controls.md      the controls registry (orchestrator/controls/): id, s
 reference/steps.md         campaign/transitions.py: the host table, the moves between tables, the campaign table
 reference/baseline.md      schemas/baseline.schema.json
 reference/config.md        schemas/config.schema.json (from orchestrator/settings.py), with each key's default
-reference/notification.md  orchestrator/notify_events.py's NOTES, then schemas/notification.schema.json
+reference/notification.md  orchestrator/notify/events.py's NOTES, then schemas/notification.schema.json
 reference/exit-codes.md    orchestrator/exitcodes.py
 reference/metrics.md       the metrics orchestrator/prometheus.py exports
-reference/incidents.md     the ledger's incident classes (orchestrator/ledger.py CLASSES)
+reference/incidents.md     the ledger's incident classes (orchestrator/history/ledger.py CLASSES)
 reference/canary-kinds.md  the canary metrics' kinds (orchestrator/judge/canary/kinds.py KINDS)
+reference/packages.md      each package of orchestrator/: its __init__ docstring (what it owns) and MAY_IMPORT
 reference/cli.md           the click commands (cli/), grouped by task (TASKS); the options several commands declare
                            alike (cli/options.py; shared_groups) listed once
 """
@@ -196,14 +197,14 @@ def schema_page(title: str, file: str, intro: str, every_default: bool = False) 
 
 def notifications_page() -> str:
     """The events, from notify_events.NOTES, then every field, from the notification schema."""
-    from orchestrator.notify_events import NOTES
+    from orchestrator.notify.events import NOTES
 
     def severities(note) -> str:
         return "; ".join(level + (f" when {when}" if when else "") for level, when in note.severities)
 
     rows = [(f"`{n.event}`", n.when, ", ".join(f"`{r}`" for r in n.records) or "an audit or probe run",
              severities(n)) for n in NOTES]
-    events = ("## Events\n\nMade from `orchestrator/notify_events.py` (`NOTES`) at each build.\n\n"
+    events = ("## Events\n\nMade from `orchestrator/notify/events.py` (`NOTES`) at each build.\n\n"
               + table(("event", "when", "made from (journal record)", "severity"), rows) + "\n## Fields\n\n")
     page = schema_page("Notification reference", "notification.schema.json",
                        "The events and every field of a notification; [notifications](../notifications.md) says "
@@ -213,12 +214,13 @@ def notifications_page() -> str:
 
 
 def incidents_page() -> str:
-    from orchestrator.ledger import CLASSES
-    from orchestrator.offenders import DEFAULT_CLASSES
+    from orchestrator.history.ledger import CLASSES
+    from orchestrator.history.offenders import DEFAULT_CLASSES
     rows = [(f"`{c.name}`", c.what, c.reads, "yes" if c.name in DEFAULT_CLASSES else "")
             for c in CLASSES.values()]
     return ("# Incident classes\n\nThe classes of the ledger's incidents ([each host's record](../hosts.md)), made "
-            "from `orchestrator/ledger.py` (`CLASSES`) at each build. *Repeat offender*: counted by a baseline's "
+            "from `orchestrator/history/ledger.py` (`CLASSES`) at each build. *Repeat offender*: counted by a "
+            "baseline's "
             "`incidents.repeat_offender` that names no `classes` ([repeat offenders](../hosts.md#repeat-offenders)).\n\n"
             + table(("class", "what", "derived from", "repeat offender"), rows))
 
@@ -231,6 +233,27 @@ def canary_kinds_page() -> str:
             "from `orchestrator/judge/canary/kinds.py` (`KINDS`) at each build. *Fleet drift*: its control cohort's "
             "movement (a metric where higher is good) is the drift taken out of a host's comparison with its own "
             "past.\n\n" + table(("kind", "what", "fleet drift"), rows))
+
+
+def packages_page() -> str:
+    import ast
+    out = ["# The package's rooms\n\nEach package of `orchestrator/`, made from its `__init__.py` at each build: what it "
+           "owns (its docstring) and what its modules may import of fleetctl besides each other (`MAY_IMPORT`, "
+           "checked by `tests/unit/test_layers.py`). The modules at the top are the commands' services and the "
+           "shared helpers.\n"]
+    for init in sorted((ROOT / "orchestrator").rglob("__init__.py")):
+        tree = ast.parse(init.read_text())
+        may = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                    and any(getattr(t, "id", None) == "MAY_IMPORT" for t in n.targets)), None)
+        doc = ast.get_docstring(tree) or ""
+        package = init.parent.relative_to(ROOT).as_posix()
+        first, _, rest = doc.partition("\n")
+        out.append(f"## `{package}/`\n\n{first}\n")
+        if rest.strip():
+            out.append("```text\n" + rest.strip("\n") + "\n```\n")
+        if may is not None:
+            out.append("May import: " + ", ".join(f"`{m}`" for m in may) + "\n")
+    return "\n".join(out)
 
 
 # The commands by task: each of fleetctl's commands (cli/main.py BUILTIN) in exactly one (tests/unit/test_docs.py);
@@ -352,6 +375,7 @@ PAGES = {
     "cli.md": cli_page,
     "incidents.md": incidents_page,
     "canary-kinds.md": canary_kinds_page,
+    "packages.md": packages_page,
     "controls.md": controls_page,
     "steps.md": steps_page,
     "exit-codes.md": exit_codes_page,

@@ -48,7 +48,8 @@ XID_TOTAL = "DCGM_EXP_XID_ERRORS_TOTAL"        # counter: Xids per code (label x
 PCIE_REPLAYS = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"  # counter: the GPU's PCIe replays (NVML's, since the driver loaded)
 HOST_SPREAD, GPU_SPREAD = 0.01, 0.005  # fixed offsets: +-1% per host, +-0.5% per GPU
 NOISE_SIGMA, NOISE_TAU_S = 0.02, 3.0  # 2% of the level, correlated over ~3 s: the lab's clock runs fast (a job phase of
-# minutes in a real fleet; a soak of 90 s then holds a few nearly independent blocks: canary.py)
+# minutes in a real fleet; a soak of 90 s then holds a few nearly independent blocks:
+# orchestrator/judge/canary/statistics.py)
 
 
 def offset(text: str, spread: float) -> float:

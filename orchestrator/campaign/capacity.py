@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
-from ..timefmt import parse as parse_time, stamp
+from ..history.timefmt import parse as parse_time, stamp
 from .options import CampaignOptions
 from .transitions import CAMPAIGN_TERMINAL, HostState as H
 

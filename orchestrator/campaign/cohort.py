@@ -16,9 +16,9 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from .. import gate
+from ..judge import gate
 from ..judge.canary import kinds, planning
-from ..timefmt import parse, stamp
+from ..history.timefmt import parse, stamp
 from .context import Context
 from .transitions import HostState
 
@@ -66,7 +66,8 @@ def moved(ctx: Context, host: str, since: float, until: float) -> dict[str, Any]
     those metrics, so a drift is never over-counted: {"metric", "moved" (-0.06: 6% down), "control_hosts",
     "between": the two moments}. None when nothing says the fleet moved down: no Prometheus, no such metric, no
     control host, a metric Prometheus could not answer or without enough points, or a movement that is not down."""
-    from .. import canary, promql
+    from ..judge.canary import statistics as canary
+    from ..judge import promql
     levels = [m for m in ctx.base.canary_for(list(ctx.fleet.host(host).groups)).metrics
               if m.kind in kinds.drift_kinds() and m.good == "higher"]
     cohorts = names(ctx)

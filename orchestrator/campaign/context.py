@@ -1,12 +1,13 @@
 """What a step works with (the campaign, its hosts, options, journal and scheduler) and what it returns for each
-host: the steps (steps.py) and the schedulers (scheduler/) share these."""
+host: the steps (steps.py) and the schedulers (orchestrator/schedulers/) share these."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import baseline as baseline_mod, inventory, probe, runner
+from .. import baseline as baseline_mod, probe
+from ..fleet import inventory, runner
 from .journal import Journal
 from .options import CampaignOptions
 

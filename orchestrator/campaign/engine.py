@@ -12,12 +12,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
-from .. import baseline as baseline_mod, interrupts, inventory, runner
+from .. import baseline as baseline_mod, interrupts
+from ..fleet import inventory, runner
 from ..errors import InputError, OperationError
 from ..settings import duration_text
-from ..store import Store, now
-from ..timefmt import parse as parse_time, stamp
-from . import capacity, scheduler, soak, steps, transitions
+from ..history.store import Store, now
+from ..history.timefmt import parse as parse_time, stamp
+from . import capacity, soak, steps, transitions
+from ..schedulers import scheduler
 from .journal import Journal
 from .transitions import IN_ROLLBACK, OUT_OF_SERVICE, WAIT, WAITING, CampaignState, HostState, Record
 from .options import Campaign

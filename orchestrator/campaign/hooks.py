@@ -3,7 +3,7 @@
 A hook is a command template. It is split into words first and the placeholders are filled in per word
 afterwards, so a host name can never become shell syntax: {host} (inventory name), {node} (the host's
 `fleetctl_node_name` inventory variable, else its inventory name), {campaign} (the campaign id).
-Presets: slurm (fleetctl's own Slurm drains, campaign/scheduler/slurm.py; its scontrol templates when the operator gives
+Presets: slurm (fleetctl's own Slurm drains, schedulers/slurm.py; its scontrol templates when the operator gives
 one side) and kubernetes (kubectl drain / uncordon).
 """
 
@@ -35,12 +35,12 @@ class Hooks:
     drain: str | None = None
     undrain: str | None = None
     timeout_s: float = 900.0  # each hook command's
-    slurm: bool = False  # fleetctl's own Slurm drains (campaign/scheduler/slurm.py), not templates
+    slurm: bool = False  # fleetctl's own Slurm drains (schedulers/slurm.py), not templates
 
 
 def resolve(preset: str | None, drain: str | None, undrain: str | None) -> Hooks:
     """--drain-preset and/or explicit templates (explicit wins), checked now: a bad template is an input error.
-    `--drain-preset slurm` alone is fleetctl's Slurm integration (drains it owns, campaign/scheduler/slurm.py); with a
+    `--drain-preset slurm` alone is fleetctl's Slurm integration (drains it owns, schedulers/slurm.py); with a
     template of the operator's, the templates run as given (the preset's scontrol commands fill the other side)."""
     if preset and preset not in PRESETS:
         raise InputError(f"--drain-preset {preset!r}: unknown (choose from {', '.join(PRESETS)})")

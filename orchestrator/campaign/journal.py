@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..errors import OperationError
-from .. import chain
-from ..store import Store, now, operator, process_alive, process_identity
+from ..history import chain
+from ..history.store import Store, now, operator, process_alive, process_identity
 from . import transitions
 from .transitions import HostState, Record
 from .options import Campaign, CampaignOptions

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from ..errors import stdout_failed
 from ..sanitize import clean_line
-from ..store import home
+from ..history.store import home
 from .transitions import Record
 
 def log_path(cid: int) -> Path:

@@ -10,8 +10,8 @@ from typing import Any
 
 from ..errors import InputError
 from ..exitcodes import Exit
-from ..store import Store
-from ..timefmt import parse as parse_time
+from ..history.store import Store
+from ..history.timefmt import parse as parse_time
 from . import capacity, progress, soak, transitions
 from .journal import Journal
 from .transitions import CampaignState, HostState, Record

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import audit, controls, gate, probe
-from ..timefmt import parse, stamp
+from .. import audit, controls, probe
+from ..judge import gate
+from ..history.timefmt import parse, stamp
 from ..judge.canary import kinds
 from . import cohort, steps
 from .journal import Journal
@@ -271,7 +272,7 @@ def _window(ctx: Context, m: Any, canary: list[str], control: list[str],
             gpus: dict[str, int]) -> kinds.Window | str:
     """METRIC's series from Prometheus since the CANARY hosts came back and as long before they were drained, the
     CONTROL hosts' beside them: the judge's data; or why they cannot be read."""
-    from .. import promql
+    from ..judge import promql
     now = datetime.now(timezone.utc).timestamp()
     back = [t for h in canary if (t := cohort.step_time(ctx, h, HostState.UNDRAIN, "finished_at")) is not None]
     drained = [t for h in canary if (t := cohort.step_time(ctx, h, HostState.DRAIN, "started_at")) is not None]

@@ -6,8 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .. import audit, controls, domains, gate, plan, probe, runner
-from ..store import now
+from .. import audit, controls, plan, probe
+from ..fleet import domains, runner
+from ..judge import gate
+from ..history.store import now
 from . import cohort, packages, transitions
 from .context import Context, Outcome, activation
 from .transitions import HostState

@@ -9,10 +9,11 @@ import sys
 
 import click
 
-from .. import gate, settings, upgrade as upgrade_mod
+from ..judge import gate
+from .. import settings, upgrade as upgrade_mod
 from ..exitcodes import documented
 from ..campaign import readmodel
-from ..store import Store
+from ..history.store import Store
 from . import campaign_view, config, options
 from .output import campaign_end, stored_argv, terminal
 

@@ -11,15 +11,15 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .. import timefmt
+from ..history import timefmt
 from ..campaign import readmodel
 from ..campaign import capacity
 from ..campaign.progress import describe
 from ..campaign.soak import GATE_VERDICTS
 from ..campaign.transitions import CampaignState, HostState, Record
-from ..gate import median_text, metric_figures, series_label
+from ..judge.gate import median_text, metric_figures, series_label
 from ..sanitize import clean_line, one_line
-from ..store import Store
+from ..history.store import Store
 from .render import STATUS_STYLE, safe
 
 H = HostState  # a campaign done or rolled back looks as a host does

@@ -7,7 +7,8 @@ import json
 
 import click
 
-from .. import config as config_mod, execution_nodes, inputs, settings
+from .. import config as config_mod, inputs, settings
+from ..fleet import execution_nodes
 from ..config import KEYS
 from ..settings import Setting
 from ..exitcodes import documented

@@ -8,10 +8,11 @@ import json
 import click
 from rich.table import Table
 
-from .. import baseline as baseline_mod, inputs, ledger as ledger_mod, offenders, settings
+from .. import baseline as baseline_mod, inputs, settings
+from ..history import ledger as ledger_mod, offenders
 from ..errors import InputError
 from ..exitcodes import documented
-from ..store import Store
+from ..history.store import Store
 from . import options
 from .output import terminal, to_stdout
 from .render import safe

@@ -6,7 +6,7 @@ import click
 
 from ..exitcodes import documented
 from ..files import writable
-from ..store import Store
+from ..history.store import Store
 from . import options
 from .output import emit
 

@@ -10,8 +10,10 @@ from typing import Callable
 
 import click
 
-from .. import notify, promql, settings
-from ..notify import build as build_notifier  # the wrapper's `notify` parameter hides the module
+from ..notify import send as notify
+from ..judge import promql
+from .. import settings
+from ..notify.send import build as build_notifier  # the wrapper's `notify` parameter hides the module
 from ..settings import Setting
 
 CAMPAIGN_ID = click.IntRange(1, 2**63 - 1)  # what SQLite can look up: a bigger number is a usage error, not a crash

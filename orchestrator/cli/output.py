@@ -55,7 +55,7 @@ def indented_json(document: Any) -> str:
 
 def run_notes():
     """An audit's or probe's notifier (the `findings` event), None without notification targets."""
-    from .. import notify_events
+    from ..notify import events as notify_events
     notifier = options.notifier()
     return notify_events.RunNotes(notifier) if notifier else None
 

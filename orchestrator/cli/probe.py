@@ -9,7 +9,7 @@ import click
 from .. import probe as probe_mod, settings
 from ..exitcodes import documented
 from ..files import writable
-from ..store import Store
+from ..history.store import Store
 from . import config, options, render
 from .output import run_notes, stored_argv, write_report
 

@@ -13,7 +13,7 @@ import click
 from .. import settings
 from ..exitcodes import Exit, documented
 from ..files import writable
-from ..store import Store
+from ..history.store import Store
 from . import options
 from .output import emit
 
@@ -33,7 +33,8 @@ def report(ctx, fmt, output, since, until, limit, sign_key) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from .. import report as report_mod, signing
+    from .. import report as report_mod
+    from ..history import signing
     if sign_key and not output:
         raise click.UsageError("--sign needs -o FILE (the signature goes to FILE.sig)")
     if sign_key:  # a bad key, or a FILE.sig that cannot be written: an input error before anything is written
@@ -56,7 +57,7 @@ def report_verify(head, signature, signed_file, key) -> None:
     """Check the history's hash chain and name the first broken record, and SQLite's integrity check of the file
     (or, with --signature, an export's signature). All of it reads the history as of one moment: runs other
     fleetctl processes record meanwhile never make it look broken."""
-    from .. import chain, signing
+    from ..history import chain, signing
     if signature:
         ok, line = signing.verify(signature, signed_file, key)
         click.echo(line)
@@ -98,7 +99,8 @@ def report_drivers(fmt, output, within, since) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .. import drivers, ledger as ledger_mod
+    from .. import drivers
+    from ..history import ledger as ledger_mod
     from .output import terminal, to_stdout
     from .render import clean, safe
     with Store(readonly=True) as store, ledger_mod.Ledger(store) as ledger:

@@ -9,7 +9,8 @@ import os
 import click
 from click.core import ParameterSource
 
-from .. import config as config_mod, notify, plan as plan_mod, redact, runs, settings, systemd
+from .. import config as config_mod, plan as plan_mod, redact, runs, settings, systemd
+from ..notify import send as notify
 from ..campaign import hooks
 from ..errors import InputError
 from ..exitcodes import documented

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .. import domains, resources
+from ..fleet import domains
+from .. import resources
 from .base import Check, failed, not_applicable, passed, running_version, unread_message, version_tuple, warned
 from .registry import control
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .. import domains
+from ..fleet import domains
 from .base import Check, failed, not_applicable, passed, running_version, unread as _unread, unread_message, warned
 from .registry import control
 

@@ -1,2 +1,31 @@
-"""Judging: a verdict from measurements handed in (the canary's room, judge/canary/, so far; the folder move brings
-the health gate and the PromQL client here)."""
+"""Judging: verdicts from measurements.
+
+    gate.py      the health gate: a host against its own probe before the change
+    canary/      the canary cohort against a control cohort (its own room: kinds, planning, statistics)
+    promql.py    the PromQL client the soak and the plan read the canary metrics with
+
+May import: the shared helpers, the controls (the gate judges them), the inventory (a query names its
+hosts) and notify's HTTP pieces (promql shares the webhook's TLS, headers and proxy). Never the campaign,
+the plan nor a command.
+"""
+
+
+# What this package's modules may import of fleetctl besides each other and orchestrator itself
+# (tests/unit/test_layers.py checks every import against it).
+MAY_IMPORT = (
+    "orchestrator.errors",
+    "orchestrator.exitcodes",
+    "orchestrator.sanitize",
+    "orchestrator.redact",
+    "orchestrator.inputs",
+    "orchestrator.files",
+    "orchestrator.resources",
+    "orchestrator.settings",
+    "orchestrator.schemas",
+    "orchestrator.interrupts",
+    "orchestrator.history.timefmt",
+    "orchestrator.controls",
+    "orchestrator.fleet.inventory",
+    "orchestrator.notify.send",
+    "orchestrator.notify.webhook",
+)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from orchestrator import baseline as baseline_mod, inventory
+from orchestrator import baseline as baseline_mod
+from orchestrator.fleet import inventory
 from orchestrator.campaign import soak, steps
 from orchestrator.campaign.engine import Engine, Parts
 from orchestrator.campaign.journal import Journal
 from orchestrator.campaign.options import CampaignOptions
-from orchestrator.timefmt import stamp
+from orchestrator.history.timefmt import stamp
 
 UPGRADE = ["precheck", "probe_before", "drain", "wait_idle", "install", "activate", "verify", "probe_after", "undrain"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 
 from orchestrator import audit, baseline as baseline_mod
-from orchestrator.inventory import Host
-from orchestrator.runner import HostOutcome
+from orchestrator.fleet.inventory import Host
+from orchestrator.fleet.runner import HostOutcome
 
 DEFAULT = baseline_mod.load(None)
 

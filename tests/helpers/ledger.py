@@ -7,7 +7,9 @@ import copy
 from datetime import datetime, timedelta, timezone
 
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_kernel_log as klog
-from orchestrator import audit, baseline as baseline_mod, inventory, timefmt
+from orchestrator import audit, baseline as baseline_mod
+from orchestrator.fleet import inventory
+from orchestrator.history import timefmt
 
 START = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
 BASE = baseline_mod.load(None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timezone
 
-from orchestrator import slurm
+from orchestrator.schedulers import slurmctl as slurm
 from orchestrator.errors import SlurmError
 
 

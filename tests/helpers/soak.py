@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import runner
+from orchestrator.fleet import runner
 from orchestrator.campaign import cohort, soak
-from orchestrator.timefmt import parse, stamp
+from orchestrator.history.timefmt import parse, stamp
 from tests.helpers.campaign import Script, start
 
 REAL = json.loads((Path(__file__).parents[1] / "testdata/probe/h100-580.159.04-trial1.0-warmup20-n10.json").read_text())
@@ -105,3 +105,28 @@ def slower(factor):
     for s in result["throughput"]["samples"]:
         s["value"] *= factor
     return result
+
+
+class Prometheus:
+    """What a Prometheus answers the soak's range queries: every host's tensor activity (0.45, its own offset, 1%
+    noise) x DURING while the window asked starts after the canary came back (x 1 before), x CANARY on 'a'; or,
+    for the Xid query, a counter rising by XIDS[host] over the window. Records the queries."""
+
+    def __init__(self, during=1.0, canary=1.0, xids=None):
+        self.during, self.canary, self.xids, self.queries = during, canary, xids or {}, []
+
+    def range(self, query, start, end, step, host_label="Hostname"):
+        import random
+        self.queries.append((query, start, end))
+        rng, now = random.Random(len(self.queries)), start >= self.back
+        times = [start + k * step for k in range(int((end - start) / step) + 1)]
+        out = {}
+        for i, host in enumerate("abcd"):
+            if host not in query:
+                continue
+            if "XID" in query:
+                out[host] = [(t, self.xids.get(host, 0) * k / (len(times) - 1)) for k, t in enumerate(times)]
+            else:
+                level = 0.45 * (1 + 0.01 * i) * (self.during * (self.canary if host == "a" else 1) if now else 1)
+                out[host] = [(t, level * (1 + 0.01 * rng.gauss(0, 1))) for t in times]
+        return out

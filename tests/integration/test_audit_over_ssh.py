@@ -14,7 +14,7 @@ import pytest
 
 import orchestrator
 from orchestrator import schemas
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 
 from tests.helpers.sshd import SSHD, Fleetctl, free_port, keygen
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import execution_nodes, inventory, runner
+from orchestrator.fleet import execution_nodes, inventory, runner
 from tests.helpers.cli import REPO, runs, tagged
 
 RUNNER = Path(sys.executable).parent / "ansible-runner"

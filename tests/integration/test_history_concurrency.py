@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import orchestrator
 from orchestrator.cli.report import report_verify
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 
 WRITERS, AUDITS = 20, 5  # processes, and the audits each records
 DEADLINE_S = 60
@@ -20,7 +20,7 @@ DEADLINE_S = 60
 WRITER = """
 import sys
 from pathlib import Path
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 findings = [{"control": f"control.{i}", "severity": "high", "status": "pass" if i % 5 else "fail", "message": "m",
              "evidence": {"value": i}, "remediation": None} for i in range(27)]
 hosts = [{"name": f"gpu-{h}", "groups": ["h100"], "reachable": True, "facts": {"driver": {"module_version": "1"}},

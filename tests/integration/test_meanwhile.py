@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from orchestrator import inventory, runner
+from orchestrator.fleet import inventory, runner
 
 
 def fleet(tmp_path: Path) -> inventory.Fleet:

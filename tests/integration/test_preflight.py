@@ -12,8 +12,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from orchestrator import preflight
-from orchestrator.inventory import Host
+from orchestrator.fleet import preflight
+from orchestrator.fleet.inventory import Host
 
 from tests.helpers.sshd import keygen
 
@@ -58,8 +58,8 @@ def test_under_a_low_open_files_limit_hosts_wait_for_a_socket_instead_of_failing
     """Hard limit 256 (nothing to raise to): at most 128 sockets open, so 400 hosts are judged in turns."""
     script = ("import resource, sys\n"
               "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n"
-              "from orchestrator import preflight\n"
-              "from orchestrator.inventory import Host\n"
+              "from orchestrator.fleet import preflight\n"
+              "from orchestrator.fleet.inventory import Host\n"
               "hosts = [Host(f'h{i}', ('all',), {'ansible_host': '127.0.0.1', 'ansible_port': int(sys.argv[1 + i % 4])})"
               " for i in range(400)]\n"
               "print(sorted({v.reason.split(' from ')[0] for v in preflight.check_all(hosts, timeout=0.5).values()}))\n")

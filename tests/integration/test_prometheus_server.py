@@ -1,5 +1,5 @@
-"""The Prometheus client (orchestrator/promql.py) against a real Prometheus (Debian's /usr/bin/prometheus) on a free
-port of 127.0.0.1 with a storage directory of its own, scraping an exporter served here with prometheus_client:
+"""The Prometheus client (orchestrator/judge/promql.py) against a real Prometheus (Debian's /usr/bin/prometheus) on a
+free port of 127.0.0.1 with a storage directory of its own, scraping an exporter served here with prometheus_client:
 dcgm-exporter's metric names and labels for three hosts, two GPUs each. Both are stopped at the end of the module,
 whatever happened."""
 
@@ -16,9 +16,9 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from orchestrator import promql
+from orchestrator.judge import promql
 from orchestrator.errors import InputError
-from orchestrator.inventory import Host
+from orchestrator.fleet.inventory import Host
 from tests.helpers.cli import fleetctl, runs
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

@@ -143,7 +143,7 @@ def test_sigterm_while_a_webhook_drips_its_answer_ends_the_command_at_once(tmp_p
 
 def test_a_webhook_that_drips_its_answer_is_cut_at_its_total_time(tmp_path, drip_server):
     """Each delivery try is bounded as a whole (twice --notify-timeout), not per socket read."""
-    from orchestrator import notify, notify_events
+    from orchestrator.notify import send as notify, events as notify_events
 
     hook = notify.build([], [drip_server], "json", None, None, 1.0)
     started = time.monotonic()

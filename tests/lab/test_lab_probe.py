@@ -67,7 +67,7 @@ def test_each_injected_fault_fails_its_host_and_only_it(lab):
 
 
 def test_probe_results_are_in_the_history(lab):
-    from orchestrator.store import Store
+    from orchestrator.history.store import Store
     from pathlib import Path
 
     with Store(Path(lab.env["FLEETCTL_HOME"]) / "history.sqlite3") as store:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import slurm as slurm_mod
-from orchestrator.timefmt import parse
+from orchestrator.schedulers import slurmctl as slurm_mod
+from orchestrator.history.timefmt import parse
 from tests.helpers.lab import FROM, REPO_ROOT, TO, assert_on, driver_state, fleetctl_lab, hosts_of, show, write_baseline
 from fleetctl_lab import state
 

@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_kernel_log as klog
-from orchestrator import notify, slurm, webhook as webhook_mod
+from orchestrator.notify import send as notify, webhook as webhook_mod
+from orchestrator.schedulers import slurmctl as slurm
 from orchestrator.campaign import journal as journal_mod
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 from tests.helpers.campaign import Clock, Script, start
 from tests.helpers.cli import REPO, fleetctl
 from tests.helpers.slurm import FakeSlurm

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator import baseline, inventory
+from orchestrator import baseline
+from orchestrator.fleet import inventory
 from orchestrator.errors import InputError
 
 REPO = baseline.resources.root()
@@ -195,7 +196,7 @@ def test_templated_addresses_and_jump_hosts_are_left_to_openssh(tmp_path):
 
 def test_a_limit_with_a_broken_regex_is_refused_not_read_as_the_whole_fleet(tmp_path):
     """Ansible matches every host with an invalid `~regex` pattern: for an upgrade that would be the whole fleet."""
-    from orchestrator import inventory
+    from orchestrator.fleet import inventory
     from orchestrator.errors import InputError
 
     path = tmp_path / "hosts.ini"

@@ -121,7 +121,7 @@ def test_ssl_cert_file_is_checked_before_openssl_opens_it(tmp_path, specials):
 
 def test_a_webhook_ca_is_still_trusted_when_read_bounded(tmp_path):
     """The CA is handed to OpenSSL as data now: a real PEM (this machine's bundle) loads, garbage is one line."""
-    from orchestrator import notify
+    from orchestrator.notify import send as notify
     from orchestrator.errors import InputError
 
     import ssl

@@ -8,7 +8,10 @@ import os
 
 import pytest
 
-from orchestrator import baseline as baseline_mod, inventory, notify, plan, timefmt
+from orchestrator import baseline as baseline_mod, plan
+from orchestrator.fleet import inventory
+from orchestrator.notify import send as notify
+from orchestrator.history import timefmt
 from orchestrator.campaign import engine as engine_mod, soak, transitions
 from orchestrator.campaign.engine import Engine
 from orchestrator.campaign.journal import Journal

@@ -14,14 +14,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import baseline as baseline_mod, inventory, runner
+from orchestrator import baseline as baseline_mod
+from orchestrator.fleet import inventory, runner
 from orchestrator.campaign import engine as engine_mod, readmodel, transitions
 from orchestrator.campaign.engine import Engine
 from orchestrator.campaign.journal import Journal
 from orchestrator.errors import OperationError
 from orchestrator.exitcodes import Exit
-from orchestrator.execution_nodes import RunnerConfig
-from orchestrator.store import process_alive, process_gone, process_identity, process_start
+from orchestrator.fleet.execution_nodes import RunnerConfig
+from orchestrator.history.store import process_alive, process_gone, process_identity, process_start
 from tests.helpers.campaign import SOAKING, UPGRADE, Script, Watch, options_of, parts, plan_of, start, states
 
 ROLLBACK = ["rollback_drain", "rollback_wait_idle", "rollback_install", "rollback_activate", "rollback_verify",
@@ -155,7 +156,8 @@ def test_inconclusive_twice_halts_for_a_person_and_resume_accepts(store):
 def test_each_run_that_drives_a_campaign_is_closed_with_its_outcome(store, monkeypatch):
     """One truth in the history: `upgrade`'s run ends when the campaign stops (halted: 5), and the resume that
     finishes it has a run of its own that says so; a plain query of the runs agrees with `campaign show`."""
-    from orchestrator import chain, runs, upgrade
+    from orchestrator.history import chain
+    from orchestrator import runs, upgrade
 
     held = Script({("a", "probe_after"): "inconclusive", ("a", "probe_again"): "inconclusive"})
     journal, cid, _ = start(store, held, ["a"], ["b"])
@@ -608,7 +610,7 @@ def test_the_soak_watches_a_domain_as_one_a_tray_failing_it_takes_its_domain_bac
 def test_a_failed_loop_task_says_which_item_failed_and_why():
     """A unit the activation must start again (nvidia-imex.service on a tray whose IMEX will not come up) fails a
     loop task: the step's reason names the item and its error, not Ansible's "One or more items failed"."""
-    from orchestrator.runner import _message
+    from orchestrator.fleet.runner import _message
     res = {"msg": "One or more items failed", "results": [
         {"item": "nvidia-persistenced.service", "changed": False},
         {"item": "nvidia-imex.service", "failed": True, "msg": "Unable to start service nvidia-imex.service"}]}

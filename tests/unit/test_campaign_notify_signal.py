@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from orchestrator import interrupts, notify, runs, upgrade
+from orchestrator import interrupts, runs, upgrade
+from orchestrator.notify import send as notify
 from tests.helpers.campaign import Script, start
 
 

@@ -47,7 +47,7 @@ def test_upstream_version(version, up):
 
 
 def test_presets_and_placeholders_fill_words_never_shell():
-    # the Slurm preset alone is fleetctl's own drains (campaign/scheduler.py), no template ...
+    # the Slurm preset alone is fleetctl's own drains (schedulers.py), no template ...
     assert hooks.resolve("slurm", None, None) == hooks.Hooks(slurm=True)
     # ... and with a template of the operator's, templates: the preset's scontrol commands fill the other side
     h = hooks.resolve("slurm", None, "my-undrain {node}")

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.campaign import steps, transitions
 from orchestrator.campaign.engine import Clock
-from orchestrator.timefmt import parse as parse_time
+from orchestrator.history.timefmt import parse as parse_time
 
 from tests.helpers.campaign import UPGRADE, Script, start, states
 

@@ -11,15 +11,16 @@ from datetime import timedelta
 
 import pytest
 
-from orchestrator import baseline as baseline_mod, inventory, upgrade
+from orchestrator import baseline as baseline_mod, upgrade
+from orchestrator.fleet import inventory
 from orchestrator.campaign import soak
 from orchestrator.campaign.engine import Engine, Parts
 from orchestrator.campaign.hooks import Hooks
 from orchestrator.campaign.journal import Journal
-from orchestrator.campaign.scheduler.templates import Templates
+from orchestrator.schedulers.templates import Templates
 from orchestrator.errors import InputError
-from orchestrator.store import Store
-from orchestrator.timefmt import parse
+from orchestrator.history.store import Store
+from orchestrator.history.timefmt import parse
 from tests.helpers.campaign import Script, options_of, plan_of
 
 RESERVED = {"drain_mode": "reservation", "hooks": {"slurm": True}}

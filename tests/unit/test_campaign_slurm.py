@@ -1,4 +1,4 @@
-"""The campaign's Slurm decisions (campaign/scheduler/slurm.py) on the real node states of tests/testdata/slurm:
+"""The campaign's Slurm decisions (schedulers/slurm.py) on the real node states of tests/testdata/slurm:
 which node a campaign leaves out, drains, waits for, reserves and resumes. Slurm's answers come from the captures;
 what fleetctl asks of Slurm is recorded. The lab tests (tests/lab/test_lab_slurm.py) run the same against slurmctld
 and slurmd."""
@@ -11,14 +11,15 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from orchestrator import slurm
-from orchestrator.campaign import hooks, scheduler, steps
+from orchestrator.schedulers import slurmctl as slurm
+from orchestrator.campaign import hooks, steps
+from orchestrator.schedulers import scheduler
 from orchestrator.campaign.context import Context
 from orchestrator.campaign.hooks import Hooks
 from orchestrator.campaign.options import CampaignOptions, IdleOptions
-from orchestrator.campaign.scheduler import slurm as slurm_side
+from orchestrator.schedulers import slurm as slurm_side
 from orchestrator.errors import InputError, SlurmError
-from orchestrator.inventory import Fleet, Host
+from orchestrator.fleet.inventory import Fleet, Host
 from tests.helpers.slurm import captured
 
 SLURM = slurm_side.Slurm()

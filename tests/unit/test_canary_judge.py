@@ -1,4 +1,4 @@
-"""The canary judged against a concurrent control cohort (orchestrator/canary.py, issue 35).
+"""The canary judged against a concurrent control cohort (orchestrator/judge/canary/statistics.py, issue 35).
 
 Series are one sample a minute, seeded: a level per host, AR(1) noise per host (phi 0.8: a job's phases), noise every
 host shares, as bench/canary_replay.py draws them; the replay itself runs here with a few draws.
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
 
-from orchestrator import canary
+from orchestrator.judge.canary import statistics as canary
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1.7e9

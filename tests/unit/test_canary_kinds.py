@@ -10,11 +10,9 @@ import pytest
 
 from orchestrator.baseline import CanaryMetric
 from orchestrator.judge.canary import kinds
-from tests.unit import test_campaign_engine
-from tests.unit.test_soak import Prometheus, observe, slower, soaking_after, with_metrics
+from tests.helpers.soak import Prometheus, observe, slower, soaking_after, with_metrics
 
 T0 = 1.7e9
-store = test_campaign_engine.store  # the fixture
 
 
 def minutes(level: float, hosts: str, n: int = 60, seed: int = 1) -> dict[str, list[tuple[float, float]]]:
@@ -73,7 +71,7 @@ def test_a_second_kind_of_one_name_is_a_mistake(spread):
 
 def test_the_judge_takes_the_series_it_is_handed_and_reads_no_prometheus(monkeypatch):
     """A level 6% lower on the canary fails and an equal rate passes, with the PromQL client not importable."""
-    monkeypatch.setitem(sys.modules, "orchestrator.promql", None)  # any import of it now raises ImportError
+    monkeypatch.setitem(sys.modules, "orchestrator.judge.promql", None)  # any import of it now raises ImportError
     level = CanaryMetric(name="tensor", query="unused", good="higher", max_change=0.03)
     before = minutes(0.65, "ab") | minutes(0.65, "cdef", seed=2)
     now = minutes(0.65 * 0.94, "ab", seed=3) | minutes(0.65, "cdef", seed=4)

@@ -14,7 +14,7 @@ from orchestrator import upgrade
 from orchestrator.campaign import capacity
 from orchestrator.campaign.engine import Engine, Parts, accept_held
 from orchestrator.campaign.options import CampaignOptions
-from orchestrator.timefmt import stamp
+from orchestrator.history.timefmt import stamp
 from tests.helpers.campaign import Clocked, start
 from tests.helpers.cli import fleetctl
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import chain
-from orchestrator.store import Store
+from orchestrator.history import chain
+from orchestrator.history.store import Store
 from tests.helpers.cli import fleetctl
 from tests.helpers.history import tamper
 

@@ -1,5 +1,5 @@
-"""`fleetctl check` and orchestrator/slurm.py without a cluster: the parser on real `sinfo --json` captures of a
-Slurm 22.05 node (tests/testdata/slurm, README there), the drain/resume decisions on those states, check agreeing
+"""`fleetctl check` and orchestrator/schedulers/slurmctl.py without a cluster: the parser on real `sinfo --json` captures
+of a Slurm 22.05 node (tests/testdata/slurm, README there), the drain/resume decisions on those states, check agreeing
 with the audit on the same facts, exit codes, reasons, the textfile and the cache of baselines validated before. The
 Slurm commands the CLI tests meet are fakes on PATH (sinfo prints a capture, scontrol records its arguments); the real
 cluster is the lab tests' part."""
@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import audit, baseline, check, inventory, schemas, slurm
+from orchestrator import audit, baseline, check, schemas
+from orchestrator.fleet import inventory
+from orchestrator.schedulers import slurmctl as slurm
 from orchestrator.controls import CONTROLS
 from orchestrator.errors import InputError, SlurmError
 from orchestrator.exitcodes import Exit
-from orchestrator.runner import HostOutcome
+from orchestrator.fleet.runner import HostOutcome
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURES = REPO / "tests" / "testdata" / "slurm"
@@ -281,7 +283,8 @@ def test_check_imports_no_ansible_rich_or_numpy():
 def test_check_imports_neither_the_history_nor_slurm_where_it_needs_neither():
     """A baseline without a repeat-offender policy, no --slurm: neither the history's ledger (offenders) nor the
     Slurm client is imported (bench/check_latency.py --profile: imports are most of a check's time)."""
-    assert not imported_by_check() & {"orchestrator.offenders", "orchestrator.ledger", "orchestrator.slurm", "sqlite3"}
+    assert not imported_by_check() & {"orchestrator.history.offenders", "orchestrator.history.ledger",
+                                      "orchestrator.schedulers.slurmctl", "sqlite3"}
 
 
 def test_a_baseline_validated_before_is_not_validated_again(healthy_baseline):

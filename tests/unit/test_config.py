@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import config, notify
+from orchestrator import config
+from orchestrator.notify import send as notify
 from orchestrator.cli import cli
 from orchestrator.errors import InputError
 from tests.helpers.cli import REPO

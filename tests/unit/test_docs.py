@@ -206,7 +206,7 @@ def test_the_metrics_page_has_every_metric(site):
 
 
 def test_the_notification_page_has_every_event_with_its_records_and_severities(site):
-    from orchestrator.notify_events import NOTES
+    from orchestrator.notify.events import NOTES
 
     page = site("reference/notification")
     for note in NOTES:
@@ -225,7 +225,9 @@ def schema_node(doc: dict, path: str) -> dict:
 
 def test_the_baseline_reference_shows_the_default_each_key_takes_in_the_code(site):
     """Each default the baseline page shows is what fleetctl does with the key left out."""
-    from orchestrator import baseline, gate, offenders, plan
+    from orchestrator import baseline, plan
+    from orchestrator.judge import gate
+    from orchestrator.history import offenders
     from orchestrator.campaign import context, steps
     from orchestrator.controls import gpu, interconnect
 

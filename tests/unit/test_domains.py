@@ -1,4 +1,4 @@
-"""NVLink domains as the unit of change: how hosts are joined into domains (orchestrator/domains.py) and how the
+"""NVLink domains as the unit of change: how hosts are joined into domains (orchestrator/fleet/domains.py) and how the
 plan lays whole domains into waves, leaves a domain out whole and counts its failure budget in domains."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from orchestrator import domains, plan
-from orchestrator.inventory import Fleet, Host
+from orchestrator.fleet import domains
+from orchestrator import plan
+from orchestrator.fleet.inventory import Fleet, Host
 from tests.helpers.cli import fleetctl, runs
 from tests.helpers.facts import DEFAULT, entry, on
 

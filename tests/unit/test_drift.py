@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator import probe
 from orchestrator.campaign import steps
-from orchestrator.timefmt import stamp
+from orchestrator.history.timefmt import stamp
 from tests.helpers.soak import observe, slower, soaking_after, tensor
 
 

@@ -14,9 +14,10 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from orchestrator import drivers, schemas, timefmt
+from orchestrator import drivers, schemas
+from orchestrator.history import timefmt
 from orchestrator.exitcodes import Exit
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 from tests.helpers.cli import fleetctl
 
 START = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import audit, inputs
-from orchestrator.runner import HostOutcome
+from orchestrator.fleet.runner import HostOutcome
 
 REAL = json.loads((Path(__file__).parents[1] / "testdata/h200-580.159.04-audit-json/audit-nvml.json").read_text())
 FACTS = REAL["hosts"][0]["facts"]

@@ -21,7 +21,7 @@ HOSTS = 60_000
 SCRIPT = f"""
 import json
 from orchestrator import audit
-from orchestrator.inventory import Fleet, Host
+from orchestrator.fleet.inventory import Fleet, Host
 
 hosts = tuple(Host(f"gpu-{{i:05d}}", ("all", "gpu", "rack-a" if i % 2 else "rack-b"), {{"ansible_host": "10.0.0.1"}})
               for i in range({HOSTS}))

@@ -40,11 +40,12 @@ from jsonschema import Draft202012Validator
 import ansible.inventory.manager  # noqa: F401
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_gpus, fleetctl_kernel_log as klog, fleetctl_throughput
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_interconnect
-from orchestrator import audit, baseline, cli, controls, inventory, schemas
+from orchestrator import audit, baseline, cli, controls, schemas
+from orchestrator.fleet import inventory
 from orchestrator import inputs as input_files  # not `inputs`: the fixture of that name
 from orchestrator.errors import InputError
-from orchestrator.runner import HostOutcome
-from orchestrator.store import Store
+from orchestrator.fleet.runner import HostOutcome
+from orchestrator.history.store import Store
 
 from tests.helpers.cli import REPO, fleetctl
 

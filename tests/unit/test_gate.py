@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from scipy.stats import PermutationMethod, mannwhitneyu
 
-from orchestrator import gate, schemas
-from orchestrator.gate import DEFAULTS
+from orchestrator.judge import gate
+from orchestrator import schemas
+from orchestrator.judge.gate import DEFAULTS
 
 UNITS = {"gemm_tflops": ("TFLOP/s", True), "bandwidth_gbs": ("GB/s", True), "step_time_ms": ("ms", False),
          "h2d_gbs": ("GB/s", True), "d2h_gbs": ("GB/s", True), "gemm_p99_ms": ("ms", False)}

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import audit, baseline, config, inputs, inventory, probe, schemas
+from orchestrator import audit, baseline, config, inputs, probe, schemas
+from orchestrator.fleet import inventory
 from orchestrator.errors import InputError
-from orchestrator.runner import HostOutcome
+from orchestrator.fleet.runner import HostOutcome
 from tests.helpers.cli import REPO, fleetctl
 
 TESTDATA = REPO / "tests" / "testdata"

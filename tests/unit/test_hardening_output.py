@@ -23,12 +23,13 @@ import pytest
 import yaml
 from rich.console import Console
 
-from orchestrator import cli, files, notify, systemd
+from orchestrator import cli, files, systemd
+from orchestrator.notify import send as notify
 from orchestrator.campaign import readmodel
 from orchestrator.campaign import progress
 from orchestrator.cli import campaign_view, render
 from orchestrator.errors import InputError
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 from tests.helpers.campaign import Script, start
 from tests.helpers.cli import REPO, fleetctl, runs
 

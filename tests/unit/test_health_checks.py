@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import audit, controls, gate, resources, runner, schemas
+from orchestrator import audit, controls, resources, schemas
+from orchestrator.judge import gate
+from orchestrator.fleet import runner
 from orchestrator.baseline import Baseline
-from orchestrator.inventory import Fleet, Host
-from orchestrator.store import Store
+from orchestrator.fleet.inventory import Fleet, Host
+from orchestrator.history.store import Store
 
 gpus_utils = resources.module_utils("fleetctl_gpus")
 REPO = Path(__file__).resolve().parents[2]

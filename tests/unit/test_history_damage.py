@@ -11,7 +11,7 @@ import sqlite3
 import pytest
 
 from orchestrator.exitcodes import Exit
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 from tests.helpers.campaign import Script, start
 from tests.helpers.cli import fleetctl
 
@@ -122,7 +122,7 @@ def test_a_history_found_whole_is_checked_again_only_once_its_files_change(tmp_p
     log are as they were when a check found them whole or a process that found them whole last wrote them, and checks
     again after any other write, or a copy put in place. A read-only open (report, metrics, hosts) keeps what it found
     too: the reads after such a write pay one check."""
-    from orchestrator import store as store_mod
+    from orchestrator.history import store as store_mod
     path = tmp_path / "history.sqlite3"
     path.write_bytes(pristine)
     checks = []

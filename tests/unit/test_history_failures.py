@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import chain
-from orchestrator.store import Store
+from orchestrator.history import chain
+from orchestrator.history.store import Store
 from tests.helpers.campaign import Script, start
 from tests.helpers.cli import REPO, fleetctl
 

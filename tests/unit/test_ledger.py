@@ -1,5 +1,5 @@
-"""The ledger (orchestrator/ledger.py): incidents per host derived from the history, built through fleetctl's own
-write path at given times (the test clock, $FLEETCTL_TEST_CLOCK), and `fleetctl hosts` / `fleetctl hosts show`."""
+"""The ledger (orchestrator/history/ledger.py): incidents per host derived from the history, built through fleetctl's
+own write path at given times (the test clock, $FLEETCTL_TEST_CLOCK), and `fleetctl hosts` / `fleetctl hosts show`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from orchestrator import ledger as ledger_mod, timefmt
+from orchestrator.history import ledger as ledger_mod, timefmt
 from orchestrator.campaign import steps
 from orchestrator.exitcodes import Exit
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 from tests.helpers.campaign import Script, start
 from tests.helpers.cli import fleetctl
 from tests.helpers.ledger import XID_48, XID_79, at, host, record

@@ -18,11 +18,12 @@ import time
 
 import pytest
 
-from orchestrator import notify, notify_events, redact, schemas, upgrade, webhook as webhook_mod
+from orchestrator.notify import send as notify, events as notify_events, webhook as webhook_mod
+from orchestrator import redact, schemas
 from orchestrator.campaign import readmodel
 from orchestrator.campaign import engine as engine_mod, progress
 from orchestrator.errors import InputError
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 from tests.helpers.campaign import Clocked, Script, start, states
 from tests.helpers.cli import REPO
 from tests.helpers.notify import drive, valid

@@ -1,5 +1,5 @@
-"""Repeat offenders (orchestrator/offenders.py): a host with `count` incidents of the baseline's classes within its
-window is left out of the plan with its evidence, in no wave nor control cohort, and listed by
+"""Repeat offenders (orchestrator/history/offenders.py): a host with `count` incidents of the baseline's classes within
+its window is left out of the plan with its evidence, in no wave nor control cohort, and listed by
 `fleetctl hosts --repeat-offenders`. Histories are built through fleetctl's own write path at given times (the test
 clock), as in test_ledger."""
 
@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import baseline as baseline_mod, offenders, plan, schemas, settings, timefmt
+from orchestrator import baseline as baseline_mod, plan, schemas, settings
+from orchestrator.history import offenders, timefmt
 from orchestrator.exitcodes import Exit
 from orchestrator.judge.canary import planning
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 from tests.helpers.cli import fleetctl
 from tests.helpers.facts import entry, on
 from tests.helpers.ledger import XID_79, at, host, record
 
 THREE = "repeat offender: 3 incidents in 14 days: Xid 79 x3"
-EMBEDDED = Path(offenders.__file__).parent / "data" / "default-baseline.yml"
+EMBEDDED = Path(offenders.__file__).parents[1] / "data" / "default-baseline.yml"
 
 
 @pytest.fixture

@@ -13,11 +13,12 @@ import copy
 
 import pytest
 
-from orchestrator import audit, controls, plan, resources, runner, schemas
+from orchestrator import audit, controls, plan, resources, schemas
+from orchestrator.fleet import runner
 from orchestrator.baseline import Baseline
 from orchestrator.campaign import packages
-from orchestrator.inventory import Fleet, Host
-from orchestrator.store import Store
+from orchestrator.fleet.inventory import Fleet, Host
+from orchestrator.history.store import Store
 from tests.helpers.facts import RACK, TRAYS, imex_node, tray_facts
 
 NEW = ("imex.service", "imex.version", "imex.domain", "gpu.fabric_clique", "nvlink.domain_uniform",

@@ -17,10 +17,11 @@ import json
 
 import pytest
 
-from orchestrator import audit, controls, runner, schemas
+from orchestrator import audit, controls, schemas
+from orchestrator.fleet import runner
 from orchestrator.baseline import Baseline
-from orchestrator.inventory import Fleet, Host
-from orchestrator.store import Store
+from orchestrator.fleet.inventory import Fleet, Host
+from orchestrator.history.store import Store
 from tests.helpers.cli import fleetctl, runs
 
 INTERCONNECT = ("gpu.nvlink", "gpu.fabric", "gpu.topology", "gpudirect.peermem")

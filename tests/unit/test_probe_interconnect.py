@@ -11,7 +11,7 @@ import pytest
 from ansible_collections.fleetctl.gpu.plugins.module_utils import fleetctl_collective as collective
 from ansible_collections.fleetctl.gpu.plugins.module_utils.fleetctl_throughput import command
 
-from orchestrator import gate
+from orchestrator.judge import gate
 
 SERIES = Path(__file__).parents[1] / "testdata" / "probe" / "h200x2-580.159.04-allreduce-series.json"
 

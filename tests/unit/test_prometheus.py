@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import controls, prometheus
 from orchestrator.files import write_atomically
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 from tests.helpers.cli import REPO, fleetctl
 from orchestrator.campaign import journal as journal_mod, soak
 from tests.helpers.campaign import Clock, Clocked, Script, start

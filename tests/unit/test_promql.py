@@ -1,5 +1,5 @@
-"""The Prometheus client of the canary analysis (orchestrator/promql.py): a query rendered for a cohort, its series
-mapped back to inventory hosts, and every way a server can fail it, against a real HTTP server on 127.0.0.1 that
+"""The Prometheus client of the canary analysis (orchestrator/judge/promql.py): a query rendered for a cohort, its
+series mapped back to inventory hosts, and every way a server can fail it, against a real HTTP server on 127.0.0.1 that
 answers as a Prometheus would (or would not): one line each, in bounded time and memory. A real Prometheus:
 tests/integration/test_prometheus_server.py."""
 
@@ -14,9 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from orchestrator import promql
+from orchestrator.judge import promql
 from orchestrator.errors import InputError
-from orchestrator.inventory import Host
+from orchestrator.fleet.inventory import Host
 from tests.helpers.cli import fleetctl
 from tests.helpers.webhooks import closed_port
 

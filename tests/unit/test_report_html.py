@@ -116,7 +116,7 @@ document.body.appendChild(out);
 @pytest.fixture
 def rolled_back_by_a_wall(history):  # noqa: F811
     """The history, and a campaign rolled back for a gate whose reason was recorded the old way: every series."""
-    from orchestrator.store import Store
+    from orchestrator.history.store import Store
     from tests.helpers.campaign import start
     from tests.helpers.campaign import OldGate
 
@@ -184,7 +184,7 @@ class Cells(html_mod.parser.HTMLParser):
 def test_the_campaigns_outcome_names_the_hosts_whose_rollback_failed(history, tmp_path,  # noqa: F811
                                                                      waves, fail_at, state):
     """Was: `rolled_back` (or `done`) and b among the hosts rolled back, for a campaign that exits 6: a person needed."""
-    from orchestrator.store import Store
+    from orchestrator.history.store import Store
     from tests.helpers.campaign import Script, start
 
     with Store(history / "history.sqlite3") as store:

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from orchestrator import execution_nodes, inventory, runner, settings
+from orchestrator.fleet import execution_nodes, inventory, runner
+from orchestrator import settings
 from tests.helpers.cli import REPO, runs
 
 NODES = [{"name": "rack1", "worker": "ssh exec01 ansible-runner worker", "hosts": "rack1"},

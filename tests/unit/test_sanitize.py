@@ -11,10 +11,11 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from orchestrator import notify, notify_events, report
+from orchestrator.notify import send as notify, events as notify_events
+from orchestrator import report
 from orchestrator.cli import render
 from orchestrator.sanitize import clean, clean_line, one_line, visible
-from orchestrator.store import Store
+from orchestrator.history.store import Store
 
 # What the terminal table let through before (U+200B, U+061C, U+FEFF, U+2028), what it stripped, and more.
 HIDDEN = {"\u202e": "\\u202e", "\u2066": "\\u2066", "\u200b": "\\u200b", "\u200d": "\\u200d", "\u061c": "\\u061c",

@@ -16,9 +16,10 @@ PACKAGE = "orchestrator"
 ROOT = Path(__file__).resolve().parents[2]
 CLI = f"{PACKAGE}.cli"
 UI_LIBRARIES = ("click", "rich")
-HISTORY = (f"{PACKAGE}.store", f"{PACKAGE}.chain", f"{PACKAGE}.campaign.journal",  # the only modules with SQL
-           f"{PACKAGE}.ledger")  # the ledger: an index of the history beside it
-TIMESTAMPS = f"{PACKAGE}.timefmt"  # the only module parsing the history's timestamps (a Z is UTC)
+# the only modules with SQL
+HISTORY = (f"{PACKAGE}.history.store", f"{PACKAGE}.history.chain", f"{PACKAGE}.campaign.journal",
+           f"{PACKAGE}.history.ledger")  # the ledger: an index of the history beside it
+TIMESTAMPS = f"{PACKAGE}.history.timefmt"  # the only module parsing the history's timestamps (a Z is UTC)
 SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER|DROP|PRAGMA|BEGIN|WITH \w+ AS)\b")
 
 
@@ -171,12 +172,13 @@ def test_the_checks_fail_on_the_old_shape(tmp_path, check):
     (pkg / "__init__.py").write_text("")
     (pkg / "cli.py").write_text("import click\nfrom .systemd import group\n")
     (pkg / "systemd.py").write_text("import click\ndef install():\n    from .cli import write_atomically\n")
-    (pkg / "notify.py").write_text("import click\ndef after_run():\n    from . import notify_events\n")
-    (pkg / "notify_events.py").write_text("from .notify import Notifier\n")
+    (pkg / "notify").mkdir(parents=True, exist_ok=True)
+    (pkg / "notify" / "send.py").write_text("import click\ndef after_run():\n    from . import notify_events\n")
+    (pkg / "notify" / "events.py").write_text("from .notify import Notifier\n")
     if check == "cycle":
         assert find_cycle(graph(tmp_path)) == [f"{PACKAGE}.cli", f"{PACKAGE}.systemd", f"{PACKAGE}.cli"]
     else:
-        assert ui_imports(tmp_path) == [f"{PACKAGE}.notify:1 click", f"{PACKAGE}.systemd:1 click"]
+        assert ui_imports(tmp_path) == [f"{PACKAGE}.notify.send:1 click", f"{PACKAGE}.systemd:1 click"]
         assert cli_importers(tmp_path) == [f"{PACKAGE}.systemd"]
 
 
@@ -205,7 +207,8 @@ def test_the_check_finds_sql_and_hand_parsed_timestamps(tmp_path):
     pkg = tmp_path / PACKAGE
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "store.py").write_text('Q = "SELECT * FROM runs"\n')
+    (pkg / "history").mkdir(parents=True, exist_ok=True)
+    (pkg / "history" / "store.py").write_text('Q = "SELECT * FROM runs"\n')
     (pkg / "prometheus.py").write_text('def latest(db):\n    return db.execute("""\n  WITH latest AS (SELECT 1)""")\n')
     (pkg / "view.py").write_text("from datetime import datetime\n"
                                  "until = datetime.fromisoformat(text.replace('Z', '+00:00'))\n"
@@ -312,10 +315,10 @@ EXCEPTIONS = {
     (f"{PACKAGE}.cli.campaign_view", "soaking"): "reads that field",
     (f"{PACKAGE}.report", "rolled_back"): "the compliance report's field: hosts a campaign rolled back",
     (f"{PACKAGE}.report", "rollback_failed"): "the compliance report's field: hosts whose rollback failed",
-    (f"{PACKAGE}.notify_events", "rolled_back"): "a notification's name (notification.schema.json)",
-    (f"{PACKAGE}.notify_events", "halted"): "a notification's name (notification.schema.json)",
-    (f"{PACKAGE}.notify_events", "aborted"): "a notification's name (notification.schema.json)",
-    (f"{PACKAGE}.notify_events", "done"): "a notification's name (notification.schema.json)",
+    (f"{PACKAGE}.notify.events", "rolled_back"): "a notification's name (notification.schema.json)",
+    (f"{PACKAGE}.notify.events", "halted"): "a notification's name (notification.schema.json)",
+    (f"{PACKAGE}.notify.events", "aborted"): "a notification's name (notification.schema.json)",
+    (f"{PACKAGE}.notify.events", "done"): "a notification's name (notification.schema.json)",
 }
 STATE_KEYS = ("state", "campaign_state", "state_from")
 
@@ -424,7 +427,8 @@ def test_the_checks_find_exit_codes_and_states_written_as_numbers_and_strings(tm
         "    host = {'state': 'drain', 'run': 'done'}\n"            # 5: drain as a state, done as a status
         "    journal.step_detail(c, 'drain')\n"                     # a step's name
         "    return {'soaking': True}['soaking'], c['status'] == 'done'\n")  # a field, a run's status
-    (pkg / "notify_events.py").write_text("def f(self, r):\n    return self.event(r, 'halted', 'critical')\n")
+    (pkg / "notify").mkdir(parents=True, exist_ok=True)
+    (pkg / "notify" / "events.py").write_text("def f(self, r):\n    return self.event(r, 'halted', 'critical')\n")
     assert exit_literals(tmp_path) == [f"{PACKAGE}.cli:{n}" for n in (10, 13, 17, 2, 4, 6, 8, 9)]
     assert state_literals(tmp_path) == [f"{PACKAGE}.engine:1 soaking", f"{PACKAGE}.engine:3 done",
                                         f"{PACKAGE}.engine:3 halted", f"{PACKAGE}.engine:4 held",

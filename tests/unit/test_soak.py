@@ -12,7 +12,7 @@ import pytest
 from orchestrator import controls
 from orchestrator.campaign import soak, steps
 from tests.helpers.facts import tray_facts
-from tests.helpers.soak import FACTS, REAL, answer, observe, slower, soaking_after, tensor, with_metrics
+from tests.helpers.soak import FACTS, REAL, Prometheus, answer, observe, slower, soaking_after, tensor, with_metrics
 
 
 @pytest.fixture
@@ -136,31 +136,6 @@ def test_a_soak_watches_only_changed_hosts_on_the_target(soaking):
 # ---- the canary metrics: the canary cohort against the control cohort, from a Prometheus's answers ----------
 
 XIDS = 'sum by (Hostname) (DCGM_EXP_XID_ERRORS_TOTAL{Hostname=~"{hosts}"})'
-
-
-class Prometheus:
-    """What a Prometheus answers the soak's range queries: every host's tensor activity (0.45, its own offset, 1%
-    noise) x DURING while the window asked starts after the canary came back (x 1 before), x CANARY on 'a'; or,
-    for the Xid query, a counter rising by XIDS[host] over the window. Records the queries."""
-
-    def __init__(self, during=1.0, canary=1.0, xids=None):
-        self.during, self.canary, self.xids, self.queries = during, canary, xids or {}, []
-
-    def range(self, query, start, end, step, host_label="Hostname"):
-        import random
-        self.queries.append((query, start, end))
-        rng, now = random.Random(len(self.queries)), start >= self.back
-        times = [start + k * step for k in range(int((end - start) / step) + 1)]
-        out = {}
-        for i, host in enumerate("abcd"):
-            if host not in query:
-                continue
-            if "XID" in query:
-                out[host] = [(t, self.xids.get(host, 0) * k / (len(times) - 1)) for k, t in enumerate(times)]
-            else:
-                level = 0.45 * (1 + 0.01 * i) * (self.during * (self.canary if host == "a" else 1) if now else 1)
-                out[host] = [(t, level * (1 + 0.01 * rng.gauss(0, 1))) for t in times]
-        return out
 
 
 def test_a_fleet_wide_drift_the_control_cohort_shows_excuses_the_end_of_soak_self_comparison(store, tmp_path,

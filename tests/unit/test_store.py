@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from orchestrator import chain, store
+from orchestrator.history import chain, store
 from orchestrator.exitcodes import Exit
-from orchestrator.store import HistoryError, Store, files
+from orchestrator.history.store import HistoryError, Store, files
 from tests.helpers.cli import fleetctl
 
 ME = pwd.getpwuid(os.getuid()).pw_name

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from orchestrator import gate
+from orchestrator.judge import gate
 from orchestrator.campaign import steps
 
 

@@ -4,18 +4,17 @@
                  series (a Window) and never reads Prometheus itself
     planning.py  the cohorts a plan's hosts are judged within, each wave's control cohort, the plan-time check of
                  the baseline's canary metrics
+    statistics.py  the tests, without I/O
 
-The statistics (the tests, no I/O):
-    orchestrator/canary.py
 Who reads Prometheus for the soak and calls the judge: campaign/soak.py and campaign/cohort.py. This room imports
 neither the campaign nor the plan.
 """
 
 # What this room's modules may import of fleetctl besides each other (tests/unit/test_layers.py checks it).
 MAY_IMPORT = (
-    "orchestrator.canary",
-    "orchestrator.promql",
-    "orchestrator.gate",
+    "orchestrator.judge.canary.statistics",
+    "orchestrator.judge.promql",
+    "orchestrator.judge.gate",
     "orchestrator.errors",
-    "orchestrator.inventory",
+    "orchestrator.fleet.inventory",
 )

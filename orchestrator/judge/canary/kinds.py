@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from ... import canary as statistics
+from . import statistics
 
 Points = Sequence[tuple[float, float]]  # [(unix time, value)], in time order
 Series = Mapping[str, Points]  # host -> points
@@ -43,7 +43,7 @@ class Kind:
     """NAME (the baseline's `kind`), SAYS (one line: what such a metric is), JUDGE(window, metric, min_samples) ->
     a verdict dict as the statistics return it; DRIFT: whether its control cohort's movement says how far the
     fleet drifted (cohort.moved, for a metric where higher is good). The statistics:
-    orchestrator/canary.py."""
+    orchestrator/judge/canary/statistics.py."""
     name: str
     says: str
     judge: Callable[[Window, Metric, int | None], dict[str, Any]]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ... import promql
+from .. import promql
 from ...errors import InputError
-from ...inventory import primary_group
+from ...fleet.inventory import primary_group
 
 CANARY_LOOKBACK_S, CANARY_STEP_S = 600.0, 30.0  # plan looks for each canary metric's series over the last 10 min
 

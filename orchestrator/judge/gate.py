@@ -26,8 +26,8 @@ from functools import cache
 from typing import Any
 
 
-from . import resources
-from .controls import nvlink_errors, severity_rank
+from .. import resources
+from ..controls import nvlink_errors, severity_rank
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ def _figure(value: float | None, percent: bool = False) -> str:
 
 
 def metric_figures(m: dict[str, Any]) -> tuple[str, str, str, str, str]:
-    """A canary metric's verdict (canary.py) as `campaign show` and the HTML report show it: canary, control, change,
+    """A canary metric's verdict (judge/canary/) as `campaign show` and the HTML report show it: canary, control, change,
     its 95% interval and p, "-" for what it does not have."""
     ci = m.get("ci")
     return (_figure(m.get("canary")), _figure(m.get("control")), _figure(m.get("change"), percent=True),

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import inputs, schemas
-from .errors import InputError
+from .. import inputs, schemas
+from ..errors import InputError
 
 LOCALHOST = "localhost"
 

@@ -1,4 +1,4 @@
-"""Drains fleetctl owns (`--drain-preset slurm`): the campaign's side of Slurm, over orchestrator/slurm.py.
+"""Drains fleetctl owns (`--drain-preset slurm`): the campaign's side of Slurm, over slurmctl.py.
 
 - plan: a node someone else took out of service (drained, draining, down, reserved for maintenance) is left out of
   the campaign with its state and reason shown (`drained_elsewhere`); fleetctl never drains nor resumes it.
@@ -29,13 +29,14 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ... import inventory, slurm
-from ...errors import InputError
-from ...timefmt import parse, stamp
-from .. import transitions
-from ..transitions import HostState, Record
-from ..context import Context, Outcome
-from ..journal import Journal
+from ..fleet import inventory
+from . import slurmctl as slurm
+from ..errors import InputError
+from ..history.timefmt import parse, stamp
+from ..campaign import transitions
+from ..campaign.transitions import HostState, Record
+from ..campaign.context import Context, Outcome
+from ..campaign.journal import Journal
 from .nodes import node_names
 
 SLURMD_WAIT_S, RESPONDING_POLL_S = 120.0, 2.0  # before a resume: slurmd back in touch with slurmctld

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import settings
-from .errors import InputError
+from .. import settings
+from ..errors import InputError
 
 if TYPE_CHECKING:
     from .inventory import Host

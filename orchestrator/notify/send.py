@@ -14,7 +14,7 @@ fleetctl was doing, nor its exit code. A signal while fleetctl waits for its del
 not sent yet is such a failure, `interrupted by SIGTERM`, and the signal goes on. Header values and webhook URL
 paths (Slack's secret) are never shown or recorded: a target is named by its program or its scheme://host:port.
 
-Events are built by notify_events.py; each target gets them in order from its own thread (a dead webhook delays
+Events are built by events.py; each target gets them in order from its own thread (a dead webhook delays
 neither a campaign nor the other targets).
 """
 
@@ -36,9 +36,9 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import inputs, interrupts, redact
-from .errors import InputError
-from .sanitize import clean_data, one_line
+from .. import inputs, interrupts, redact
+from ..errors import InputError
+from ..sanitize import clean_data, one_line
 
 if TYPE_CHECKING:
     import ssl  # imported where used: `fleetctl check` imports this module (through settings) and sends nothing
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 FORMATS = ("json", "slack", "teams")
 PLACEHOLDERS = ("event", "severity", "kind", "campaign", "host", "target", "state", "run")
 HEADERS_ENV = "FLEETCTL_WEBHOOK_HEADERS"
-TRIES = 3  # a webhook's (orchestrator/webhook.py)
+TRIES = 3  # a webhook's (orchestrator/notify/webhook.py)
 MAX_HEADERS_BYTES = 64 * 1024  # a headers file (real ones: a line or two)
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 RESERVED_HEADERS = ("content-type", "content-length", "host", "transfer-encoding", "connection")

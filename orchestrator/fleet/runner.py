@@ -21,11 +21,12 @@ from typing import Any
 import ansible_runner
 import psutil
 
-from . import interrupts, preflight, resources, settings
-from .errors import InputError, OperationError
+from .. import interrupts, resources, settings
+from . import preflight
+from ..errors import InputError, OperationError
 from .execution_nodes import ExecutionNode, RunnerConfig
 from .inventory import Fleet
-from .sanitize import one_line
+from ..sanitize import one_line
 
 # One module call per host: no fact gathering, pipelining, and OpenSSH multiplexing; host keys are checked.
 # A multiplexing master whose host went away without closing the connection (a power cycle, a kernel panic, a host

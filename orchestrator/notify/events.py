@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from . import __version__
-from .audit import blocking
-from .campaign import capacity, transitions
-from .campaign.transitions import HostState, Record
-from .campaign.journal import Journal
-from .exitcodes import Exit
-from .notify import Dispatch, Failure, Notifier, warn
-from .store import now
+from .. import __version__
+from ..audit import blocking
+from ..campaign import capacity, transitions
+from ..campaign.transitions import HostState, Record
+from ..campaign.journal import Journal
+from ..exitcodes import Exit
+from .send import Dispatch, Failure, Notifier, warn
+from ..history.store import now
 
 HOSTS_LISTED = 50  # hosts named in one audit/probe event
 PROBLEMS_LISTED = 10  # problems named per host

@@ -1,27 +1,20 @@
-"""The scheduler a campaign drains through: one interface, one module per scheduler.
-
-    scheduler/slurm.py      fleetctl's own Slurm drains and maintenance reservations (--drain-preset slurm)
-    scheduler/templates.py  the operator's drain/undrain commands, and the Kubernetes preset's (kubectl)
-
-The campaign's is `of(options)`; the steps and the engine reach it as `ctx.scheduler` (engine.Parts may give another:
-the bench's simulated cluster). A new scheduler is a module with a class meeting `Scheduler`, and a line in `of`.
-"""
+"""The interface every scheduler a campaign drains through implements (Scheduler), and the campaign's own (of).
+Its own module, so that `fleetctl check --slurm` imports slurmctl.py without the campaign's schedulers."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ... import inventory
-from .. import hooks
-from .nodes import node_names
+from ..fleet import inventory
+from ..campaign import hooks
 from .slurm import Slurm
 from .templates import Kubernetes, Templates
 
 if TYPE_CHECKING:
-    from ..context import Context, Outcome
-    from ..journal import Journal
-    from ..options import CampaignOptions
+    from ..campaign.context import Context, Outcome
+    from ..campaign.journal import Journal
+    from ..campaign.options import CampaignOptions
 
 
 class Scheduler(Protocol):
@@ -76,3 +69,6 @@ def of(options: CampaignOptions) -> Scheduler:
         return Kubernetes(h)
     return Templates(h)
 
+
+# What this package's modules may import of fleetctl besides each other and orchestrator itself
+# (tests/unit/test_layers.py checks every import against it).

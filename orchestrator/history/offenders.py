@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterable
 
-from . import ledger as ledger_mod, settings, timefmt
+from . import ledger as ledger_mod, timefmt
+from .. import settings
 
 # The hardware's own failures: an Xid (other than 79) is often the workload's doing (13, 31, 43), a failed gate or a
 # rollback the driver's (the campaign's breaker watches those).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ... import inventory
+from ..fleet import inventory
 
 
 def node_names(fleet: inventory.Fleet, hosts: list[str]) -> dict[str, str]:

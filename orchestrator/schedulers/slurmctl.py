@@ -28,8 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import SlurmError
-from .sanitize import one_line
+from ..errors import SlurmError
+from ..sanitize import one_line
 
 TIMEOUT_S = 15.0  # each scontrol/sinfo call: slurmctld answers in milliseconds, or it is not answering
 MAX_OUTPUT_BYTES = 64 << 20  # `sinfo --json` is ~2 KiB a node: room for 30,000 nodes, and a bound

@@ -24,10 +24,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from . import __version__, chain, timefmt
-from .errors import OperationError
-from .exitcodes import Exit
-from .sanitize import one_line
+from .. import __version__
+from . import chain, timefmt
+from ..errors import OperationError
+from ..exitcodes import Exit
+from ..sanitize import one_line
 
 
 class HistoryError(OperationError):

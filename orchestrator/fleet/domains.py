@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import resources
-from .errors import InputError
+from .. import resources
+from ..errors import InputError
 
 DECLARED_VAR = "fleetctl_nvlink_domain"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")

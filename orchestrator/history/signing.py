@@ -12,8 +12,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from . import chain, files, inputs
-from .errors import InputError
+from . import chain
+from .. import files, inputs
+from ..errors import InputError
 
 MAX_EXPORT_BYTES = 256 * inputs.MiB  # a signed export read back to check it (real ones: a few MiB)
 

@@ -1,4 +1,4 @@
-"""A webhook target of the notifications (notify.py): the POST through urllib3, its tries, their bounds, and the
+"""A webhook target of the notifications (send.py): the POST through urllib3, its tries, their bounds, and the
 proxy the environment names. Its own module, imported when a webhook is given: `fleetctl check` and every command
 without one never load urllib3."""
 
@@ -14,8 +14,8 @@ from typing import Any, Callable, TypeVar
 
 import urllib3
 
-from . import __version__, redact
-from .sanitize import one_line
+from .. import __version__, redact
+from ..sanitize import one_line
 
 BACKOFF_S = 1.0  # urllib3's backoff factor: the second try at once, the third after 2 s
 MAX_RETRY_AFTER_S = 30  # the longest wait before a try, whatever the server's Retry-After says

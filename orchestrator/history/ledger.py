@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import timefmt
-from .campaign.transitions import HostState, Record
+from ..campaign.transitions import HostState, Record
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from ... import inventory
-from ...errors import InputError
-from .. import hooks
-from ..context import Context, Outcome
-from ..journal import Journal
+from ..fleet import inventory
+from ..errors import InputError
+from ..campaign import hooks
+from ..campaign.context import Context, Outcome
+from ..campaign.journal import Journal
 from .nodes import node_names
 
 

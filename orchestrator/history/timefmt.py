@@ -30,6 +30,6 @@ def now() -> str:
     try:
         when = parse(fixed)
     except ValueError:
-        from .errors import InputError
+        from ..errors import InputError
         raise InputError(f"{TEST_CLOCK}={fixed[:40]!r} is not an ISO 8601 time (2026-01-31T12:00:00Z)") from None
     return stamp(when.astimezone(timezone.utc) if when.tzinfo else when.replace(tzinfo=timezone.utc))

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from . import __version__
-from .campaign.transitions import Record
+from .. import __version__
+from ..campaign.transitions import Record
 
 GENESIS = "sha256:" + "0" * 64
 SCHEMA = """

@@ -50,7 +50,7 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .gate import median_text
+from ..gate import median_text
 
 if TYPE_CHECKING:  # numpy is imported where samples are judged (0.2 s), not on every command
     import numpy as np

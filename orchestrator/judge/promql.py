@@ -25,12 +25,13 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import __version__, inputs, notify, redact
-from .errors import InputError, OperationError
-from .sanitize import one_line
+from .. import __version__, inputs, redact
+from ..notify import send as notify
+from ..errors import InputError, OperationError
+from ..sanitize import one_line
 
 if TYPE_CHECKING:
-    from .inventory import Host
+    from ..fleet.inventory import Host
 
 PLACEHOLDER = "{hosts}"
 NAME_VAR = "fleetctl_prometheus_name"  # the host variable that gives a host's label value
@@ -144,7 +145,7 @@ class Client:
         (a token: never shown); TIMEOUT: seconds, for each read and Prometheus's evaluation of the query."""
         import urllib3
 
-        from . import webhook
+        from ..notify import webhook
 
         self.url, self.timeout_s = url, float(timeout)
         parts = urllib.parse.urlsplit(url)
@@ -206,7 +207,7 @@ class Client:
 
     def post(self, path: str, fields: dict[str, str]) -> Any:
         """The `data` of the API's answer to FIELDS at PATH, within TRIES x the timeout in all."""
-        from . import webhook
+        from ..notify import webhook
 
         def attempt() -> tuple[int, str, bytes] | PrometheusError:  # in within()'s thread: returned, not raised
             try:
@@ -241,7 +242,7 @@ class Client:
         """(status, reason, body) of one POST of FIELDS (form-encoded) with its tries; a failure: PrometheusError."""
         import urllib3
 
-        from . import webhook
+        from ..notify import webhook
 
         retry = urllib3.Retry(total=TRIES - 1, redirect=False, raise_on_status=False, allowed_methods=None,
                               status_forcelist=RETRY_STATUSES, backoff_factor=0.5, respect_retry_after_header=False)
