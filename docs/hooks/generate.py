@@ -237,10 +237,11 @@ def canary_kinds_page() -> str:
 
 def packages_page() -> str:
     import ast
+    from orchestrator import SHARED
     out = ["# The package's rooms\n\nEach package of `orchestrator/`, made from its `__init__.py` at each build: what it "
            "owns (its docstring) and what its modules may import of fleetctl besides each other (`MAY_IMPORT`, "
            "checked by `tests/unit/test_layers.py`). The modules at the top are the commands' services and the "
-           "shared helpers.\n"]
+           "shared helpers, which every package may import: " + ", ".join(f"`{m}`" for m in SHARED) + ".\n"]
     for init in sorted((ROOT / "orchestrator").rglob("__init__.py")):
         tree = ast.parse(init.read_text())
         may = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
@@ -252,7 +253,8 @@ def packages_page() -> str:
         if rest.strip():
             out.append("```text\n" + rest.strip("\n") + "\n```\n")
         if may is not None:
-            out.append("May import: " + ", ".join(f"`{m}`" for m in may) + "\n")
+            out.append("May import, besides the shared helpers: " + (", ".join(f"`{m}`" for m in may) or "nothing")
+                       + "\n")
     return "\n".join(out)
 
 

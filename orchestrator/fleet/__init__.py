@@ -9,18 +9,6 @@
 May import: the shared helpers only.
 """
 
-# What this package's modules may import of fleetctl besides each other and orchestrator itself
-# (tests/unit/test_layers.py checks every import against it).
-MAY_IMPORT = (
-    "orchestrator.errors",
-    "orchestrator.exitcodes",
-    "orchestrator.sanitize",
-    "orchestrator.redact",
-    "orchestrator.inputs",
-    "orchestrator.files",
-    "orchestrator.resources",
-    "orchestrator.settings",
-    "orchestrator.schemas",
-    "orchestrator.interrupts",
-    "orchestrator.history.timefmt",
-)
+# What this package's modules may import of fleetctl besides each other and the shared helpers (orchestrator.SHARED;
+# tests/unit/test_layers.py checks every import against them).
+MAY_IMPORT = ()

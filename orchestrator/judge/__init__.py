@@ -10,20 +10,9 @@ the plan nor a command.
 """
 
 
-# What this package's modules may import of fleetctl besides each other and orchestrator itself
-# (tests/unit/test_layers.py checks every import against it).
+# What this package's modules may import of fleetctl besides each other and the shared helpers (orchestrator.SHARED;
+# tests/unit/test_layers.py checks every import against them).
 MAY_IMPORT = (
-    "orchestrator.errors",
-    "orchestrator.exitcodes",
-    "orchestrator.sanitize",
-    "orchestrator.redact",
-    "orchestrator.inputs",
-    "orchestrator.files",
-    "orchestrator.resources",
-    "orchestrator.settings",
-    "orchestrator.schemas",
-    "orchestrator.interrupts",
-    "orchestrator.history.timefmt",
     "orchestrator.controls",
     "orchestrator.fleet.inventory",
     "orchestrator.notify.send",

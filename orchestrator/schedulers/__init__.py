@@ -11,17 +11,6 @@ transitions (a scheduler acts inside a campaign). Never the engine, the steps no
 """
 
 MAY_IMPORT = (
-    "orchestrator.errors",
-    "orchestrator.exitcodes",
-    "orchestrator.sanitize",
-    "orchestrator.redact",
-    "orchestrator.inputs",
-    "orchestrator.files",
-    "orchestrator.resources",
-    "orchestrator.settings",
-    "orchestrator.schemas",
-    "orchestrator.interrupts",
-    "orchestrator.history.timefmt",
     "orchestrator.fleet",
     "orchestrator.campaign.context",
     "orchestrator.campaign.journal",

@@ -11,13 +11,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def declared(init: Path, name: str) -> tuple[str, ...] | None:
+    """The tuple NAME is given in the module INIT, read with ast; None where it has none."""
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return tuple(ast.literal_eval(node.value))
+    return None
+
+
 def rules(root: Path) -> dict[str, tuple[str, ...]]:
-    """Package (dotted) -> its MAY_IMPORT, read with ast from each __init__.py under ROOT/orchestrator."""
+    """Package (dotted) -> its MAY_IMPORT and the shared helpers (orchestrator.SHARED), from each __init__.py
+    under ROOT/orchestrator that declares MAY_IMPORT."""
+    shared = declared(root / "orchestrator" / "__init__.py", "SHARED") or ()
     out = {}
     for init in sorted((root / "orchestrator").rglob("__init__.py")):
-        for node in ast.parse(init.read_text()).body:
-            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["MAY_IMPORT"]:
-                out[".".join(init.relative_to(root).parent.parts)] = tuple(ast.literal_eval(node.value))
+        may = declared(init, "MAY_IMPORT")
+        if may is not None:
+            out[".".join(init.relative_to(root).parent.parts)] = may + shared
     return out
 
 
@@ -69,10 +79,10 @@ def test_every_package_imports_only_what_its_init_declares():
 def test_an_import_a_package_does_not_declare_is_named_with_its_line(tmp_path):
     pkg = tmp_path / "orchestrator" / "low"
     pkg.mkdir(parents=True)
-    (tmp_path / "orchestrator" / "__init__.py").write_text("")
+    (tmp_path / "orchestrator" / "__init__.py").write_text('SHARED = ("orchestrator.errors",)\n')
     (tmp_path / "orchestrator" / "high.py").write_text("")
     (tmp_path / "orchestrator" / "errors.py").write_text("")
-    (pkg / "__init__.py").write_text('MAY_IMPORT = ("orchestrator.errors",)\n')
+    (pkg / "__init__.py").write_text("MAY_IMPORT = ()\n")
     (pkg / "ok.py").write_text("from .. import errors\nfrom . import other\n")
     (pkg / "other.py").write_text("def f():\n    from ..high import x\n")
     assert broken(tmp_path) == ["orchestrator/low/other.py:2: imports orchestrator.high, which orchestrator.low "

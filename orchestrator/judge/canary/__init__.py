@@ -10,11 +10,11 @@ Who reads Prometheus for the soak and calls the judge: campaign/soak.py and camp
 neither the campaign nor the plan.
 """
 
-# What this room's modules may import of fleetctl besides each other (tests/unit/test_layers.py checks it).
+# What this room's modules may import of fleetctl besides each other and the shared helpers (orchestrator.SHARED;
+# tests/unit/test_layers.py checks it).
 MAY_IMPORT = (
     "orchestrator.judge.canary.statistics",
     "orchestrator.judge.promql",
     "orchestrator.judge.gate",
-    "orchestrator.errors",
     "orchestrator.fleet.inventory",
 )
