@@ -189,7 +189,8 @@ ROLLBACK_SCOPE = Setting(name="rollback_scope", flag="--rollback-scope", kind="c
                          recorded="rollback_scope")
 DRAIN_PRESET = Setting(name="drain_preset", flag="--drain-preset", kind="choice", choices=tuple(sorted(PRESETS)),
                        commands=UPGRADE,
-                       help="Drain/undrain with Slurm (scontrol) or Kubernetes (kubectl drain/uncordon).", recorded="")
+                       help="How hosts are drained around their change: " + "; ".join(
+                           p.says for _, p in sorted(PRESETS.items())) + ".", recorded="")
 DRAIN = Setting(name="drain", flag="--drain", metavar="CMD", commands=UPGRADE,
                 help="Drain command template run on this machine: {host} {node} {campaign}.", recorded="")
 UNDRAIN = Setting(name="undrain", flag="--undrain", metavar="CMD", commands=UPGRADE, help="Undrain command template.",

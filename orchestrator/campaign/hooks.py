@@ -19,12 +19,22 @@ from typing import Any
 from .. import redact
 from ..errors import InputError
 
+@dataclass(frozen=True)
+class Preset:
+    """A --drain-preset: its drain and undrain templates, and what it drains with (the flag's help says it)."""
+    drain: str | None
+    undrain: str | None
+    says: str
+
+
+# A new preset is an entry here (and `python -m orchestrator.settings > schemas/config.schema.json`: its choices);
+# one that does more than run its templates is also a scheduler of its own (orchestrator/schedulers/).
 PRESETS = {
-    "none": (None, None),
-    "slurm": ('scontrol update nodename={node} state=drain reason="fleetctl campaign {campaign}"',
-              "scontrol update nodename={node} state=resume"),
-    "kubernetes": ("kubectl drain {node} --ignore-daemonsets --delete-emptydir-data --timeout=600s",
-                   "kubectl uncordon {node}"),
+    "none": Preset(None, None, "none: no drain"),
+    "slurm": Preset('scontrol update nodename={node} state=drain reason="fleetctl campaign {campaign}"',
+                    "scontrol update nodename={node} state=resume", "slurm: Slurm (fleetctl's own drains)"),
+    "kubernetes": Preset("kubectl drain {node} --ignore-daemonsets --delete-emptydir-data --timeout=600s",
+                         "kubectl uncordon {node}", "kubernetes: kubectl drain/uncordon"),
 }
 PLACEHOLDERS = ("host", "node", "campaign")
 
@@ -46,8 +56,8 @@ def resolve(preset: str | None, drain: str | None, undrain: str | None) -> Hooks
         raise InputError(f"--drain-preset {preset!r}: unknown (choose from {', '.join(PRESETS)})")
     if preset == "slurm" and drain is None and undrain is None:
         return Hooks(slurm=True)
-    d, u = PRESETS[preset or "none"]
-    hooks = Hooks(drain=d if drain is None else drain, undrain=u if undrain is None else undrain)
+    chosen = PRESETS[preset or "none"]
+    hooks = Hooks(drain=chosen.drain if drain is None else drain, undrain=chosen.undrain if undrain is None else undrain)
     for flag, template in (("--drain", hooks.drain), ("--undrain", hooks.undrain)):
         if template is not None:
             argv(template, {"host": "h", "node": "h", "campaign": "1"}, flag)

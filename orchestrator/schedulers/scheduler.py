@@ -65,7 +65,8 @@ def of(options: CampaignOptions) -> Scheduler:
     h = options.hooks
     if h.slurm:
         return Slurm()
-    if (h.drain, h.undrain) == hooks.PRESETS["kubernetes"]:
+    kubernetes = hooks.PRESETS["kubernetes"]
+    if (h.drain, h.undrain) == (kubernetes.drain, kubernetes.undrain):
         return Kubernetes(h)
     return Templates(h)
 

@@ -156,3 +156,18 @@ def test_a_rollback_is_judged_on_the_whole_host_as_the_precheck_saw_it():
     after["findings"][0]["status"] = "pass"
     assert steps.not_restored(after, before) == []
     assert steps.not_restored(after, {}) == []  # a campaign recorded before this check: nothing to compare
+
+
+def test_a_drain_preset_is_its_entry_alone(monkeypatch):
+    """A preset added to hooks.PRESETS drains with its templates through the campaign's template scheduler; the
+    --drain-preset flag offers every preset and its help says what each drains with, from the same entries."""
+    from orchestrator import settings
+    from orchestrator.campaign.options import CampaignOptions
+    from orchestrator.schedulers import scheduler, templates
+    monkeypatch.setitem(hooks.PRESETS, "pbs", hooks.Preset("pbsnodes -o {node}", "pbsnodes -r {node}", "pbs: PBS"))
+    chosen = hooks.resolve("pbs", None, None)
+    assert (chosen.drain, chosen.undrain, chosen.slurm) == ("pbsnodes -o {node}", "pbsnodes -r {node}", False)
+    assert type(scheduler.of(CampaignOptions(hooks=chosen))) is templates.Templates
+    monkeypatch.undo()
+    assert set(settings.DRAIN_PRESET.choices) == set(hooks.PRESETS)
+    assert all(p.says in settings.DRAIN_PRESET.help for p in hooks.PRESETS.values())
