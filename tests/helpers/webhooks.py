@@ -193,6 +193,21 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key) -> x509.Certific
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False))
 
 
+def _usage(**allowed: bool) -> x509.KeyUsage:
+    """A KeyUsage extension allowing only ALLOWED (e.g. key_cert_sign=True)."""
+    flags = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
+             "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")
+    return x509.KeyUsage(**{f: allowed.get(f, False) for f in flags})
+
+
+def _server(builder: x509.CertificateBuilder, usage: x509.KeyUsage, signer) -> x509.Certificate:
+    """BUILDER with USAGE and what a TLS server certificate for 127.0.0.1 carries, signed by SIGNER."""
+    return (builder.add_extension(usage, critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(SAN, critical=False)
+            .sign(signer, hashes.SHA256()))
+
+
 SAN = x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
 
 
@@ -211,14 +226,9 @@ class Pki:
 def self_signed(directory: Path) -> Pki:
     """A self-signed server certificate for 127.0.0.1 (its own CA: what a test box or a lab appliance has)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (_builder(_name("fleetctl test self-signed"), _name("fleetctl test self-signed"), key.public_key())
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, content_commitment=False,
-                                         key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(SAN, critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = _server(_builder(_name("fleetctl test self-signed"), _name("fleetctl test self-signed"), key.public_key())
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True),
+                   _usage(digital_signature=True, key_cert_sign=True), key)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "self.pem").write_bytes(_pem(cert))
     (directory / "self.key").write_bytes(_key_pem(key))
@@ -230,20 +240,14 @@ def private_ca(directory: Path) -> Pki:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (_builder(_name("fleetctl test CA"), _name("fleetctl test CA"), ca_key.public_key())
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=False, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(_usage(key_cert_sign=True, crl_sign=True), critical=True)
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (_builder(_name("127.0.0.1"), ca.subject, key.public_key())
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(SAN, critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    leaf = _server(_builder(_name("127.0.0.1"), ca.subject, key.public_key())
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                                  critical=False),
+                   _usage(digital_signature=True), ca_key)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "ca.pem").write_bytes(_pem(ca))
     (directory / "server.pem").write_bytes(_pem(leaf) + _pem(ca))
