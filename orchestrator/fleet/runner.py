@@ -70,6 +70,8 @@ class Seconds:
 # Seconds spent inside ansible-playbook runs by this process: the campaign engine is given this counter.
 PLAYBOOK_TIME = Seconds()
 CANCEL_POLL_S = 0.5  # how soon a signal stops the parts of a playbook run
+
+
 @dataclass
 class HostOutcome:
     host: str
