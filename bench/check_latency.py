@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FLEETCTL = [sys.executable, "-m", "orchestrator.cli", "check"]
 NOT_IMPORTED = ("numpy", "paramiko", "ansible", "ansible_runner", "rich", "jsonschema", "jsonschema_rs",
-                "orchestrator.history.ledger", "orchestrator.schedulers.slurmctl")
+                "orchestrator.history.ledger", "orchestrator.schedulers.slurmctl", "orchestrator.judge.gate")
 PROBE = ("import runpy, sys, json\nsys.argv = ['fleetctl', 'check'] + sys.argv[1:]\n"
          "try:\n    runpy.run_module('orchestrator.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
          f"print(json.dumps([m for m in {NOT_IMPORTED!r} if m in sys.modules]), file=sys.stderr)\n")

@@ -282,9 +282,11 @@ def test_check_imports_no_ansible_rich_or_numpy():
 
 def test_check_imports_neither_the_history_nor_slurm_where_it_needs_neither():
     """A baseline without a repeat-offender policy, no --slurm: neither the history's ledger (offenders) nor the
-    Slurm client is imported (bench/check_latency.py --profile: imports are most of a check's time)."""
+    Slurm client is imported (bench/check_latency.py --profile: imports are most of a check's time); nor the
+    canary's statistics and the gate, which only a soak's judgement uses (the baseline asks the kinds' names)."""
     assert not imported_by_check() & {"orchestrator.history.offenders", "orchestrator.history.ledger",
-                                      "orchestrator.schedulers.slurmctl", "sqlite3"}
+                                      "orchestrator.schedulers.slurmctl", "sqlite3", "orchestrator.judge.gate",
+                                      "orchestrator.judge.canary.statistics"}
 
 
 def test_a_baseline_validated_before_is_not_validated_again(healthy_baseline):

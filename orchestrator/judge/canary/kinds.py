@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from . import statistics
-
 Points = Sequence[tuple[float, float]]  # [(unix time, value)], in time order
 Series = Mapping[str, Points]  # host -> points
 
@@ -81,8 +79,11 @@ def drift_kinds() -> set[str]:
 
 
 # ---- the kinds fleetctl ships ----------------------------------------------------------------------------------
+# Their statistics (and the gate's helpers they use: 25 ms) are imported when a kind judges, not with the registry:
+# `fleetctl check` reads the baseline, which asks the registry its kind names (bench/check_latency.py).
 
 def _level(w: Window, m: Metric, min_samples: int | None) -> dict[str, Any]:
+    from . import statistics
     kwargs = {"min_samples": min_samples} if min_samples else {}
     return statistics.judge_level(w.canary, w.control, m.good, m.max_change, name=m.name,
                                   canary_before={h: w.canary_before.get(h, []) for h in w.canary},
@@ -103,6 +104,7 @@ def _rate(w: Window, m: Metric, min_samples: int | None) -> dict[str, Any]:
     hours = (w.end - w.start) / 3600
     counts = {h: increase(p) for h, p in (*w.canary.items(), *w.control.items())}
     gpu_hours = {h: (w.gpus.get(h) or 1) * hours for h in counts}
+    from . import statistics
     return statistics.judge_rate({h: counts[h] for h in w.canary}, {h: gpu_hours[h] for h in w.canary},
                                  {h: counts[h] for h in w.control}, {h: gpu_hours[h] for h in w.control},
                                  m.good, m.max_change, name=m.name)
