@@ -40,7 +40,7 @@ MEASURED_CLI = """
 import atexit, json, os, resource, runpy, sys, time
 started = time.monotonic()
 def record():
-    from orchestrator import runner
+    from orchestrator.fleet import runner
     usage = resource.getrusage(resource.RUSAGE_SELF)
     with open(os.environ["BENCH_RECORD"], "w") as out:
         json.dump({"wall_s": time.monotonic() - started, "ansible_s": runner.PLAYBOOK_TIME.total,
